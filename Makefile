@@ -1,0 +1,46 @@
+# Flotilla: the two commands a new machine needs are `make demo` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+CLUSTERS ?= 3
+
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd
+
+help:
+	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
+	@echo "make demo        start the local fleet and show it"
+	@echo "make fleet-up    start the local fleet ($(CLUSTERS) members + home)"
+	@echo "make fleet-down  stop the local fleet"
+	@echo "make lint        cargo fmt --check and clippy -D warnings"
+
+deps:
+	@integration/install-deps
+
+toolchain: deps
+	@integration/toolchain/build.sh >/dev/null
+
+build: deps
+	cargo build --locked
+
+fleet-up: toolchain
+	integration/fleet up --clusters $(CLUSTERS)
+
+fleet-down:
+	integration/fleet down
+
+fleet-status:
+	integration/fleet status
+
+lint:
+	cargo fmt --check
+	cargo clippy --locked --all-targets -- -D warnings
+
+# Everything, on a fresh machine: the fleet is stopped even when tests fail.
+test: toolchain
+	integration/run-tests
+
+unit:
+	cargo test --locked --bins --lib
+
+demo: toolchain
+	integration/demo

@@ -1,0 +1,136 @@
+//! Connects integration tests to the running local fleet (`integration/fleet up`).
+//!
+//! There is no fallback: when the fleet is not there, every test that asks for
+//! it panics with the command that starts it. A test that cannot reach real
+//! apiservers has proven nothing, so it must not pass.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+/// Where `integration/fleet` writes its state.
+pub fn fleet_dir() -> PathBuf {
+    std::env::var_os("FLOTILLA_FLEET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".fleet"))
+}
+
+pub fn kubeconfig_path(cluster: &str) -> PathBuf {
+    fleet_dir().join("kubeconfigs").join(format!("{cluster}.yaml"))
+}
+
+/// The fleet's own `integration/fleet` script, for tests that stop and start clusters.
+pub fn fleet_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("integration/fleet")
+}
+
+/// The kubectl built with the fleet, so its version matches the apiservers.
+pub fn kubectl() -> PathBuf {
+    let bindir = std::fs::read_to_string(fleet_dir().join("bindir"))
+        .expect("the local fleet is not up: run `integration/fleet up` (or `make test`)");
+    PathBuf::from(bindir.trim()).join("kubectl")
+}
+
+/// A client for one cluster of the fleet, e.g. `home` or `member-2`.
+pub async fn client(cluster: &str) -> Client {
+    let path = kubeconfig_path(cluster);
+    let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| {
+        panic!(
+            "the local fleet is not up ({} unreadable: {e}); run `integration/fleet up` or `make test`",
+            path.display()
+        )
+    });
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("kubeconfig {} is unusable: {e}", path.display()));
+    let client = Client::try_from(config).expect("client from fleet kubeconfig");
+    client
+        .apiserver_version()
+        .await
+        .unwrap_or_else(|e| panic!("cluster {cluster} does not answer ({e}); is the fleet up?"));
+    client
+}
+
+/// A namespace of its own for one test, deleted when the test drops it.
+pub struct TestNamespace {
+    pub name: String,
+    pub client: Client,
+}
+
+impl TestNamespace {
+    pub async fn create(client: &Client, prefix: &str) -> Self {
+        let name = format!("{prefix}-{:08x}", rand::random::<u32>());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"flotilla.test/owned": "true"}},
+        }))
+        .expect("namespace manifest");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("creating test namespace {name}: {e}"));
+        TestNamespace {
+            name,
+            client: client.clone(),
+        }
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        // Drop cannot await; delete from a short-lived runtime on its own thread
+        // so this works inside and outside of a tokio test.
+        let name = self.name.clone();
+        let client = self.client.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("cleanup runtime");
+            rt.block_on(async move {
+                let _ = Api::<Namespace>::all(client)
+                    .delete(&name, &DeleteParams::background())
+                    .await;
+            });
+        })
+        .join();
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Builds a typed object from JSON, for compact test manifests.
+pub fn from_json<K: serde::de::DeserializeOwned>(value: serde_json::Value) -> K {
+    serde_json::from_value(value).expect("test manifest matches its type")
+}

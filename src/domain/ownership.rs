@@ -1,0 +1,94 @@
+//! Whether a live child belongs to this Microservice. A child we do not
+//! control is never modified.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::OwnerIdentity;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    /// Controlled by this very CR (same uid, apiVersion and kind).
+    Ours,
+    /// Exists but is someone else's: unowned, owned by another controller, or
+    /// by an earlier CR of the same name (a different uid).
+    Foreign { controller: Option<String> },
+}
+
+pub fn ownership(child: &ObjectMeta, owner: &OwnerIdentity) -> Ownership {
+    let refs = child.owner_references.as_deref().unwrap_or_default();
+    let controller = refs.iter().find(|r| r.controller == Some(true));
+    match controller {
+        Some(r) if r.uid == owner.uid && r.api_version == owner.api_version && r.kind == owner.kind => {
+            Ownership::Ours
+        }
+        Some(r) => Ownership::Foreign {
+            controller: Some(format!("{} {} (uid {})", r.kind, r.name, r.uid)),
+        },
+        None => Ownership::Foreign { controller: None },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn owner() -> OwnerIdentity {
+        OwnerIdentity {
+            api_version: "platform.example.io/v1alpha1".into(),
+            kind: "Microservice".into(),
+            name: "api".into(),
+            namespace: "ns".into(),
+            uid: "u1".into(),
+        }
+    }
+
+    fn meta(refs: Vec<OwnerReference>) -> ObjectMeta {
+        ObjectMeta {
+            owner_references: Some(refs),
+            ..ObjectMeta::default()
+        }
+    }
+
+    fn oref(api_version: &str, kind: &str, uid: &str, controller: Option<bool>) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "api".into(),
+            uid: uid.into(),
+            controller,
+            block_owner_deletion: None,
+        }
+    }
+
+    #[test]
+    fn controller_reference_with_our_uid_is_ours() {
+        let m = meta(vec![oref("platform.example.io/v1alpha1", "Microservice", "u1", Some(true))]);
+        assert_eq!(ownership(&m, &owner()), Ownership::Ours);
+    }
+
+    #[test]
+    fn unowned_child_is_foreign() {
+        assert_eq!(
+            ownership(&ObjectMeta::default(), &owner()),
+            Ownership::Foreign { controller: None }
+        );
+    }
+
+    #[test]
+    fn other_uid_kind_or_version_is_foreign() {
+        for r in [
+            oref("platform.example.io/v1alpha1", "Microservice", "old-uid", Some(true)),
+            oref("platform.example.io/v1alpha1", "Other", "u1", Some(true)),
+            oref("platform.example.io/v1beta9", "Microservice", "u1", Some(true)),
+        ] {
+            assert!(matches!(ownership(&meta(vec![r]), &owner()), Ownership::Foreign { controller: Some(_) }));
+        }
+    }
+
+    #[test]
+    fn non_controller_reference_does_not_make_it_ours() {
+        let m = meta(vec![oref("platform.example.io/v1alpha1", "Microservice", "u1", None)]);
+        assert_eq!(ownership(&m, &owner()), Ownership::Foreign { controller: None });
+    }
+}

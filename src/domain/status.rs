@@ -1,0 +1,286 @@
+//! The status a reconcile concludes: conditions, phase and compatibility
+//! fields, from what happened (the outcome) and what the children report.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::conditions::{self, ACCEPTED, AVAILABLE, PROGRESSING, RECONCILED, Status, Verdict};
+use crate::crd::{ManagedResources, MicroserviceStatus};
+
+/// What the Deployment reports about its rollout.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RolloutFacts {
+    /// Whether the Deployment controller has seen the Deployment's latest spec.
+    pub observed_current: bool,
+    pub replicas: i32,
+    pub updated: i32,
+    pub ready: i32,
+    pub available: i32,
+    pub deadline_exceeded: bool,
+}
+
+impl RolloutFacts {
+    pub fn of(d: &Deployment) -> Self {
+        let generation = d.metadata.generation.unwrap_or(0);
+        let Some(s) = d.status.as_ref() else {
+            return RolloutFacts::default();
+        };
+        RolloutFacts {
+            observed_current: s.observed_generation.unwrap_or(0) >= generation,
+            replicas: s.replicas.unwrap_or(0),
+            updated: s.updated_replicas.unwrap_or(0),
+            ready: s.ready_replicas.unwrap_or(0),
+            available: s.available_replicas.unwrap_or(0),
+            deadline_exceeded: s.conditions.iter().flatten().any(|c| {
+                c.type_ == "Progressing" && c.status == "False" && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+            }),
+        }
+    }
+}
+
+/// Ready endpoints across a Service's EndpointSlices.
+pub fn ready_endpoints<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> usize {
+    slices
+        .into_iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false))
+        .count()
+}
+
+/// What a reconcile found or did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Both children match the spec; the rollout is as the facts say.
+    Applied {
+        deployment: String,
+        service: String,
+        rollout: RolloutFacts,
+        ready_endpoints: usize,
+    },
+    InvalidSpec(String),
+    OwnershipConflict(String),
+    /// A transient failure; backoff retries it.
+    ApiError(String),
+}
+
+fn applied_verdicts(desired: i32, r: &RolloutFacts, endpoints: usize) -> [Verdict; 2] {
+    let done = r.observed_current && r.updated >= desired && r.replicas == r.updated && r.available >= desired;
+    let progressing = if r.deadline_exceeded {
+        Verdict::new(PROGRESSING, Status::False, "ProgressDeadlineExceeded", "the rollout made no progress within its deadline")
+    } else if done {
+        Verdict::new(PROGRESSING, Status::False, "RolloutComplete", format!("{desired} replicas run the current spec"))
+    } else {
+        Verdict::new(
+            PROGRESSING,
+            Status::True,
+            "RolloutInProgress",
+            format!("{}/{desired} replicas updated, {} available", r.updated, r.available),
+        )
+    };
+    let available = if !done {
+        Verdict::new(
+            AVAILABLE,
+            Status::False,
+            "RolloutInProgress",
+            format!("{}/{desired} replicas of the current spec available", r.available.min(r.updated)),
+        )
+    } else if desired == 0 {
+        Verdict::new(AVAILABLE, Status::True, "ScaledToZero", "scaled to zero replicas")
+    } else if endpoints == 0 {
+        Verdict::new(AVAILABLE, Status::False, "NoReadyEndpoints", "the Service has no ready endpoints")
+    } else {
+        Verdict::new(
+            AVAILABLE,
+            Status::True,
+            "ReplicasAvailable",
+            format!("{}/{desired} replicas available, {endpoints} ready endpoints", r.available),
+        )
+    };
+    [available, progressing]
+}
+
+/// The next status for `generation`. `previous` supplies transition times.
+pub fn next_status(
+    previous: Option<&MicroserviceStatus>,
+    outcome: &Outcome,
+    desired_replicas: i32,
+    generation: i64,
+    now: &Time,
+) -> MicroserviceStatus {
+    let prev_conditions = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let accepted_ok = Verdict::new(ACCEPTED, Status::True, "SpecValid", "the spec is valid");
+    let (verdicts, managed, ready): (Vec<Verdict>, Option<ManagedResources>, Option<String>) = match outcome {
+        Outcome::Applied {
+            deployment,
+            service,
+            rollout,
+            ready_endpoints,
+        } => {
+            let mut v = vec![
+                accepted_ok,
+                Verdict::new(RECONCILED, Status::True, "ChildrenApplied", "the Deployment and Service match the spec"),
+            ];
+            v.extend(applied_verdicts(desired_replicas, rollout, *ready_endpoints));
+            let managed = ManagedResources {
+                deployment: Some(deployment.clone()),
+                service: Some(service.clone()),
+            };
+            (v, Some(managed), Some(format!("{}/{desired_replicas}", rollout.available)))
+        }
+        Outcome::InvalidSpec(msg) | Outcome::OwnershipConflict(msg) => {
+            let reason = if matches!(outcome, Outcome::InvalidSpec(_)) { "InvalidSpec" } else { "OwnershipConflict" };
+            let accepted = if reason == "InvalidSpec" {
+                Verdict::new(ACCEPTED, Status::False, "InvalidSpec", msg.clone())
+            } else {
+                accepted_ok
+            };
+            let v = vec![
+                accepted,
+                Verdict::new(RECONCILED, Status::False, reason, msg.clone()),
+                Verdict::new(AVAILABLE, Status::False, reason, "not available at this generation: the spec could not be applied"),
+                Verdict::new(PROGRESSING, Status::False, reason, "no rollout while the error stands"),
+            ];
+            (v, None, None)
+        }
+        Outcome::ApiError(msg) => {
+            let v = vec![
+                accepted_ok,
+                Verdict::new(RECONCILED, Status::False, "ApiError", msg.clone()),
+                Verdict::new(AVAILABLE, Status::Unknown, "ApiError", "unknown until the children can be applied"),
+                Verdict::new(PROGRESSING, Status::Unknown, "ApiError", "unknown until the children can be applied"),
+            ];
+            (
+                v,
+                previous.and_then(|p| p.managed_resources.clone()),
+                previous.and_then(|p| p.ready.clone()),
+            )
+        }
+    };
+    let conditions = conditions::transition(prev_conditions, &verdicts, generation, now);
+    MicroserviceStatus {
+        phase: Some(conditions::phase(&conditions)),
+        observed_generation: Some(generation),
+        conditions,
+        managed_resources: managed,
+        ready,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::Phase;
+    use crate::domain::conditions::{find, is_true};
+
+    fn now() -> Time {
+        Time("2026-01-01T00:00:00Z".parse().unwrap())
+    }
+
+    fn applied(r: RolloutFacts, endpoints: usize) -> Outcome {
+        Outcome::Applied {
+            deployment: "api".into(),
+            service: "api".into(),
+            rollout: r,
+            ready_endpoints: endpoints,
+        }
+    }
+
+    fn complete(n: i32) -> RolloutFacts {
+        RolloutFacts {
+            observed_current: true,
+            replicas: n,
+            updated: n,
+            ready: n,
+            available: n,
+            deadline_exceeded: false,
+        }
+    }
+
+    #[test]
+    fn applied_is_not_available_until_the_rollout_completes() {
+        let s = next_status(None, &applied(RolloutFacts::default(), 0), 2, 1, &now());
+        assert!(is_true(&s.conditions, RECONCILED));
+        assert!(!is_true(&s.conditions, AVAILABLE));
+        assert!(is_true(&s.conditions, PROGRESSING));
+        assert_eq!(s.phase, Some(Phase::ResourcesApplied));
+        assert_eq!(s.ready.as_deref(), Some("0/2"));
+    }
+
+    #[test]
+    fn complete_rollout_with_endpoints_is_available() {
+        let s = next_status(None, &applied(complete(2), 2), 2, 4, &now());
+        assert!(is_true(&s.conditions, AVAILABLE));
+        assert_eq!(find(&s.conditions, PROGRESSING).unwrap().reason, "RolloutComplete");
+        assert_eq!(s.phase, Some(Phase::Available));
+        assert_eq!(s.observed_generation, Some(4));
+        assert!(s.conditions.iter().all(|c| c.observed_generation == Some(4)));
+        assert_eq!(s.ready.as_deref(), Some("2/2"));
+    }
+
+    #[test]
+    fn no_ready_endpoints_means_not_available() {
+        let s = next_status(None, &applied(complete(2), 0), 2, 1, &now());
+        assert_eq!(find(&s.conditions, AVAILABLE).unwrap().reason, "NoReadyEndpoints");
+    }
+
+    #[test]
+    fn stale_deployment_status_is_not_trusted() {
+        let mut r = complete(2);
+        r.observed_current = false;
+        let s = next_status(None, &applied(r, 2), 2, 2, &now());
+        assert!(!is_true(&s.conditions, AVAILABLE));
+    }
+
+    #[test]
+    fn old_pods_still_present_means_rollout_in_progress() {
+        let mut r = complete(2);
+        r.replicas = 3;
+        let s = next_status(None, &applied(r, 2), 2, 2, &now());
+        assert_eq!(find(&s.conditions, AVAILABLE).unwrap().reason, "RolloutInProgress");
+    }
+
+    #[test]
+    fn scaled_to_zero_is_available() {
+        let s = next_status(None, &applied(complete(0), 0), 0, 1, &now());
+        assert_eq!(find(&s.conditions, AVAILABLE).unwrap().reason, "ScaledToZero");
+    }
+
+    #[test]
+    fn permanent_errors_fail_and_clear_managed_resources() {
+        let ok = next_status(None, &applied(complete(2), 2), 2, 1, &now());
+        for outcome in [Outcome::InvalidSpec("bad".into()), Outcome::OwnershipConflict("stranger".into())] {
+            let s = next_status(Some(&ok), &outcome, 2, 2, &now());
+            assert_eq!(s.phase, Some(Phase::Failed));
+            assert_eq!(s.managed_resources, None);
+            assert!(!is_true(&s.conditions, AVAILABLE), "an error is never reported as available");
+        }
+    }
+
+    #[test]
+    fn api_error_is_unknown_not_success() {
+        let ok = next_status(None, &applied(complete(2), 2), 2, 1, &now());
+        let s = next_status(Some(&ok), &Outcome::ApiError("forbidden".into()), 2, 2, &now());
+        assert_eq!(find(&s.conditions, AVAILABLE).unwrap().status, "Unknown");
+        assert_eq!(find(&s.conditions, RECONCILED).unwrap().status, "False");
+        assert_eq!(s.phase, Some(Phase::Accepted));
+        assert_eq!(s.managed_resources, ok.managed_resources);
+    }
+
+    #[test]
+    fn same_conclusion_gives_equal_status() {
+        let a = next_status(None, &applied(complete(2), 2), 2, 1, &now());
+        let later = Time("2026-01-01T01:00:00Z".parse().unwrap());
+        let b = next_status(Some(&a), &applied(complete(2), 2), 2, 1, &later);
+        assert_eq!(a, b, "nothing changed, so nothing to write");
+    }
+
+    #[test]
+    fn deadline_exceeded_is_reported() {
+        let mut r = complete(2);
+        r.available = 0;
+        r.deadline_exceeded = true;
+        let s = next_status(None, &applied(r, 0), 2, 1, &now());
+        assert_eq!(find(&s.conditions, PROGRESSING).unwrap().reason, "ProgressDeadlineExceeded");
+    }
+}
