@@ -1,11 +1,172 @@
 #![forbid(unsafe_code)]
 
-fn main() {
-    match flotilla::crd::crd_yaml() {
-        Ok(yaml) => print!("{yaml}"),
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use flotilla::cli::parse_duration;
+use flotilla::domain::desired::PlatformDefaults;
+use flotilla::reconciler::{self, Hooks, Settings, WriterIdentity};
+
+#[derive(Parser)]
+#[command(
+    name = "flotilla",
+    version,
+    about = "Multi-cluster fleet operator for Microservices"
+)]
+struct Cli {
+    /// Log format.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "FLOTILLA_LOG_FORMAT",
+        global = true
+    )]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the Microservice CRD as YAML.
+    Crd,
+    /// Run the operator.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Kubeconfig of the cluster to reconcile; in-cluster or $KUBECONFIG when omitted.
+    #[arg(long, env = "FLOTILLA_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Name of the cluster, for logs and spans.
+    #[arg(long, env = "FLOTILLA_CLUSTER_NAME", default_value = "default")]
+    cluster_name: String,
+    /// Reconcile one namespace only.
+    #[arg(long, env = "FLOTILLA_NAMESPACE")]
+    namespace: Option<String>,
+    /// Safety-net resync period; watches repair drift long before it.
+    #[arg(long, env = "FLOTILLA_RESYNC", default_value = "5m", value_parser = parse_duration)]
+    resync: Duration,
+    /// The platform's OTLP collector, set on every workload.
+    #[arg(
+        long,
+        env = "FLOTILLA_WORKLOAD_OTLP_ENDPOINT",
+        default_value = "http://otel-collector.observability.svc:4317"
+    )]
+    workload_otlp_endpoint: String,
+    /// This replica's identity, stamped on every write.
+    #[arg(long, env = "FLOTILLA_REPLICA_ID")]
+    replica_id: Option<String>,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn client_for(kubeconfig: Option<&PathBuf>) -> Result<Client, String> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+        }
+        None => Config::infer()
+            .await
+            .map_err(|e| format!("no cluster configuration: {e}"))?,
+    };
+    Client::try_from(config).map_err(|e| format!("client: {e}"))
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
         Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(1);
+            tracing::error!(error = %e, "cannot listen for SIGTERM");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received"),
+    }
+}
+
+async fn run(args: RunArgs) -> Result<(), String> {
+    let client = client_for(args.kubeconfig.as_ref()).await?;
+    let holder = args
+        .replica_id
+        .unwrap_or_else(|| format!("flotilla-{}", std::process::id()));
+    let mut settings = Settings::new(
+        args.cluster_name,
+        WriterIdentity {
+            holder,
+            epoch: None,
+        },
+    );
+    settings.namespace = args.namespace;
+    settings.resync = args.resync;
+    settings.defaults = PlatformDefaults {
+        otlp_endpoint: args.workload_otlp_endpoint,
+        ..PlatformDefaults::default()
+    };
+    tracing::info!(cluster = %settings.cluster, "starting controller");
+    reconciler::run(client, settings, Hooks::default(), shutdown_signal()).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => match flotilla::crd::crd_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run(args) => {
+            init_logging(cli.log_format);
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: tokio runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
 }

@@ -35,7 +35,7 @@ fn deployment(name: &str, replicas: i32) -> Deployment {
 #[tokio::test]
 async fn deployment_in_member_2_becomes_available() {
     let client = client("member-2").await;
-    let ns = TestNamespace::create(&client, "bed-deploy").await;
+    let ns = TestNamespace::create(&client, "member-2", "bed-deploy").await;
     let api = ns.api::<Deployment>();
     api.create(&PostParams::default(), &deployment("web", 2))
         .await
@@ -56,7 +56,7 @@ async fn deployment_in_member_2_becomes_available() {
 #[tokio::test]
 async fn deleting_an_owner_garbage_collects_what_it_owns() {
     let client = client("member-1").await;
-    let ns = TestNamespace::create(&client, "bed-gc").await;
+    let ns = TestNamespace::create(&client, "member-1", "bed-gc").await;
     let api = ns.api::<ConfigMap>();
     let owner = api
         .create(
@@ -89,7 +89,7 @@ async fn deleting_an_owner_garbage_collects_what_it_owns() {
 #[tokio::test]
 async fn service_gets_endpointslice_with_ready_endpoints() {
     let client = client("member-1").await;
-    let ns = TestNamespace::create(&client, "bed-eps").await;
+    let ns = TestNamespace::create(&client, "member-1", "bed-eps").await;
     ns.api::<Deployment>()
         .create(&PostParams::default(), &deployment("api", 2))
         .await
@@ -125,7 +125,7 @@ async fn service_gets_endpointslice_with_ready_endpoints() {
 #[tokio::test]
 async fn lease_update_with_stale_resource_version_conflicts() {
     let client = client("home").await;
-    let ns = TestNamespace::create(&client, "bed-lease").await;
+    let ns = TestNamespace::create(&client, "home", "bed-lease").await;
     let api = ns.api::<Lease>();
     let created = api
         .create(
@@ -156,5 +156,8 @@ async fn lease_update_with_stale_resource_version_conflicts() {
         .replace("l", &PostParams::default(), &current)
         .await
         .expect("update with current resourceVersion succeeds");
-    assert_eq!(done.spec.and_then(|s| s.holder_identity).as_deref(), Some("c"));
+    assert_eq!(
+        done.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("c")
+    );
 }

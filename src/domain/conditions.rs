@@ -43,7 +43,12 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    pub fn new(type_: &'static str, status: Status, reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(
+        type_: &'static str,
+        status: Status,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         Verdict {
             type_,
             status,
@@ -55,12 +60,18 @@ impl Verdict {
 
 /// The conditions after applying `verdicts` for `generation` at `now`.
 /// Condition types not named in the verdicts are kept unchanged.
-pub fn transition(previous: &[Condition], verdicts: &[Verdict], generation: i64, now: &Time) -> Vec<Condition> {
+pub fn transition(
+    previous: &[Condition],
+    verdicts: &[Verdict],
+    generation: i64,
+    now: &Time,
+) -> Vec<Condition> {
     let mut next: Vec<Condition> = verdicts
         .iter()
         .map(|v| {
             let prior = previous.iter().find(|c| c.type_ == v.type_);
-            let unchanged = prior.is_some_and(|c| c.status == v.status.as_str() && c.reason == v.reason);
+            let unchanged =
+                prior.is_some_and(|c| c.status == v.status.as_str() && c.reason == v.reason);
             Condition {
                 type_: v.type_.to_string(),
                 status: v.status.as_str().to_string(),
@@ -80,7 +91,12 @@ pub fn transition(previous: &[Condition], verdicts: &[Verdict], generation: i64,
             .filter(|c| !verdicts.iter().any(|v| v.type_ == c.type_))
             .cloned(),
     );
-    next.sort_by_key(|c| ORDER.iter().position(|t| *t == c.type_).unwrap_or(ORDER.len()));
+    next.sort_by_key(|c| {
+        ORDER
+            .iter()
+            .position(|t| *t == c.type_)
+            .unwrap_or(ORDER.len())
+    });
     next
 }
 
@@ -121,7 +137,12 @@ mod tests {
 
     #[test]
     fn new_condition_gets_now() {
-        let out = transition(&[], &[Verdict::new(ACCEPTED, Status::True, "SpecValid", "ok")], 3, &t("2026-01-01T00:00:00Z"));
+        let out = transition(
+            &[],
+            &[Verdict::new(ACCEPTED, Status::True, "SpecValid", "ok")],
+            3,
+            &t("2026-01-01T00:00:00Z"),
+        );
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].last_transition_time, t("2026-01-01T00:00:00Z"));
         assert_eq!(out[0].observed_generation, Some(3));
@@ -129,8 +150,28 @@ mod tests {
 
     #[test]
     fn same_status_and_reason_keeps_transition_time_but_updates_message_and_generation() {
-        let before = transition(&[], &[Verdict::new(AVAILABLE, Status::False, "ReplicasUnavailable", "0/2")], 1, &t("2026-01-01T00:00:00Z"));
-        let after = transition(&before, &[Verdict::new(AVAILABLE, Status::False, "ReplicasUnavailable", "1/2")], 2, &t("2026-01-01T00:05:00Z"));
+        let before = transition(
+            &[],
+            &[Verdict::new(
+                AVAILABLE,
+                Status::False,
+                "ReplicasUnavailable",
+                "0/2",
+            )],
+            1,
+            &t("2026-01-01T00:00:00Z"),
+        );
+        let after = transition(
+            &before,
+            &[Verdict::new(
+                AVAILABLE,
+                Status::False,
+                "ReplicasUnavailable",
+                "1/2",
+            )],
+            2,
+            &t("2026-01-01T00:05:00Z"),
+        );
         assert_eq!(after[0].last_transition_time, t("2026-01-01T00:00:00Z"));
         assert_eq!(after[0].message, "1/2");
         assert_eq!(after[0].observed_generation, Some(2));
@@ -138,11 +179,47 @@ mod tests {
 
     #[test]
     fn status_or_reason_change_moves_transition_time() {
-        let before = transition(&[], &[Verdict::new(AVAILABLE, Status::False, "ReplicasUnavailable", "")], 1, &t("2026-01-01T00:00:00Z"));
-        let status_changed = transition(&before, &[Verdict::new(AVAILABLE, Status::True, "ReplicasUnavailable", "")], 1, &t("2026-01-01T00:01:00Z"));
-        assert_eq!(status_changed[0].last_transition_time, t("2026-01-01T00:01:00Z"));
-        let reason_changed = transition(&before, &[Verdict::new(AVAILABLE, Status::False, "NoReadyEndpoints", "")], 1, &t("2026-01-01T00:02:00Z"));
-        assert_eq!(reason_changed[0].last_transition_time, t("2026-01-01T00:02:00Z"));
+        let before = transition(
+            &[],
+            &[Verdict::new(
+                AVAILABLE,
+                Status::False,
+                "ReplicasUnavailable",
+                "",
+            )],
+            1,
+            &t("2026-01-01T00:00:00Z"),
+        );
+        let status_changed = transition(
+            &before,
+            &[Verdict::new(
+                AVAILABLE,
+                Status::True,
+                "ReplicasUnavailable",
+                "",
+            )],
+            1,
+            &t("2026-01-01T00:01:00Z"),
+        );
+        assert_eq!(
+            status_changed[0].last_transition_time,
+            t("2026-01-01T00:01:00Z")
+        );
+        let reason_changed = transition(
+            &before,
+            &[Verdict::new(
+                AVAILABLE,
+                Status::False,
+                "NoReadyEndpoints",
+                "",
+            )],
+            1,
+            &t("2026-01-01T00:02:00Z"),
+        );
+        assert_eq!(
+            reason_changed[0].last_transition_time,
+            t("2026-01-01T00:02:00Z")
+        );
     }
 
     #[test]
@@ -174,7 +251,15 @@ mod tests {
         let now = t("2026-01-01T00:00:00Z");
         let make = |v: &[Verdict]| transition(&[], v, 1, &now);
         assert_eq!(phase(&[]), Phase::Accepted);
-        assert_eq!(phase(&make(&[Verdict::new(RECONCILED, Status::True, "ChildrenApplied", "")])), Phase::ResourcesApplied);
+        assert_eq!(
+            phase(&make(&[Verdict::new(
+                RECONCILED,
+                Status::True,
+                "ChildrenApplied",
+                ""
+            )])),
+            Phase::ResourcesApplied
+        );
         assert_eq!(
             phase(&make(&[
                 Verdict::new(RECONCILED, Status::True, "ChildrenApplied", ""),
@@ -182,7 +267,23 @@ mod tests {
             ])),
             Phase::Available
         );
-        assert_eq!(phase(&make(&[Verdict::new(RECONCILED, Status::False, "OwnershipConflict", "")])), Phase::Failed);
-        assert_eq!(phase(&make(&[Verdict::new(RECONCILED, Status::False, "ApiError", "")])), Phase::Accepted);
+        assert_eq!(
+            phase(&make(&[Verdict::new(
+                RECONCILED,
+                Status::False,
+                "OwnershipConflict",
+                ""
+            )])),
+            Phase::Failed
+        );
+        assert_eq!(
+            phase(&make(&[Verdict::new(
+                RECONCILED,
+                Status::False,
+                "ApiError",
+                ""
+            )])),
+            Phase::Accepted
+        );
     }
 }

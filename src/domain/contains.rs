@@ -74,10 +74,19 @@ mod tests {
     #[test]
     fn lists_compare_by_length_and_position() {
         let want = json!({"ports": [{"port": 80}, {"port": 81}]});
-        assert!(contains(&json!({"ports": [{"port": 80, "protocol": "TCP"}, {"port": 81}]}), &want));
-        assert!(!contains(&json!({"ports": [{"port": 81}, {"port": 80}]}), &want));
+        assert!(contains(
+            &json!({"ports": [{"port": 80, "protocol": "TCP"}, {"port": 81}]}),
+            &want
+        ));
+        assert!(!contains(
+            &json!({"ports": [{"port": 81}, {"port": 80}]}),
+            &want
+        ));
         assert!(!contains(&json!({"ports": [{"port": 80}]}), &want));
-        assert!(!contains(&json!({"ports": [{"port": 80}, {"port": 81}, {"port": 82}]}), &want));
+        assert!(!contains(
+            &json!({"ports": [{"port": 80}, {"port": 81}, {"port": 82}]}),
+            &want
+        ));
     }
 
     fn server_view<T: Serialize + serde::de::DeserializeOwned>(obj: &T, extra: Value) -> T {
@@ -120,8 +129,16 @@ mod tests {
     fn edited_image_or_missing_label_is_out_of_sync() {
         let want = desired(&ms("api").build(), &PlatformDefaults::default()).unwrap();
         let mut edited = want.deployment.clone();
-        edited.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0].image =
-            Some("evil:1".into());
+        edited
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .image = Some("evil:1".into());
         assert!(!deployment_in_sync(&edited, &want.deployment));
 
         let mut unlabelled = want.service.clone();

@@ -130,14 +130,20 @@ pub fn desired(ms: &Microservice, defaults: &PlatformDefaults) -> Result<Childre
             env("ASPNETCORE_URLS", format!("http://+:{}", spec.port)),
             env("OTEL_SERVICE_NAME", name.into()),
             env("OTEL_SERVICE_VERSION", spec.image.clone()),
-            env("OTEL_EXPORTER_OTLP_ENDPOINT", defaults.otlp_endpoint.clone()),
+            env(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                defaults.otlp_endpoint.clone(),
+            ),
         ]),
         readiness_probe: Some(http_probe(READINESS_PATH, spec.port)),
         liveness_probe: Some(http_probe(LIVENESS_PATH, spec.port)),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".to_string(), Quantity(defaults.cpu_request.clone())),
-                ("memory".to_string(), Quantity(defaults.memory_request.clone())),
+                (
+                    "memory".to_string(),
+                    Quantity(defaults.memory_request.clone()),
+                ),
             ])),
             ..ResourceRequirements::default()
         }),
@@ -196,7 +202,15 @@ mod tests {
     use crate::domain::fixtures::ms;
 
     fn env_of(d: &Deployment) -> BTreeMap<String, String> {
-        let c = &d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
+        let c = &d
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0];
         c.env
             .iter()
             .flatten()
@@ -206,14 +220,20 @@ mod tests {
 
     #[test]
     fn deployment_carries_platform_defaults() {
-        let m = ms("todo-api").image("ghcr.io/acme/todo:1.2").port(8080).build();
+        let m = ms("todo-api")
+            .image("ghcr.io/acme/todo:1.2")
+            .port(8080)
+            .build();
         let c = desired(&m, &PlatformDefaults::default()).unwrap();
         let d = &c.deployment;
         assert_eq!(d.metadata.name.as_deref(), Some("todo-api"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("default"));
         let spec = d.spec.as_ref().unwrap();
         assert_eq!(spec.replicas, Some(2));
-        assert_eq!(spec.selector.match_labels.as_ref(), Some(&selector("todo-api")));
+        assert_eq!(
+            spec.selector.match_labels.as_ref(),
+            Some(&selector("todo-api"))
+        );
         let pod = spec.template.spec.as_ref().unwrap();
         let container = &pod.containers[0];
         assert_eq!(container.image.as_deref(), Some("ghcr.io/acme/todo:1.2"));
@@ -222,13 +242,34 @@ mod tests {
         assert_eq!(env["ASPNETCORE_URLS"], "http://+:8080");
         assert_eq!(env["OTEL_SERVICE_NAME"], "todo-api");
         assert_eq!(env["OTEL_SERVICE_VERSION"], "ghcr.io/acme/todo:1.2");
-        assert_eq!(env["OTEL_EXPORTER_OTLP_ENDPOINT"], PlatformDefaults::default().otlp_endpoint);
-        let ready = container.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"],
+            PlatformDefaults::default().otlp_endpoint
+        );
+        let ready = container
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
         assert_eq!(ready.path.as_deref(), Some(READINESS_PATH));
         assert_eq!(ready.port, IntOrString::Int(8080));
-        let live = container.liveness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        let live = container
+            .liveness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
         assert_eq!(live.path.as_deref(), Some(LIVENESS_PATH));
-        let requests = container.resources.as_ref().unwrap().requests.as_ref().unwrap();
+        let requests = container
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap();
         assert_eq!(requests["cpu"].0, "25m");
         assert_eq!(requests["memory"].0, "128Mi");
     }
@@ -251,7 +292,10 @@ mod tests {
         let m = ms("api").port(65535).build();
         let svc = desired(&m, &PlatformDefaults::default()).unwrap().service;
         let spec = svc.spec.unwrap();
-        assert_eq!(spec.cluster_ip, None, "clusterIP is the server's to allocate");
+        assert_eq!(
+            spec.cluster_ip, None,
+            "clusterIP is the server's to allocate"
+        );
         let port = &spec.ports.unwrap()[0];
         assert_eq!(port.port, 65535);
         assert_eq!(port.target_port, Some(IntOrString::Int(65535)));
@@ -279,7 +323,10 @@ mod tests {
             ..PlatformDefaults::default()
         };
         let c = desired(&ms("a").build(), &defaults).unwrap();
-        assert_eq!(env_of(&c.deployment)["OTEL_EXPORTER_OTLP_ENDPOINT"], "http://collector.platform:4317");
+        assert_eq!(
+            env_of(&c.deployment)["OTEL_EXPORTER_OTLP_ENDPOINT"],
+            "http://collector.platform:4317"
+        );
     }
 
     #[test]

@@ -104,17 +104,23 @@ fn check_domain(domain: &str) -> Result<(), ImageError> {
     if host.starts_with('[') && host.ends_with(']') {
         let inner = &host[1..host.len() - 1];
         if inner.is_empty() || !inner.bytes().all(|b| b.is_ascii_hexdigit() || b == b':') {
-            return Err(err(format!("registry {host:?} is not a valid IPv6 address")));
+            return Err(err(format!(
+                "registry {host:?} is not a valid IPv6 address"
+            )));
         }
         return Ok(());
     }
     for component in host.split('.') {
         let ok = !component.is_empty()
-            && component.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && component
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
             && !component.starts_with('-')
             && !component.ends_with('-');
         if !ok {
-            return Err(err(format!("registry host {host:?} is not a valid host name")));
+            return Err(err(format!(
+                "registry host {host:?} is not a valid host name"
+            )));
         }
     }
     Ok(())
@@ -180,12 +186,10 @@ fn check_digest(digest: &str) -> Result<(), ImageError> {
     let Some((algorithm, hex)) = digest.split_once(':') else {
         return Err(err(format!("digest {digest:?} must be algorithm:hex")));
     };
-    let alg_ok = algorithm
-        .split(['+', '.', '_', '-'])
-        .all(|part| {
-            part.bytes().next().is_some_and(|b| b.is_ascii_alphabetic())
-                && part.bytes().all(|b| b.is_ascii_alphanumeric())
-        });
+    let alg_ok = algorithm.split(['+', '.', '_', '-']).all(|part| {
+        part.bytes().next().is_some_and(|b| b.is_ascii_alphabetic())
+            && part.bytes().all(|b| b.is_ascii_alphanumeric())
+    });
     if !alg_ok {
         return Err(err(format!("digest algorithm {algorithm:?} is not valid")));
     }

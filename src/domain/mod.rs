@@ -55,12 +55,18 @@ impl OwnerIdentity {
         Ok(OwnerIdentity {
             api_version: Microservice::api_version(&()).into_owned(),
             kind: Microservice::kind(&()).into_owned(),
-            name: meta.name.clone().ok_or(DomainError::MissingMetadata("name"))?,
+            name: meta
+                .name
+                .clone()
+                .ok_or(DomainError::MissingMetadata("name"))?,
             namespace: meta
                 .namespace
                 .clone()
                 .ok_or(DomainError::MissingMetadata("namespace"))?,
-            uid: meta.uid.clone().ok_or(DomainError::MissingMetadata("uid"))?,
+            uid: meta
+                .uid
+                .clone()
+                .ok_or(DomainError::MissingMetadata("uid"))?,
         })
     }
 }

@@ -18,7 +18,9 @@ pub fn ownership(child: &ObjectMeta, owner: &OwnerIdentity) -> Ownership {
     let refs = child.owner_references.as_deref().unwrap_or_default();
     let controller = refs.iter().find(|r| r.controller == Some(true));
     match controller {
-        Some(r) if r.uid == owner.uid && r.api_version == owner.api_version && r.kind == owner.kind => {
+        Some(r)
+            if r.uid == owner.uid && r.api_version == owner.api_version && r.kind == owner.kind =>
+        {
             Ownership::Ours
         }
         Some(r) => Ownership::Foreign {
@@ -63,7 +65,12 @@ mod tests {
 
     #[test]
     fn controller_reference_with_our_uid_is_ours() {
-        let m = meta(vec![oref("platform.example.io/v1alpha1", "Microservice", "u1", Some(true))]);
+        let m = meta(vec![oref(
+            "platform.example.io/v1alpha1",
+            "Microservice",
+            "u1",
+            Some(true),
+        )]);
         assert_eq!(ownership(&m, &owner()), Ownership::Ours);
     }
 
@@ -78,17 +85,40 @@ mod tests {
     #[test]
     fn other_uid_kind_or_version_is_foreign() {
         for r in [
-            oref("platform.example.io/v1alpha1", "Microservice", "old-uid", Some(true)),
+            oref(
+                "platform.example.io/v1alpha1",
+                "Microservice",
+                "old-uid",
+                Some(true),
+            ),
             oref("platform.example.io/v1alpha1", "Other", "u1", Some(true)),
-            oref("platform.example.io/v1beta9", "Microservice", "u1", Some(true)),
+            oref(
+                "platform.example.io/v1beta9",
+                "Microservice",
+                "u1",
+                Some(true),
+            ),
         ] {
-            assert!(matches!(ownership(&meta(vec![r]), &owner()), Ownership::Foreign { controller: Some(_) }));
+            assert!(matches!(
+                ownership(&meta(vec![r]), &owner()),
+                Ownership::Foreign {
+                    controller: Some(_)
+                }
+            ));
         }
     }
 
     #[test]
     fn non_controller_reference_does_not_make_it_ours() {
-        let m = meta(vec![oref("platform.example.io/v1alpha1", "Microservice", "u1", None)]);
-        assert_eq!(ownership(&m, &owner()), Ownership::Foreign { controller: None });
+        let m = meta(vec![oref(
+            "platform.example.io/v1alpha1",
+            "Microservice",
+            "u1",
+            None,
+        )]);
+        assert_eq!(
+            ownership(&m, &owner()),
+            Ownership::Foreign { controller: None }
+        );
     }
 }

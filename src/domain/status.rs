@@ -33,7 +33,9 @@ impl RolloutFacts {
             ready: s.ready_replicas.unwrap_or(0),
             available: s.available_replicas.unwrap_or(0),
             deadline_exceeded: s.conditions.iter().flatten().any(|c| {
-                c.type_ == "Progressing" && c.status == "False" && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+                c.type_ == "Progressing"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
             }),
         }
     }
@@ -65,17 +67,33 @@ pub enum Outcome {
 }
 
 fn applied_verdicts(desired: i32, r: &RolloutFacts, endpoints: usize) -> [Verdict; 2] {
-    let done = r.observed_current && r.updated >= desired && r.replicas == r.updated && r.available >= desired;
+    let done = r.observed_current
+        && r.updated >= desired
+        && r.replicas == r.updated
+        && r.available >= desired;
     let progressing = if r.deadline_exceeded {
-        Verdict::new(PROGRESSING, Status::False, "ProgressDeadlineExceeded", "the rollout made no progress within its deadline")
+        Verdict::new(
+            PROGRESSING,
+            Status::False,
+            "ProgressDeadlineExceeded",
+            "the rollout made no progress within its deadline",
+        )
     } else if done {
-        Verdict::new(PROGRESSING, Status::False, "RolloutComplete", format!("{desired} replicas run the current spec"))
+        Verdict::new(
+            PROGRESSING,
+            Status::False,
+            "RolloutComplete",
+            format!("{desired} replicas run the current spec"),
+        )
     } else {
         Verdict::new(
             PROGRESSING,
             Status::True,
             "RolloutInProgress",
-            format!("{}/{desired} replicas updated, {} available", r.updated, r.available),
+            format!(
+                "{}/{desired} replicas updated, {} available",
+                r.updated, r.available
+            ),
         )
     };
     let available = if !done {
@@ -83,18 +101,34 @@ fn applied_verdicts(desired: i32, r: &RolloutFacts, endpoints: usize) -> [Verdic
             AVAILABLE,
             Status::False,
             "RolloutInProgress",
-            format!("{}/{desired} replicas of the current spec available", r.available.min(r.updated)),
+            format!(
+                "{}/{desired} replicas of the current spec available",
+                r.available.min(r.updated)
+            ),
         )
     } else if desired == 0 {
-        Verdict::new(AVAILABLE, Status::True, "ScaledToZero", "scaled to zero replicas")
+        Verdict::new(
+            AVAILABLE,
+            Status::True,
+            "ScaledToZero",
+            "scaled to zero replicas",
+        )
     } else if endpoints == 0 {
-        Verdict::new(AVAILABLE, Status::False, "NoReadyEndpoints", "the Service has no ready endpoints")
+        Verdict::new(
+            AVAILABLE,
+            Status::False,
+            "NoReadyEndpoints",
+            "the Service has no ready endpoints",
+        )
     } else {
         Verdict::new(
             AVAILABLE,
             Status::True,
             "ReplicasAvailable",
-            format!("{}/{desired} replicas available, {endpoints} ready endpoints", r.available),
+            format!(
+                "{}/{desired} replicas available, {endpoints} ready endpoints",
+                r.available
+            ),
         )
     };
     [available, progressing]
@@ -108,55 +142,95 @@ pub fn next_status(
     generation: i64,
     now: &Time,
 ) -> MicroserviceStatus {
-    let prev_conditions = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let prev_conditions = previous
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
     let accepted_ok = Verdict::new(ACCEPTED, Status::True, "SpecValid", "the spec is valid");
-    let (verdicts, managed, ready): (Vec<Verdict>, Option<ManagedResources>, Option<String>) = match outcome {
-        Outcome::Applied {
-            deployment,
-            service,
-            rollout,
-            ready_endpoints,
-        } => {
-            let mut v = vec![
-                accepted_ok,
-                Verdict::new(RECONCILED, Status::True, "ChildrenApplied", "the Deployment and Service match the spec"),
-            ];
-            v.extend(applied_verdicts(desired_replicas, rollout, *ready_endpoints));
-            let managed = ManagedResources {
-                deployment: Some(deployment.clone()),
-                service: Some(service.clone()),
-            };
-            (v, Some(managed), Some(format!("{}/{desired_replicas}", rollout.available)))
-        }
-        Outcome::InvalidSpec(msg) | Outcome::OwnershipConflict(msg) => {
-            let reason = if matches!(outcome, Outcome::InvalidSpec(_)) { "InvalidSpec" } else { "OwnershipConflict" };
-            let accepted = if reason == "InvalidSpec" {
-                Verdict::new(ACCEPTED, Status::False, "InvalidSpec", msg.clone())
-            } else {
-                accepted_ok
-            };
-            let v = vec![
-                accepted,
-                Verdict::new(RECONCILED, Status::False, reason, msg.clone()),
-                Verdict::new(AVAILABLE, Status::False, reason, "not available at this generation: the spec could not be applied"),
-                Verdict::new(PROGRESSING, Status::False, reason, "no rollout while the error stands"),
-            ];
-            (v, None, None)
-        }
-        Outcome::ApiError(msg) => {
-            let v = vec![
-                accepted_ok,
-                Verdict::new(RECONCILED, Status::False, "ApiError", msg.clone()),
-                Verdict::new(AVAILABLE, Status::Unknown, "ApiError", "unknown until the children can be applied"),
-                Verdict::new(PROGRESSING, Status::Unknown, "ApiError", "unknown until the children can be applied"),
-            ];
-            (
-                v,
-                previous.and_then(|p| p.managed_resources.clone()),
-                previous.and_then(|p| p.ready.clone()),
-            )
-        }
-    };
+    let (verdicts, managed, ready): (Vec<Verdict>, Option<ManagedResources>, Option<String>) =
+        match outcome {
+            Outcome::Applied {
+                deployment,
+                service,
+                rollout,
+                ready_endpoints,
+            } => {
+                let mut v = vec![
+                    accepted_ok,
+                    Verdict::new(
+                        RECONCILED,
+                        Status::True,
+                        "ChildrenApplied",
+                        "the Deployment and Service match the spec",
+                    ),
+                ];
+                v.extend(applied_verdicts(
+                    desired_replicas,
+                    rollout,
+                    *ready_endpoints,
+                ));
+                let managed = ManagedResources {
+                    deployment: Some(deployment.clone()),
+                    service: Some(service.clone()),
+                };
+                (
+                    v,
+                    Some(managed),
+                    Some(format!("{}/{desired_replicas}", rollout.available)),
+                )
+            }
+            Outcome::InvalidSpec(msg) | Outcome::OwnershipConflict(msg) => {
+                let reason = if matches!(outcome, Outcome::InvalidSpec(_)) {
+                    "InvalidSpec"
+                } else {
+                    "OwnershipConflict"
+                };
+                let accepted = if reason == "InvalidSpec" {
+                    Verdict::new(ACCEPTED, Status::False, "InvalidSpec", msg.clone())
+                } else {
+                    accepted_ok
+                };
+                let v = vec![
+                    accepted,
+                    Verdict::new(RECONCILED, Status::False, reason, msg.clone()),
+                    Verdict::new(
+                        AVAILABLE,
+                        Status::False,
+                        reason,
+                        "not available at this generation: the spec could not be applied",
+                    ),
+                    Verdict::new(
+                        PROGRESSING,
+                        Status::False,
+                        reason,
+                        "no rollout while the error stands",
+                    ),
+                ];
+                (v, None, None)
+            }
+            Outcome::ApiError(msg) => {
+                let v = vec![
+                    accepted_ok,
+                    Verdict::new(RECONCILED, Status::False, "ApiError", msg.clone()),
+                    Verdict::new(
+                        AVAILABLE,
+                        Status::Unknown,
+                        "ApiError",
+                        "unknown until the children can be applied",
+                    ),
+                    Verdict::new(
+                        PROGRESSING,
+                        Status::Unknown,
+                        "ApiError",
+                        "unknown until the children can be applied",
+                    ),
+                ];
+                (
+                    v,
+                    previous.and_then(|p| p.managed_resources.clone()),
+                    previous.and_then(|p| p.ready.clone()),
+                )
+            }
+        };
     let conditions = conditions::transition(prev_conditions, &verdicts, generation, now);
     MicroserviceStatus {
         phase: Some(conditions::phase(&conditions)),
@@ -211,17 +285,27 @@ mod tests {
     fn complete_rollout_with_endpoints_is_available() {
         let s = next_status(None, &applied(complete(2), 2), 2, 4, &now());
         assert!(is_true(&s.conditions, AVAILABLE));
-        assert_eq!(find(&s.conditions, PROGRESSING).unwrap().reason, "RolloutComplete");
+        assert_eq!(
+            find(&s.conditions, PROGRESSING).unwrap().reason,
+            "RolloutComplete"
+        );
         assert_eq!(s.phase, Some(Phase::Available));
         assert_eq!(s.observed_generation, Some(4));
-        assert!(s.conditions.iter().all(|c| c.observed_generation == Some(4)));
+        assert!(
+            s.conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(4))
+        );
         assert_eq!(s.ready.as_deref(), Some("2/2"));
     }
 
     #[test]
     fn no_ready_endpoints_means_not_available() {
         let s = next_status(None, &applied(complete(2), 0), 2, 1, &now());
-        assert_eq!(find(&s.conditions, AVAILABLE).unwrap().reason, "NoReadyEndpoints");
+        assert_eq!(
+            find(&s.conditions, AVAILABLE).unwrap().reason,
+            "NoReadyEndpoints"
+        );
     }
 
     #[test]
@@ -237,30 +321,48 @@ mod tests {
         let mut r = complete(2);
         r.replicas = 3;
         let s = next_status(None, &applied(r, 2), 2, 2, &now());
-        assert_eq!(find(&s.conditions, AVAILABLE).unwrap().reason, "RolloutInProgress");
+        assert_eq!(
+            find(&s.conditions, AVAILABLE).unwrap().reason,
+            "RolloutInProgress"
+        );
     }
 
     #[test]
     fn scaled_to_zero_is_available() {
         let s = next_status(None, &applied(complete(0), 0), 0, 1, &now());
-        assert_eq!(find(&s.conditions, AVAILABLE).unwrap().reason, "ScaledToZero");
+        assert_eq!(
+            find(&s.conditions, AVAILABLE).unwrap().reason,
+            "ScaledToZero"
+        );
     }
 
     #[test]
     fn permanent_errors_fail_and_clear_managed_resources() {
         let ok = next_status(None, &applied(complete(2), 2), 2, 1, &now());
-        for outcome in [Outcome::InvalidSpec("bad".into()), Outcome::OwnershipConflict("stranger".into())] {
+        for outcome in [
+            Outcome::InvalidSpec("bad".into()),
+            Outcome::OwnershipConflict("stranger".into()),
+        ] {
             let s = next_status(Some(&ok), &outcome, 2, 2, &now());
             assert_eq!(s.phase, Some(Phase::Failed));
             assert_eq!(s.managed_resources, None);
-            assert!(!is_true(&s.conditions, AVAILABLE), "an error is never reported as available");
+            assert!(
+                !is_true(&s.conditions, AVAILABLE),
+                "an error is never reported as available"
+            );
         }
     }
 
     #[test]
     fn api_error_is_unknown_not_success() {
         let ok = next_status(None, &applied(complete(2), 2), 2, 1, &now());
-        let s = next_status(Some(&ok), &Outcome::ApiError("forbidden".into()), 2, 2, &now());
+        let s = next_status(
+            Some(&ok),
+            &Outcome::ApiError("forbidden".into()),
+            2,
+            2,
+            &now(),
+        );
         assert_eq!(find(&s.conditions, AVAILABLE).unwrap().status, "Unknown");
         assert_eq!(find(&s.conditions, RECONCILED).unwrap().status, "False");
         assert_eq!(s.phase, Some(Phase::Accepted));
@@ -281,6 +383,9 @@ mod tests {
         r.available = 0;
         r.deadline_exceeded = true;
         let s = next_status(None, &applied(r, 0), 2, 1, &now());
-        assert_eq!(find(&s.conditions, PROGRESSING).unwrap().reason, "ProgressDeadlineExceeded");
+        assert_eq!(
+            find(&s.conditions, PROGRESSING).unwrap().reason,
+            "ProgressDeadlineExceeded"
+        );
     }
 }

@@ -24,7 +24,10 @@ fn stamp(meta: &mut ObjectMeta, annotations: &BTreeMap<String, String>) {
 }
 
 /// A new child: the desired object plus the writer's annotations.
-pub fn for_create<T: Clone + kube::Resource>(desired: &T, annotations: &BTreeMap<String, String>) -> T {
+pub fn for_create<T: Clone + kube::Resource>(
+    desired: &T,
+    annotations: &BTreeMap<String, String>,
+) -> T {
     let mut obj = desired.clone();
     stamp(obj.meta_mut(), annotations);
     obj
@@ -76,16 +79,30 @@ mod tests {
 
     #[test]
     fn deployment_update_keeps_foreign_labels_and_resource_version() {
-        let want = desired(&ms("api").image("app:2").build(), &PlatformDefaults::default()).unwrap();
-        let mut live = desired(&ms("api").image("app:1").build(), &PlatformDefaults::default())
-            .unwrap()
-            .deployment;
+        let want = desired(
+            &ms("api").image("app:2").build(),
+            &PlatformDefaults::default(),
+        )
+        .unwrap();
+        let mut live = desired(
+            &ms("api").image("app:1").build(),
+            &PlatformDefaults::default(),
+        )
+        .unwrap()
+        .deployment;
         live.metadata.resource_version = Some("41".into());
-        live.metadata.labels.as_mut().unwrap().insert("team".into(), "payments".into());
+        live.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "payments".into());
         let next = deployment_update(&live, &want.deployment, &stamp_of("r1"));
         assert_eq!(next.metadata.resource_version.as_deref(), Some("41"));
         assert_eq!(next.metadata.labels.as_ref().unwrap()["team"], "payments");
-        assert_eq!(next.metadata.annotations.as_ref().unwrap()["platform.example.io/writer"], "r1");
+        assert_eq!(
+            next.metadata.annotations.as_ref().unwrap()["platform.example.io/writer"],
+            "r1"
+        );
         assert!(deployment_in_sync(&next, &want.deployment));
     }
 

@@ -22,7 +22,9 @@ pub fn fleet_dir() -> PathBuf {
 }
 
 pub fn kubeconfig_path(cluster: &str) -> PathBuf {
-    fleet_dir().join("kubeconfigs").join(format!("{cluster}.yaml"))
+    fleet_dir()
+        .join("kubeconfigs")
+        .join(format!("{cluster}.yaml"))
 }
 
 /// The fleet's own `integration/fleet` script, for tests that stop and start clusters.
@@ -61,10 +63,11 @@ pub async fn client(cluster: &str) -> Client {
 pub struct TestNamespace {
     pub name: String,
     pub client: Client,
+    cluster: String,
 }
 
 impl TestNamespace {
-    pub async fn create(client: &Client, prefix: &str) -> Self {
+    pub async fn create(client: &Client, cluster: &str, prefix: &str) -> Self {
         let name = format!("{prefix}-{:08x}", rand::random::<u32>());
         let ns: Namespace = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1",
@@ -79,6 +82,7 @@ impl TestNamespace {
         TestNamespace {
             name,
             client: client.clone(),
+            cluster: cluster.to_string(),
         }
     }
 
@@ -93,22 +97,29 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
-        // Drop cannot await; delete from a short-lived runtime on its own thread
-        // so this works inside and outside of a tokio test.
+        // Drop cannot await. Delete from a short-lived runtime on its own
+        // thread, with a client of its own: the test's client is driven by the
+        // test's runtime, which is blocked while this runs.
         let name = self.name.clone();
-        let client = self.client.clone();
-        let _ = std::thread::spawn(move || {
+        let cluster = self.cluster.clone();
+        let cleanup = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("cleanup runtime");
             rt.block_on(async move {
-                let _ = Api::<Namespace>::all(client)
+                let client = client(&cluster).await;
+                Api::<Namespace>::all(client)
                     .delete(&name, &DeleteParams::background())
-                    .await;
-            });
-        })
-        .join();
+                    .await
+                    .map(|_| ())
+            })
+        });
+        match cleanup.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("warning: test namespace {} not deleted: {e}", self.name),
+            Err(_) => eprintln!("warning: cleanup of test namespace {} panicked", self.name),
+        }
     }
 }
 
@@ -133,4 +144,100 @@ where
 /// Builds a typed object from JSON, for compact test manifests.
 pub fn from_json<K: serde::de::DeserializeOwned>(value: serde_json::Value) -> K {
     serde_json::from_value(value).expect("test manifest matches its type")
+}
+
+/// Installs (or updates) the Microservice CRD in a cluster and waits until
+/// the API server serves it.
+pub async fn ensure_crd(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    use kube::api::{Patch, PatchParams};
+
+    let crd = flotilla::crd::Microservice::crd();
+    let name = crd.metadata.name.clone().expect("crd name");
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    api.patch(
+        &name,
+        &PatchParams::apply("flotilla-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("apply Microservice CRD");
+    eventually("CRD established", Duration::from_secs(30), || {
+        let api = api.clone();
+        let name = name.clone();
+        async move {
+            let crd = api.get(&name).await.ok()?;
+            let established = crd
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            established.then_some(())
+        }
+    })
+    .await;
+}
+
+/// The controller, run in-process against one test namespace, stopped on drop.
+pub struct Operator {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Operator {
+    pub fn start(
+        client: &Client,
+        settings: flotilla::reconciler::Settings,
+        hooks: flotilla::reconciler::Hooks,
+    ) -> Self {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = rx.await;
+        };
+        let task = tokio::spawn(flotilla::reconciler::run(
+            client.clone(),
+            settings,
+            hooks,
+            shutdown,
+        ));
+        Operator {
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// Stops the controller and waits for in-flight reconciles to finish.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("controller task panicked");
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Settings for a controller that only sees `namespace`.
+pub fn settings(cluster: &str, namespace: &str) -> flotilla::reconciler::Settings {
+    let mut s = flotilla::reconciler::Settings::new(
+        cluster,
+        flotilla::reconciler::WriterIdentity {
+            holder: format!("test-{namespace}"),
+            epoch: None,
+        },
+    );
+    s.namespace = Some(namespace.to_string());
+    s
 }

@@ -1,0 +1,786 @@
+//! The Microservice controller against a real member cluster: children with
+//! platform defaults, truthful status, drift repair, ownership safety,
+//! invalid input, steady state and the status race.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use serde_json::json;
+use support::{Operator, TestNamespace, client, ensure_crd, eventually, from_json, settings};
+use tokio::sync::{Notify, oneshot};
+
+use flotilla::crd::{Microservice, Phase};
+use flotilla::domain::conditions::find;
+use flotilla::reconciler::Hooks;
+
+const CLUSTER: &str = "member-1";
+const QUIET_CLUSTER: &str = "member-3";
+const WAIT: Duration = Duration::from_secs(90);
+
+async fn setup(prefix: &str) -> (Client, TestNamespace) {
+    let client = client(CLUSTER).await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::create(&client, CLUSTER, prefix).await;
+    (client, ns)
+}
+
+fn microservice(name: &str, image: &str, port: i32, replicas: Option<i32>) -> Microservice {
+    let mut spec = json!({"image": image, "port": port});
+    if let Some(r) = replicas {
+        spec["replicas"] = json!(r);
+    }
+    from_json(json!({
+        "apiVersion": "platform.example.io/v1alpha1",
+        "kind": "Microservice",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+}
+
+/// Waits until `name` has condition `type_` with `status` (and `reason`, if
+/// given) at its current generation; returns the object.
+async fn wait_condition(
+    api: &Api<Microservice>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> Microservice {
+    let what = format!("{name}: {type_}={status} {reason:?} at the current generation");
+    eventually(&what, WAIT, || {
+        let api = api.clone();
+        async move {
+            let ms = api.get(name).await.ok()?;
+            let st = ms.status.as_ref()?;
+            let generation = ms.metadata.generation?;
+            let c = find(&st.conditions, type_)?;
+            let ok = st.observed_generation == Some(generation)
+                && c.observed_generation == Some(generation)
+                && c.status == status
+                && reason.is_none_or(|r| c.reason == r);
+            ok.then_some(ms.clone())
+        }
+    })
+    .await
+}
+
+fn container_env(d: &Deployment) -> BTreeMap<String, String> {
+    let pod = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod spec");
+    pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn image_of(d: &Deployment) -> String {
+    let pod = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod spec");
+    pod.containers[0].image.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn todo_api_is_reconciled_then_available_and_kubectl_wait_works() {
+    let (client, ns) = setup("rec-basic").await;
+    let op = Operator::start(&client, settings(CLUSTER, &ns.name), Hooks::default());
+    let api = ns.api::<Microservice>();
+    let created = api
+        .create(
+            &PostParams::default(),
+            &microservice("todo-api", "ghcr.io/acme/todo-api:1.0.0", 8080, None),
+        )
+        .await
+        .expect("create");
+    assert_eq!(created.spec.replicas, 2, "replicas defaults to 2");
+
+    let ms = wait_condition(
+        &api,
+        "todo-api",
+        "Reconciled",
+        "True",
+        Some("ChildrenApplied"),
+    )
+    .await;
+    let uid = ms.metadata.uid.clone().expect("uid");
+    let d = ns
+        .api::<Deployment>()
+        .get("todo-api")
+        .await
+        .expect("deployment exists");
+    let svc = ns
+        .api::<Service>()
+        .get("todo-api")
+        .await
+        .expect("service exists");
+    for meta in [&d.metadata, &svc.metadata] {
+        let owner = &meta.owner_references.as_ref().expect("owner refs")[0];
+        assert_eq!(
+            (owner.uid.as_str(), owner.controller),
+            (uid.as_str(), Some(true))
+        );
+        let labels = meta.labels.as_ref().expect("labels");
+        assert_eq!(labels["app"], "todo-api");
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "flotilla");
+        assert!(
+            meta.annotations
+                .as_ref()
+                .expect("annotations")
+                .contains_key("platform.example.io/writer")
+        );
+    }
+    let env = container_env(&d);
+    assert_eq!(env["ASPNETCORE_URLS"], "http://+:8080");
+    assert_eq!(env["OTEL_SERVICE_NAME"], "todo-api");
+    assert_eq!(env["OTEL_SERVICE_VERSION"], "ghcr.io/acme/todo-api:1.0.0");
+    assert_eq!(d.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    let svc_port = &svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.clone())
+        .expect("ports")[0];
+    assert_eq!(svc_port.port, 8080);
+    assert!(
+        svc.spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.clone())
+            .is_some(),
+        "server allocated a clusterIP"
+    );
+
+    let ms = wait_condition(
+        &api,
+        "todo-api",
+        "Available",
+        "True",
+        Some("ReplicasAvailable"),
+    )
+    .await;
+    let status = ms.status.expect("status");
+    assert_eq!(status.phase, Some(Phase::Available));
+    assert_eq!(status.ready.as_deref(), Some("2/2"));
+    let managed = status.managed_resources.expect("managed resources");
+    assert_eq!(managed.deployment.as_deref(), Some("todo-api"));
+
+    let out = Command::new(support::kubectl())
+        .arg("--kubeconfig")
+        .arg(support::kubeconfig_path(CLUSTER))
+        .args([
+            "-n",
+            &ns.name,
+            "wait",
+            "--for=condition=Available",
+            "ms/todo-api",
+            "--timeout=30s",
+        ])
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl wait failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn image_change_advances_generation_only_with_the_new_deployment() {
+    let (client, ns) = setup("rec-image").await;
+    let op = Operator::start(&client, settings(CLUSTER, &ns.name), Hooks::default());
+    let api = ns.api::<Microservice>();
+    api.create(
+        &PostParams::default(),
+        &microservice("web", "ghcr.io/acme/web:1", 8080, Some(1)),
+    )
+    .await
+    .expect("create");
+    let before = wait_condition(&api, "web", "Available", "True", None).await;
+    let accepted_at = find(
+        &before.status.as_ref().expect("status").conditions,
+        "Accepted",
+    )
+    .expect("Accepted")
+    .last_transition_time
+    .clone();
+
+    // Let a second pass: lastTransitionTime has whole-second resolution.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "ghcr.io/acme/web:2"}})),
+    )
+    .await
+    .expect("patch image");
+
+    let deployments = ns.api::<Deployment>();
+    let after = eventually("observedGeneration 2", WAIT, || {
+        let (api, deployments) = (api.clone(), deployments.clone());
+        async move {
+            let ms = api.get("web").await.ok()?;
+            if ms.status.as_ref()?.observed_generation != Some(2) {
+                return None;
+            }
+            // The moment status names generation 2, the Deployment must carry it.
+            let d = deployments.get("web").await.ok()?;
+            assert_eq!(
+                image_of(&d),
+                "ghcr.io/acme/web:2",
+                "status advanced before the Deployment did"
+            );
+            Some(ms)
+        }
+    })
+    .await;
+    let status = after.status.expect("status");
+    let accepted = find(&status.conditions, "Accepted").expect("Accepted");
+    assert_eq!(
+        accepted.last_transition_time, accepted_at,
+        "unchanged condition kept its transition time"
+    );
+    assert_eq!(accepted.observed_generation, Some(2));
+    wait_condition(&api, "web", "Available", "True", None).await;
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn deleted_service_and_edited_deployment_are_repaired_on_the_watch() {
+    let (client, ns) = setup("rec-drift").await;
+    // A resync far away: only the watches can repair within the test's time.
+    let mut s = settings(CLUSTER, &ns.name);
+    s.resync = Duration::from_secs(3600);
+    let op = Operator::start(&client, s, Hooks::default());
+    let api = ns.api::<Microservice>();
+    api.create(
+        &PostParams::default(),
+        &microservice("drift", "ghcr.io/acme/drift:1", 9000, Some(1)),
+    )
+    .await
+    .expect("create");
+    wait_condition(&api, "drift", "Reconciled", "True", None).await;
+
+    let services = ns.api::<Service>();
+    let old_uid = services.get("drift").await.expect("service").metadata.uid;
+    services
+        .delete("drift", &DeleteParams::default())
+        .await
+        .expect("delete service");
+    eventually("service recreated", Duration::from_secs(10), || {
+        let services = services.clone();
+        let old_uid = old_uid.clone();
+        async move {
+            let s = services.get_opt("drift").await.ok()??;
+            (s.metadata.uid != old_uid && s.metadata.deletion_timestamp.is_none()).then_some(())
+        }
+    })
+    .await;
+
+    let deployments = ns.api::<Deployment>();
+    let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "drift", "image": "evil/miner:1"}]}}}});
+    deployments
+        .patch("drift", &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .expect("hand edit");
+    eventually("image restored", Duration::from_secs(10), || {
+        let deployments = deployments.clone();
+        async move {
+            let d = deployments.get("drift").await.ok()?;
+            (image_of(&d) == "ghcr.io/acme/drift:1").then_some(())
+        }
+    })
+    .await;
+    op.stop().await;
+}
+
+async fn warning_reasons(client: &Client, ns: &str, name: &str) -> Vec<String> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+#[tokio::test]
+async fn foreign_service_blocks_both_children_until_it_is_gone() {
+    let (client, ns) = setup("rec-owner").await;
+    let services = ns.api::<Service>();
+    let stranger: Service = from_json(json!({
+        "metadata": {"name": "clash", "labels": {"owner": "someone-else"}},
+        "spec": {"selector": {"app": "other"}, "ports": [{"port": 1234}]},
+    }));
+    let stranger = services
+        .create(&PostParams::default(), &stranger)
+        .await
+        .expect("stranger");
+    let mut s = settings(CLUSTER, &ns.name);
+    s.resync = Duration::from_secs(2);
+    let op = Operator::start(&client, s, Hooks::default());
+    let api = ns.api::<Microservice>();
+    api.create(
+        &PostParams::default(),
+        &microservice("clash", "ghcr.io/acme/clash:1", 8080, Some(1)),
+    )
+    .await
+    .expect("create");
+
+    let ms = wait_condition(
+        &api,
+        "clash",
+        "Reconciled",
+        "False",
+        Some("OwnershipConflict"),
+    )
+    .await;
+    let status = ms.status.expect("status");
+    assert_eq!(status.phase, Some(Phase::Failed));
+    assert_eq!(status.managed_resources, None);
+    assert_eq!(
+        find(&status.conditions, "Available").map(|c| c.status.as_str()),
+        Some("False")
+    );
+    assert!(
+        ns.api::<Deployment>()
+            .get_opt("clash")
+            .await
+            .expect("get")
+            .is_none(),
+        "Deployment must not be created"
+    );
+    let untouched = services.get("clash").await.expect("stranger still there");
+    assert_eq!(
+        untouched.metadata.resource_version, stranger.metadata.resource_version,
+        "stranger modified"
+    );
+    let reasons = eventually("Warning event", Duration::from_secs(10), || {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        async move {
+            let r = warning_reasons(&client, &ns, "clash").await;
+            r.contains(&"OwnershipConflict".to_string()).then_some(r)
+        }
+    })
+    .await;
+    assert!(
+        reasons.iter().all(|r| r == "OwnershipConflict"),
+        "{reasons:?}"
+    );
+
+    services
+        .delete("clash", &DeleteParams::default())
+        .await
+        .expect("delete stranger");
+    wait_condition(&api, "clash", "Reconciled", "True", Some("ChildrenApplied")).await;
+    assert!(
+        ns.api::<Deployment>()
+            .get_opt("clash")
+            .await
+            .expect("get")
+            .is_some()
+    );
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_input_is_rejected_by_the_server_or_fails_the_cr_and_touches_nothing() {
+    let (client, ns) = setup("rec-invalid").await;
+    let bystander = ns
+        .api::<ConfigMap>()
+        .create(
+            &PostParams::default(),
+            &from_json(json!({"metadata": {"name": "bystander"}, "data": {"k": "v"}})),
+        )
+        .await
+        .expect("bystander");
+    let op = Operator::start(&client, settings(CLUSTER, &ns.name), Hooks::default());
+    let api = ns.api::<Microservice>();
+
+    // What the schema and CEL can express, the API server refuses.
+    for (name, image, port, replicas, why) in [
+        ("spaces", "nginx latest", 80, None, "image with whitespace"),
+        ("zero", "nginx:1", 0, None, "port 0"),
+        ("huge", "nginx:1", 65536, None, "port 65536"),
+        ("many", "nginx:1", 80, Some(1001), "replicas 1001"),
+        (
+            "my.api",
+            "nginx:1",
+            80,
+            None,
+            "a name that cannot name a Service",
+        ),
+    ] {
+        match api
+            .create(
+                &PostParams::default(),
+                &microservice(name, image, port, replicas),
+            )
+            .await
+        {
+            Err(kube::Error::Api(s)) => assert_eq!(s.code, 422, "{why}: {s:?}"),
+            other => panic!("{why} must be rejected by the API server, got {other:?}"),
+        }
+    }
+
+    // What passes the schema but is not a valid image becomes InvalidSpec.
+    api.create(
+        &PostParams::default(),
+        &microservice("upper", "ghcr.io/Acme/API:1", 8080, None),
+    )
+    .await
+    .expect("schema accepts it");
+    let ms = wait_condition(&api, "upper", "Accepted", "False", Some("InvalidSpec")).await;
+    let status = ms.status.expect("status");
+    assert_eq!(status.phase, Some(Phase::Failed));
+    let reconciled = find(&status.conditions, "Reconciled").expect("Reconciled");
+    assert_eq!(reconciled.reason, "InvalidSpec");
+    assert!(
+        reconciled.message.contains("ghcr.io/Acme/API:1"),
+        "message names the image: {}",
+        reconciled.message
+    );
+
+    assert!(
+        ns.api::<Deployment>()
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    assert!(
+        ns.api::<Service>()
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    let after = ns
+        .api::<ConfigMap>()
+        .get("bystander")
+        .await
+        .expect("bystander");
+    assert_eq!(
+        after.metadata.resource_version,
+        bystander.metadata.resource_version
+    );
+
+    // Fixing the spec recovers without a restart.
+    api.patch(
+        "upper",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "ghcr.io/acme/api:1"}})),
+    )
+    .await
+    .expect("fix");
+    wait_condition(&api, "upper", "Reconciled", "True", Some("ChildrenApplied")).await;
+    op.stop().await;
+}
+
+type Versions = BTreeMap<String, Option<String>>;
+
+async fn resource_versions(ns: &TestNamespace) -> Versions {
+    let mut v = Versions::new();
+    let lp = ListParams::default();
+    for m in ns
+        .api::<Microservice>()
+        .list(&lp)
+        .await
+        .expect("list")
+        .items
+    {
+        v.insert(
+            format!("ms/{}", m.metadata.name.unwrap_or_default()),
+            m.metadata.resource_version,
+        );
+    }
+    for d in ns.api::<Deployment>().list(&lp).await.expect("list").items {
+        v.insert(
+            format!("deploy/{}", d.metadata.name.unwrap_or_default()),
+            d.metadata.resource_version,
+        );
+    }
+    for s in ns.api::<Service>().list(&lp).await.expect("list").items {
+        v.insert(
+            format!("svc/{}", s.metadata.name.unwrap_or_default()),
+            s.metadata.resource_version,
+        );
+    }
+    v
+}
+
+/// The apiserver's own request counters for the objects the operator
+/// touches, keyed `VERB resource/subresource`.
+async fn request_counts(client: &Client) -> BTreeMap<String, f64> {
+    let req = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let text = client.request_text(req).await.expect("apiserver metrics");
+    let mut counts = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let label = |key: &str| {
+            let start = line.find(&format!("{key}=\"")).map(|i| i + key.len() + 2)?;
+            let end = line[start..].find('"')? + start;
+            Some(line[start..end].to_string())
+        };
+        let (Some(verb), Some(resource), Some(sub)) =
+            (label("verb"), label("resource"), label("subresource"))
+        else {
+            continue;
+        };
+        if !["deployments", "services", "microservices"].contains(&resource.as_str()) {
+            continue;
+        }
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *counts
+            .entry(format!("{verb} {resource}/{sub}"))
+            .or_insert(0.0) += value;
+    }
+    counts
+}
+
+fn only(counts: &BTreeMap<String, f64>, verbs: &[&str]) -> BTreeMap<String, f64> {
+    counts
+        .iter()
+        .filter(|(k, _)| verbs.iter().any(|v| k.starts_with(&format!("{v} "))))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect()
+}
+
+const WRITES: &[&str] = &["POST", "PUT", "PATCH", "DELETE"];
+
+#[tokio::test]
+async fn fifty_in_sync_microservices_cause_no_writes_or_reads_on_resync() {
+    // A cluster no other test in this binary uses, so the apiserver's request
+    // counters move only for this test's controller.
+    let client = client(QUIET_CLUSTER).await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::create(&client, QUIET_CLUSTER, "rec-steady").await;
+    let mut s = settings(QUIET_CLUSTER, &ns.name);
+    s.resync = Duration::from_secs(2);
+    let op = Operator::start(&client, s.clone(), Hooks::default());
+    let api = ns.api::<Microservice>();
+    for i in 0..50 {
+        api.create(
+            &PostParams::default(),
+            &microservice(&format!("svc-{i:02}"), "ghcr.io/acme/s:1", 8080, Some(1)),
+        )
+        .await
+        .expect("create");
+    }
+    eventually("all 50 available", Duration::from_secs(180), || {
+        let api = api.clone();
+        async move {
+            let list = api.list(&ListParams::default()).await.ok()?;
+            let available = list
+                .items
+                .iter()
+                .filter(|m| {
+                    m.status.as_ref().is_some_and(|s| {
+                        s.observed_generation == m.metadata.generation
+                            && find(&s.conditions, "Available").is_some_and(|c| c.status == "True")
+                    })
+                })
+                .count();
+            (available == 50).then_some(())
+        }
+    })
+    .await;
+    // Let the last Deployment status updates land.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let settled = resource_versions(&ns).await;
+    assert_eq!(settled.len(), 150);
+    let before = request_counts(&client).await;
+    assert!(
+        !only(&before, WRITES).is_empty(),
+        "the counters must see the initial writes"
+    );
+
+    // Several resync periods pass: every object is reconciled again, from cache.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let after = request_counts(&client).await;
+    assert_eq!(
+        only(&after, WRITES),
+        only(&before, WRITES),
+        "a resync wrote to the API"
+    );
+    assert_eq!(
+        only(&after, &["GET"]),
+        only(&before, &["GET"]),
+        "a resync read from the API"
+    );
+    assert_eq!(
+        resource_versions(&ns).await,
+        settled,
+        "a resync changed an in-sync object"
+    );
+
+    // A restarted controller lists, watches and reconciles everything: no writes.
+    op.stop().await;
+    let op = Operator::start(&client, s, Hooks::default());
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let restarted = request_counts(&client).await;
+    assert_eq!(
+        only(&restarted, WRITES),
+        only(&before, WRITES),
+        "a fresh controller wrote to the API"
+    );
+    assert_eq!(
+        resource_versions(&ns).await,
+        settled,
+        "a fresh controller changed an in-sync object"
+    );
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn result_for_an_old_generation_is_never_written_as_the_new_one() {
+    let (client, ns) = setup("rec-race").await;
+    let (reached_tx, reached_rx) = oneshot::channel::<()>();
+    let reached_tx = Arc::new(std::sync::Mutex::new(Some(reached_tx)));
+    let release = Arc::new(Notify::new());
+    let paused_once = Arc::new(AtomicBool::new(false));
+    let hook_release = release.clone();
+    let hooks = Hooks {
+        after_children_applied: Some(Arc::new(move |name: String| {
+            let first = name == "racer" && !paused_once.swap(true, Ordering::SeqCst);
+            let reached = reached_tx.clone();
+            let release = hook_release.clone();
+            async move {
+                if first {
+                    if let Some(tx) = reached.lock().expect("lock").take() {
+                        let _ = tx.send(());
+                    }
+                    release.notified().await;
+                }
+            }
+            .boxed()
+        })),
+    };
+
+    // Record every status the CR ever shows.
+    let api = ns.api::<Microservice>();
+    let seen = Arc::new(std::sync::Mutex::new(
+        Vec::<(Option<i64>, Option<i64>)>::new(),
+    ));
+    let recorder = {
+        let seen = seen.clone();
+        let stream = watcher(
+            api.clone(),
+            watcher::Config::default().fields("metadata.name=racer"),
+        )
+        .applied_objects();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(ms)) = stream.next().await {
+                let observed = ms.status.as_ref().and_then(|s| s.observed_generation);
+                seen.lock()
+                    .expect("lock")
+                    .push((ms.metadata.generation, observed));
+            }
+        })
+    };
+
+    let op = Operator::start(&client, settings(CLUSTER, &ns.name), hooks);
+    api.create(
+        &PostParams::default(),
+        &microservice("racer", "ghcr.io/acme/racer:1", 8080, Some(1)),
+    )
+    .await
+    .expect("create");
+    tokio::time::timeout(WAIT, reached_rx)
+        .await
+        .expect("reconcile reached the pause")
+        .expect("hook");
+
+    // Generation 1's children are applied; its status is not yet written.
+    api.patch(
+        "racer",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "ghcr.io/acme/racer:2"}})),
+    )
+    .await
+    .expect("patch");
+    release.notify_one();
+
+    let ms = wait_condition(&api, "racer", "Reconciled", "True", None).await;
+    assert_eq!(ms.metadata.generation, Some(2));
+    let d = ns
+        .api::<Deployment>()
+        .get("racer")
+        .await
+        .expect("deployment");
+    assert_eq!(image_of(&d), "ghcr.io/acme/racer:2");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    recorder.abort();
+    let seen = seen.lock().expect("lock").clone();
+    assert!(
+        seen.iter().all(|(_, observed)| *observed != Some(1)),
+        "generation 1's result was written after generation 2 existed: {seen:?}"
+    );
+    assert!(
+        seen.iter().any(|(_, observed)| *observed == Some(2)),
+        "{seen:?}"
+    );
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_the_microservice_collects_both_children() {
+    let (client, ns) = setup("rec-delete").await;
+    let op = Operator::start(&client, settings(CLUSTER, &ns.name), Hooks::default());
+    let api = ns.api::<Microservice>();
+    api.create(
+        &PostParams::default(),
+        &microservice("gone", "ghcr.io/acme/gone:1", 8080, Some(1)),
+    )
+    .await
+    .expect("create");
+    wait_condition(&api, "gone", "Reconciled", "True", None).await;
+    api.delete("gone", &DeleteParams::background())
+        .await
+        .expect("delete");
+    let (deployments, services) = (ns.api::<Deployment>(), ns.api::<Service>());
+    eventually("children collected", Duration::from_secs(60), || {
+        let (deployments, services) = (deployments.clone(), services.clone());
+        async move {
+            let d = deployments.get_opt("gone").await.ok()?;
+            let s = services.get_opt("gone").await.ok()?;
+            (d.is_none() && s.is_none()).then_some(())
+        }
+    })
+    .await;
+    op.stop().await;
+}

@@ -1,0 +1,90 @@
+//! What every reconcile of one cluster shares.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Client;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use super::Backoff;
+use crate::crd::Microservice;
+use crate::domain::desired::PlatformDefaults;
+
+pub const ANNOTATION_WRITER: &str = "platform.example.io/writer";
+pub const ANNOTATION_EPOCH: &str = "platform.example.io/epoch";
+pub const FIELD_MANAGER: &str = "flotilla";
+
+/// Who writes: stamped on every child written, so audits can prove that
+/// there was one writer at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriterIdentity {
+    pub holder: String,
+    /// The leadership epoch (the Lease's `leaseTransitions`), once elected.
+    pub epoch: Option<i32>,
+}
+
+impl WriterIdentity {
+    pub fn annotations(&self) -> BTreeMap<String, String> {
+        let mut a = BTreeMap::from([(ANNOTATION_WRITER.to_string(), self.holder.clone())]);
+        if let Some(epoch) = self.epoch {
+            a.insert(ANNOTATION_EPOCH.to_string(), epoch.to_string());
+        }
+        a
+    }
+}
+
+/// How one cluster's controller behaves.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The cluster's name, for logs, spans and metrics.
+    pub cluster: String,
+    /// Watch one namespace only; `None` watches all.
+    pub namespace: Option<String>,
+    pub defaults: PlatformDefaults,
+    /// The safety-net resync; watches repair drift before it comes round.
+    pub resync: Duration,
+    pub writer: WriterIdentity,
+    /// Reconciles in flight at once for this cluster.
+    pub concurrency: u16,
+}
+
+impl Settings {
+    pub fn new(cluster: impl Into<String>, writer: WriterIdentity) -> Self {
+        Settings {
+            cluster: cluster.into(),
+            namespace: None,
+            defaults: PlatformDefaults::default(),
+            resync: Duration::from_secs(300),
+            writer,
+            concurrency: 16,
+        }
+    }
+}
+
+type Hook = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Test seams: points where a test can pause a reconcile to stage a race.
+/// Production code leaves them empty.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    /// Runs after both children are written and before status is concluded,
+    /// with the Microservice's name.
+    pub after_children_applied: Option<Hook>,
+}
+
+pub(crate) struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    pub slices: Store<EndpointSlice>,
+    pub recorder: Recorder,
+    pub backoff: Mutex<Backoff<ObjectRef<Microservice>>>,
+    pub hooks: Hooks,
+}

@@ -1,0 +1,49 @@
+//! Errors of the reconciler layer.
+
+use crate::domain::DomainError;
+
+pub type Result<T, E = ReconcileError> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// A call to the member cluster's API failed (network, 5xx, permission).
+    #[error("{verb} {kind} failed: {source}")]
+    Api {
+        verb: &'static str,
+        kind: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    /// A conditional write lost a race: re-read and retry, never overwrite.
+    #[error("{kind} changed while we wrote it; retrying from a fresh read")]
+    Conflict { kind: &'static str },
+    /// The object lacks metadata the API server always sets.
+    #[error(transparent)]
+    Domain(#[from] DomainError),
+}
+
+impl ReconcileError {
+    pub fn api(verb: &'static str, kind: &'static str, source: kube::Error) -> Self {
+        match &source {
+            kube::Error::Api(s) if s.is_conflict() => ReconcileError::Conflict { kind },
+            _ => ReconcileError::Api { verb, kind, source },
+        }
+    }
+
+    /// A bounded label for metrics and Event reasons.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ReconcileError::Api {
+                source: kube::Error::Api(s),
+                ..
+            } if s.is_forbidden() => "Forbidden",
+            ReconcileError::Api {
+                source: kube::Error::Api(_),
+                ..
+            } => "ApiError",
+            ReconcileError::Api { .. } => "ConnectionError",
+            ReconcileError::Conflict { .. } => "Conflict",
+            ReconcileError::Domain(e) => e.category(),
+        }
+    }
+}

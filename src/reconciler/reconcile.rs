@@ -1,0 +1,236 @@
+//! One reconcile of one Microservice: idempotent, from the current state,
+//! never asking why it was triggered.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::Resource;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use tracing::{Instrument, field};
+
+use super::children::{self, Write};
+use super::context::Context;
+use super::error::{ReconcileError, Result};
+use super::status_writer::{Concluded, conclude};
+use crate::crd::Microservice;
+use crate::domain::contains::{deployment_in_sync, service_in_sync};
+use crate::domain::desired::desired;
+use crate::domain::ownership::{Ownership, ownership};
+use crate::domain::status::{Outcome, RolloutFacts, ready_endpoints};
+use crate::domain::update::{deployment_update, service_update};
+use crate::domain::{DomainError, OwnerIdentity};
+
+/// Requeue soon when a result was dropped because the CR moved on.
+const DROPPED_REQUEUE: std::time::Duration = std::time::Duration::from_millis(50);
+
+pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Action> {
+    let span = tracing::info_span!(
+        "reconcile",
+        k8s.cluster.name = %ctx.settings.cluster,
+        k8s.namespace.name = ms.metadata.namespace.as_deref().unwrap_or_default(),
+        flotilla.microservice = ms.metadata.name.as_deref().unwrap_or_default(),
+        flotilla.generation = ms.metadata.generation.unwrap_or_default(),
+        outcome = field::Empty,
+    );
+    async move {
+        let result = reconcile_inner(&ms, &ctx).await;
+        let outcome = match &result {
+            Ok(label) => *label,
+            Err(e) => e.category(),
+        };
+        tracing::Span::current().record("outcome", outcome);
+        match result {
+            Ok(label) => {
+                if let Ok(mut b) = ctx.backoff.lock() {
+                    b.succeeded(&ObjectRef::from_obj(ms.as_ref()));
+                }
+                tracing::debug!(outcome = label, "reconciled");
+                Ok(if label == "Dropped" {
+                    Action::requeue(DROPPED_REQUEUE)
+                } else {
+                    Action::requeue(ctx.settings.resync)
+                })
+            }
+            Err(e) => {
+                if matches!(e, ReconcileError::Api { .. }) {
+                    // Say so in status, if the API lets us: an error is never success.
+                    if let Err(status_err) = conclude(&ctx, &ms, &Outcome::ApiError(e.to_string())).await {
+                        tracing::debug!(error = %status_err, "could not record the API error in status");
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Returns a short, bounded label of what happened.
+async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static str> {
+    if ms.metadata.deletion_timestamp.is_some() {
+        // Garbage collection removes the children through their ownerReferences.
+        return Ok("Deleting");
+    }
+    let owner = OwnerIdentity::of(ms)?;
+    let children = match desired(ms, &ctx.settings.defaults) {
+        Ok(c) => c,
+        Err(DomainError::InvalidSpec(msg)) => {
+            return permanent(ctx, ms, Outcome::InvalidSpec(msg), "InvalidSpec").await;
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let (ns, name) = (owner.namespace.as_str(), owner.name.as_str());
+
+    // Check both children before writing either.
+    let live_deployment = children::live(ctx, &ctx.deployments, ns, name, "Deployment").await?;
+    let live_service = children::live(ctx, &ctx.services, ns, name, "Service").await?;
+    let mut strangers = Vec::new();
+    if let Some(d) = &live_deployment
+        && let Ownership::Foreign { controller } = ownership(&d.metadata, &owner)
+    {
+        strangers.push(describe("Deployment", name, controller));
+    }
+    if let Some(s) = &live_service
+        && let Ownership::Foreign { controller } = ownership(&s.metadata, &owner)
+    {
+        strangers.push(describe("Service", name, controller));
+    }
+    if !strangers.is_empty() {
+        let msg = format!("{}; they are left untouched", strangers.join("; "));
+        return permanent(
+            ctx,
+            ms,
+            Outcome::OwnershipConflict(msg),
+            "OwnershipConflict",
+        )
+        .await;
+    }
+
+    let (deployment, dep_write) = children::apply::<Deployment>(
+        ctx,
+        ns,
+        live_deployment,
+        &children.deployment,
+        "Deployment",
+        deployment_in_sync,
+        deployment_update,
+    )
+    .await?;
+    let (_service, svc_write) = children::apply::<Service>(
+        ctx,
+        ns,
+        live_service,
+        &children.service,
+        "Service",
+        service_in_sync,
+        service_update,
+    )
+    .await?;
+    for (kind, write) in [("Deployment", dep_write), ("Service", svc_write)] {
+        if write != Write::Unchanged {
+            let (reason, verb) = if write == Write::Created {
+                ("Created", "created")
+            } else {
+                ("Updated", "updated")
+            };
+            publish(
+                ctx,
+                ms,
+                EventType::Normal,
+                reason,
+                format!("{kind} {name} {verb}"),
+            )
+            .await;
+        }
+    }
+    if let Some(hook) = &ctx.hooks.after_children_applied {
+        hook(name.to_string()).await;
+    }
+
+    let slices = ctx.slices.state();
+    let endpoints = ready_endpoints(slices.iter().map(|s| s.as_ref()).filter(|s| {
+        s.metadata.namespace.as_deref() == Some(ns)
+            && s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name"))
+                .map(String::as_str)
+                == Some(name)
+    }));
+    let outcome = Outcome::Applied {
+        deployment: name.to_string(),
+        service: name.to_string(),
+        rollout: RolloutFacts::of(&deployment),
+        ready_endpoints: endpoints,
+    };
+    Ok(match conclude(ctx, ms, &outcome).await? {
+        Concluded::Dropped => "Dropped",
+        _ if dep_write != Write::Unchanged || svc_write != Write::Unchanged => "Applied",
+        _ => "InSync",
+    })
+}
+
+fn describe(kind: &str, name: &str, controller: Option<String>) -> String {
+    match controller {
+        Some(c) => format!("{kind} {name} exists and is controlled by {c}"),
+        None => format!("{kind} {name} exists and is not owned by this Microservice"),
+    }
+}
+
+/// A permanent error: record it in status and as a Warning Event, then wait
+/// for the next spec change or resync instead of retrying hot.
+async fn permanent(
+    ctx: &Context,
+    ms: &Microservice,
+    outcome: Outcome,
+    reason: &'static str,
+) -> Result<&'static str> {
+    let message = match &outcome {
+        Outcome::InvalidSpec(m) | Outcome::OwnershipConflict(m) => m.clone(),
+        _ => String::new(),
+    };
+    tracing::warn!(reason, message = %message, "permanent error");
+    let concluded = conclude(ctx, ms, &outcome).await?;
+    if concluded == Concluded::Written {
+        publish(ctx, ms, EventType::Warning, reason, message).await;
+    }
+    Ok(if concluded == Concluded::Dropped {
+        "Dropped"
+    } else {
+        reason
+    })
+}
+
+async fn publish(ctx: &Context, ms: &Microservice, type_: EventType, reason: &str, note: String) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &ms.object_ref(&())).await {
+        tracing::debug!(error = %e, "could not publish event");
+    }
+}
+
+/// Transient errors back off per object, exponentially, from a few ms.
+pub fn error_policy(ms: Arc<Microservice>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
+    let delay = match ctx.backoff.lock() {
+        Ok(mut b) => b.failed(ObjectRef::from_obj(ms.as_ref())),
+        Err(_) => ctx.settings.resync,
+    };
+    tracing::warn!(
+        k8s.cluster.name = %ctx.settings.cluster,
+        flotilla.microservice = ms.metadata.name.as_deref().unwrap_or_default(),
+        error = %error,
+        category = error.category(),
+        retry_in_ms = delay.as_millis() as u64,
+        "reconcile failed"
+    );
+    Action::requeue(delay)
+}

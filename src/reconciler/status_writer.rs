@@ -1,0 +1,90 @@
+//! Concluding a reconcile: write status only when it changed, and never stamp
+//! a result on a generation it was not computed for.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Api;
+use kube::api::PostParams;
+use tracing::Instrument;
+
+use super::context::{Context, FIELD_MANAGER};
+use super::error::{ReconcileError, Result};
+use crate::crd::Microservice;
+use crate::domain::status::{Outcome, next_status};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Concluded {
+    /// The status already said this; nothing was written.
+    Unchanged,
+    Written,
+    /// The CR changed (new generation or uid) or is being deleted since this
+    /// reconcile read it: its result is about an object that no longer is.
+    Dropped,
+}
+
+fn now() -> Time {
+    // Whole seconds, as the API server stores them, so equal states compare equal.
+    let ts = jiff::Timestamp::now();
+    Time(jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
+}
+
+pub async fn conclude(ctx: &Context, ms: &Microservice, outcome: &Outcome) -> Result<Concluded> {
+    let generation = ms.metadata.generation.unwrap_or(0);
+    let now = now();
+    let cached = next_status(
+        ms.status.as_ref(),
+        outcome,
+        ms.spec.replicas,
+        generation,
+        &now,
+    );
+    if ms.status.as_ref() == Some(&cached) {
+        return Ok(Concluded::Unchanged);
+    }
+
+    // Re-read: the cache may lag, and the spec may have changed while we worked.
+    let (Some(ns), Some(name)) = (
+        ms.metadata.namespace.as_deref(),
+        ms.metadata.name.as_deref(),
+    ) else {
+        return Ok(Concluded::Dropped);
+    };
+    let api = Api::<Microservice>::namespaced(ctx.client.clone(), ns);
+    let Some(mut fresh) = api
+        .get_opt(name)
+        .await
+        .map_err(|e| ReconcileError::api("get", "Microservice", e))?
+    else {
+        return Ok(Concluded::Dropped);
+    };
+    if fresh.metadata.uid != ms.metadata.uid
+        || fresh.metadata.generation != ms.metadata.generation
+        || fresh.metadata.deletion_timestamp.is_some()
+    {
+        return Ok(Concluded::Dropped);
+    }
+    let next = next_status(
+        fresh.status.as_ref(),
+        outcome,
+        fresh.spec.replicas,
+        generation,
+        &now,
+    );
+    if fresh.status.as_ref() == Some(&next) {
+        return Ok(Concluded::Unchanged);
+    }
+    fresh.status = Some(next);
+    // A replace carries the fresh resourceVersion: a concurrent change is a 409.
+    let pp = PostParams {
+        dry_run: false,
+        field_manager: Some(FIELD_MANAGER.into()),
+    };
+    api.replace_status(name, &pp, &fresh)
+        .instrument(tracing::info_span!(
+            "k8s.write",
+            verb = "update_status",
+            kind = "Microservice"
+        ))
+        .await
+        .map_err(|e| ReconcileError::api("update_status", "Microservice", e))?;
+    Ok(Concluded::Written)
+}
