@@ -44,3 +44,7 @@ unit:
 
 demo: toolchain
 	integration/demo
+
+# deploy/crd.yaml is generated from the Rust types; a unit test fails on drift.
+crd:
+	cargo run --quiet -- crd > deploy/crd.yaml

@@ -101,3 +101,51 @@ pub struct ManagedResources {
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     serde_yaml::to_string(&Microservice::crd())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deploy_crd_matches_the_types() {
+        let generated = crd_yaml().expect("serialize CRD");
+        let committed = include_str!("../deploy/crd.yaml");
+        assert!(
+            generated == committed,
+            "deploy/crd.yaml is stale: run `make crd` (cargo run -- crd > deploy/crd.yaml)"
+        );
+    }
+
+    #[test]
+    fn crd_names_columns_and_defaults() {
+        let crd = Microservice::crd();
+        assert_eq!(crd.spec.group, GROUP);
+        assert_eq!(crd.spec.names.kind, KIND);
+        assert_eq!(crd.spec.names.short_names, Some(vec!["ms".to_string()]));
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, VERSION);
+        let columns: Vec<_> = version
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(columns, ["Image", "Port", "Ready", "Phase", "Age"]);
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+        let yaml = crd_yaml().expect("yaml");
+        assert!(yaml.contains("default: 2"), "replicas defaults to 2");
+    }
+
+    #[test]
+    fn replicas_default_when_absent() {
+        let spec: MicroserviceSpec =
+            serde_json::from_value(serde_json::json!({"image": "a:1", "port": 80})).expect("spec");
+        assert_eq!(spec.replicas, DEFAULT_REPLICAS);
+    }
+}

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kubectl, etcd and kwok from
-# their Go modules into .fleet/bin/<pin-hash>/. A build is reused until the
-# pins (go.mod, go.sum, this script) change. Prints the bin directory.
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd
+# and kwok from their Go modules into $FLOTILLA_CACHE_DIR/bin/<version>-<pins>/
+# (default ~/.cache/flotilla), shared by every checkout on the machine. A build
+# is reused until the pins (go.mod, go.sum, this script) change. Prints the
+# bin directory.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
+cache="${FLOTILLA_CACHE_DIR:-$HOME/.cache/flotilla}"
 K8S_VERSION="v1.36.3"
 KWOK_VERSION="v0.8.0"
 
 pin_hash="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" | sha256sum | cut -c1-12)"
-bin="$root/.fleet/bin/$K8S_VERSION-$pin_hash"
+bin="$cache/bin/$K8S_VERSION-$pin_hash"
 tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
 
 complete=1
