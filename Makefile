@@ -48,3 +48,8 @@ demo: toolchain
 # deploy/crd.yaml is generated from the Rust types; a unit test fails on drift.
 crd:
 	cargo run --quiet -- crd > deploy/crd.yaml
+
+# Reconcile throughput, API cost and memory on member-3 of a running fleet.
+bench-reconcile: toolchain
+	integration/fleet up
+	cargo bench --locked --bench reconcile

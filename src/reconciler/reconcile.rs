@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::Resource;
@@ -23,7 +24,10 @@ use crate::domain::status::{Outcome, RolloutFacts, ready_endpoints};
 use crate::domain::update::{deployment_update, service_update};
 use crate::domain::{DomainError, OwnerIdentity};
 
-/// Requeue soon when a result was dropped because the CR moved on.
+const CACHES_WARMING: &str = "CachesWarming";
+
+/// Requeue soon when a result was dropped because the CR moved on, or the
+/// caches are still warming.
 const DROPPED_REQUEUE: std::time::Duration = std::time::Duration::from_millis(50);
 
 pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Action> {
@@ -48,7 +52,7 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
                     b.succeeded(&ObjectRef::from_obj(ms.as_ref()));
                 }
                 tracing::debug!(outcome = label, "reconciled");
-                Ok(if label == "Dropped" {
+                Ok(if label == "Dropped" || label == CACHES_WARMING {
                     Action::requeue(DROPPED_REQUEUE)
                 } else {
                     Action::requeue(ctx.settings.resync)
@@ -71,6 +75,17 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
 
 /// Returns a short, bounded label of what happened.
 async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static str> {
+    // Until every child cache has its initial list, "missing" and "no ready
+    // endpoints" would be guesses that a restarted controller must not
+    // publish. Waiting here would hold a concurrency slot the caches need to
+    // fill, so come back shortly instead.
+    let ready = |r: Option<Result<(), _>>| matches!(r, Some(Ok(())));
+    if !(ready(ctx.deployments.wait_until_ready().now_or_never())
+        && ready(ctx.services.wait_until_ready().now_or_never())
+        && ready(ctx.slices.wait_until_ready().now_or_never()))
+    {
+        return Ok(CACHES_WARMING);
+    }
     if ms.metadata.deletion_timestamp.is_some() {
         // Garbage collection removes the children through their ownerReferences.
         return Ok("Deleting");

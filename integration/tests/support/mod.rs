@@ -241,3 +241,75 @@ pub fn settings(cluster: &str, namespace: &str) -> flotilla::reconciler::Setting
     s.namespace = Some(namespace.to_string());
     s
 }
+
+/// Counts the requests one client sends, by verb, leaving out watches: the
+/// operator's own API cost, unmixed with what the cluster's controllers do.
+#[derive(Clone, Default)]
+pub struct RequestCounter(
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
+);
+
+impl RequestCounter {
+    fn record(&self, method: &http::Method, uri: &http::Uri) {
+        let query = uri.query().unwrap_or_default();
+        if query
+            .split('&')
+            .any(|kv| kv == "watch=true" || kv == "watch=1")
+        {
+            return;
+        }
+        let verb = match *method {
+            http::Method::GET => "GET",
+            http::Method::POST => "POST",
+            http::Method::PUT => "PUT",
+            http::Method::PATCH => "PATCH",
+            http::Method::DELETE => "DELETE",
+            _ => "OTHER",
+        };
+        *self
+            .0
+            .lock()
+            .expect("counter lock")
+            .entry(verb.to_string())
+            .or_insert(0) += 1;
+    }
+
+    pub fn snapshot(&self) -> std::collections::BTreeMap<String, u64> {
+        self.0.lock().expect("counter lock").clone()
+    }
+
+    /// Requests (watches excluded) since `before`.
+    pub fn since(
+        &self,
+        before: &std::collections::BTreeMap<String, u64>,
+    ) -> std::collections::BTreeMap<String, u64> {
+        self.snapshot()
+            .into_iter()
+            .map(|(k, v)| {
+                let d = v - before.get(&k).copied().unwrap_or(0);
+                (k, d)
+            })
+            .filter(|(_, d)| *d > 0)
+            .collect()
+    }
+}
+
+/// A client for `cluster` whose every request is counted.
+pub async fn counting_client(cluster: &str) -> (Client, RequestCounter) {
+    let path = kubeconfig_path(cluster);
+    let kubeconfig = Kubeconfig::read_from(&path).expect("fleet kubeconfig (is the fleet up?)");
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    let counter = RequestCounter::default();
+    let recorder = counter.clone();
+    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        recorder.record(req.method(), req.uri());
+        req
+    });
+    let client = kube::client::ClientBuilder::try_from(config)
+        .expect("client builder")
+        .with_layer(&layer)
+        .build();
+    (client, counter)
+}

@@ -1,0 +1,245 @@
+//! Reconcile throughput, API cost and memory on one real member cluster.
+//!
+//! `make bench-reconcile` (fleet up). For each run: N Microservices are
+//! created with no controller running; then a controller starts and we time
+//! until every one is `Reconciled=True` at its generation ("changed": both
+//! children created, status written). A second controller then starts over
+//! the same, now in-sync objects, and we time N reconciles ("in sync").
+//! API requests are counted on the operator's own client (watches left
+//! out); reconciles are
+//! counted from the controller's `reconcile` spans.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use kube::api::{ListParams, PostParams};
+use serde_json::json;
+use support::{
+    Operator, RequestCounter, TestNamespace, client, counting_client, ensure_crd, eventually,
+    from_json, settings,
+};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+
+use flotilla::crd::Microservice;
+use flotilla::domain::conditions::find;
+use flotilla::reconciler::Hooks;
+
+const CLUSTER: &str = "member-3";
+
+static RECONCILES: AtomicU64 = AtomicU64::new(0);
+
+/// Counts finished `reconcile` spans.
+struct ReconcileCounter;
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for ReconcileCounter {
+    fn on_close(&self, id: tracing::span::Id, ctx: Context<'_, S>) {
+        if ctx.span(&id).is_some_and(|s| s.name() == "reconcile") {
+            RECONCILES.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn env_usize(key: &str, default: usize) -> usize {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+const WRITES: &[&str] = &["POST", "PUT", "PATCH", "DELETE"];
+
+fn count(counts: &std::collections::BTreeMap<String, u64>, verbs: &[&str]) -> f64 {
+    verbs
+        .iter()
+        .map(|v| counts.get(*v).copied().unwrap_or(0))
+        .sum::<u64>() as f64
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|kb| kb.parse::<f64>().ok())
+            })
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Run {
+    changed_seconds: f64,
+    changed_per_second: f64,
+    changed_reconciles: u64,
+    changed_writes_per_object: f64,
+    changed_gets_per_object: f64,
+    in_sync_seconds: f64,
+    in_sync_per_second: f64,
+    in_sync_writes: f64,
+    in_sync_gets: f64,
+}
+
+async fn all_reconciled(api: &kube::Api<Microservice>, n: usize) {
+    eventually(
+        "every Microservice reconciled",
+        Duration::from_secs(600),
+        || {
+            let api = api.clone();
+            async move {
+                let list = api.list(&ListParams::default()).await.ok()?;
+                let done = list
+                    .items
+                    .iter()
+                    .filter(|m| {
+                        m.status.as_ref().is_some_and(|s| {
+                            s.observed_generation == m.metadata.generation
+                                && find(&s.conditions, "Reconciled")
+                                    .is_some_and(|c| c.status == "True")
+                        })
+                    })
+                    .count();
+                (done == n).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+async fn one_run(
+    client: &kube::Client,
+    op_client: &kube::Client,
+    requests: &RequestCounter,
+    n: usize,
+) -> Run {
+    let ns = TestNamespace::create(client, CLUSTER, "bench-rec").await;
+    let api = ns.api::<Microservice>();
+    stream::iter(0..n)
+        .for_each_concurrent(16, |i| {
+            let api = api.clone();
+            async move {
+                let ms: Microservice = from_json(json!({
+                    "apiVersion": "platform.example.io/v1alpha1", "kind": "Microservice",
+                    "metadata": {"name": format!("ms-{i:04}")},
+                    "spec": {"image": "ghcr.io/acme/bench:1", "port": 8080, "replicas": 1},
+                }));
+                api.create(&PostParams::default(), &ms)
+                    .await
+                    .expect("create");
+            }
+        })
+        .await;
+
+    let mut s = settings(CLUSTER, &ns.name);
+    s.resync = Duration::from_secs(3600);
+
+    let before = requests.snapshot();
+    let r0 = RECONCILES.load(Ordering::Relaxed);
+    let t0 = Instant::now();
+    let op = Operator::start(op_client, s.clone(), Hooks::default());
+    all_reconciled(&api, n).await;
+    let changed = t0.elapsed().as_secs_f64();
+    let changed_requests = requests.since(&before);
+    let changed_reconciles = RECONCILES.load(Ordering::Relaxed) - r0;
+    op.stop().await;
+
+    // Let child status updates settle, then reconcile everything again from scratch.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before_sync = requests.snapshot();
+    let r1 = RECONCILES.load(Ordering::Relaxed);
+    let t1 = Instant::now();
+    let op = Operator::start(op_client, s, Hooks::default());
+    eventually("N in-sync reconciles", Duration::from_secs(600), || async {
+        (RECONCILES.load(Ordering::Relaxed) - r1 >= n as u64).then_some(())
+    })
+    .await;
+    let in_sync = t1.elapsed().as_secs_f64();
+    let sync_requests = requests.since(&before_sync);
+    op.stop().await;
+
+    let n_f = n as f64;
+    Run {
+        changed_seconds: changed,
+        changed_per_second: n_f / changed,
+        changed_reconciles,
+        changed_writes_per_object: count(&changed_requests, WRITES) / n_f,
+        changed_gets_per_object: count(&changed_requests, &["GET"]) / n_f,
+        in_sync_seconds: in_sync,
+        in_sync_per_second: n_f / in_sync,
+        in_sync_writes: count(&sync_requests, WRITES),
+        in_sync_gets: count(&sync_requests, &["GET"]),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let subscriber = tracing_subscriber::registry().with(ReconcileCounter);
+    tracing::subscriber::set_global_default(subscriber).expect("subscriber");
+    let n = env_usize("FLOTILLA_BENCH_N", 500);
+    let runs = env_usize("FLOTILLA_BENCH_RUNS", 3);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let results: Vec<Run> = rt.block_on(async {
+        let client = client(CLUSTER).await;
+        ensure_crd(&client).await;
+        // The operator's own client, whose requests are counted (watches excluded).
+        let (op_client, requests) = counting_client(CLUSTER).await;
+        let mut results = Vec::new();
+        for i in 0..runs {
+            let r = one_run(&client, &op_client, &requests, n).await;
+            eprintln!("run {}: {r:?}", i + 1);
+            results.push(r);
+        }
+        results
+    });
+    let col = |f: fn(&Run) -> f64| {
+        let v: Vec<f64> = results.iter().map(f).collect();
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(*x), h.max(*x)));
+        (median(v), lo, hi)
+    };
+    type Row = (&'static str, fn(&Run) -> f64);
+    let rows: [Row; 8] = [
+        ("changed: seconds to all Reconciled", |r| r.changed_seconds),
+        ("changed: Microservices/s", |r| r.changed_per_second),
+        ("changed: reconciles run", |r| r.changed_reconciles as f64),
+        ("changed: writes per Microservice", |r| {
+            r.changed_writes_per_object
+        }),
+        ("changed: GETs per Microservice", |r| {
+            r.changed_gets_per_object
+        }),
+        ("in sync: reconciles/s", |r| r.in_sync_per_second),
+        ("in sync: writes (total)", |r| r.in_sync_writes),
+        ("in sync: GETs (total)", |r| r.in_sync_gets),
+    ];
+    println!(
+        "reconcile benchmark: {n} Microservices on {CLUSTER}, {runs} runs (median [min, max])"
+    );
+    for (label, f) in rows {
+        let (m, lo, hi) = col(f);
+        println!("  {label:<40} {m:>10.2}  [{lo:.2}, {hi:.2}]");
+    }
+    let rss = peak_rss_mib();
+    println!("  {:<40} {rss:>10.1}", "peak RSS of the process (MiB)");
+    let out = support::fleet_dir().join("bench");
+    std::fs::create_dir_all(&out).expect("bench dir");
+    let json = json!({"n": n, "runs": results, "peak_rss_mib": rss});
+    std::fs::write(
+        out.join("reconcile.json"),
+        serde_json::to_vec_pretty(&json).expect("json"),
+    )
+    .expect("write");
+}
