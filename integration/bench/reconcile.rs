@@ -16,18 +16,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use serde_json::json;
 use support::{
     Operator, RequestCounter, TestNamespace, client, counting_client, ensure_crd, eventually,
-    from_json, settings,
+    from_json, settings, wait_all_true,
 };
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
 use flotilla::crd::Microservice;
-use flotilla::domain::conditions::find;
 use flotilla::reconciler::Hooks;
 
 const CLUSTER: &str = "member-3";
@@ -88,32 +87,6 @@ struct Run {
     in_sync_gets: f64,
 }
 
-async fn all_reconciled(api: &kube::Api<Microservice>, n: usize) {
-    eventually(
-        "every Microservice reconciled",
-        Duration::from_secs(600),
-        || {
-            let api = api.clone();
-            async move {
-                let list = api.list(&ListParams::default()).await.ok()?;
-                let done = list
-                    .items
-                    .iter()
-                    .filter(|m| {
-                        m.status.as_ref().is_some_and(|s| {
-                            s.observed_generation == m.metadata.generation
-                                && find(&s.conditions, "Reconciled")
-                                    .is_some_and(|c| c.status == "True")
-                        })
-                    })
-                    .count();
-                (done == n).then_some(())
-            }
-        },
-    )
-    .await;
-}
-
 async fn one_run(
     client: &kube::Client,
     op_client: &kube::Client,
@@ -145,7 +118,7 @@ async fn one_run(
     let r0 = RECONCILES.load(Ordering::Relaxed);
     let t0 = Instant::now();
     let op = Operator::start(op_client, s.clone(), Hooks::default());
-    all_reconciled(&api, n).await;
+    wait_all_true(&api, n, "Reconciled", Duration::from_secs(600)).await;
     let changed = t0.elapsed().as_secs_f64();
     let changed_requests = requests.since(&before);
     let changed_reconciles = RECONCILES.load(Ordering::Relaxed) - r0;

@@ -20,6 +20,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use support::{
     Operator, TestNamespace, client, counting_client, ensure_crd, eventually, from_json, settings,
+    wait_all_true,
 };
 use tokio::sync::{Notify, oneshot};
 
@@ -554,24 +555,7 @@ async fn fifty_in_sync_microservices_cause_no_writes_or_reads_on_resync() {
         .await
         .expect("create");
     }
-    eventually("all 50 available", Duration::from_secs(180), || {
-        let api = api.clone();
-        async move {
-            let list = api.list(&ListParams::default()).await.ok()?;
-            let available = list
-                .items
-                .iter()
-                .filter(|m| {
-                    m.status.as_ref().is_some_and(|s| {
-                        s.observed_generation == m.metadata.generation
-                            && find(&s.conditions, "Available").is_some_and(|c| c.status == "True")
-                    })
-                })
-                .count();
-            (available == 50).then_some(())
-        }
-    })
-    .await;
+    wait_all_true(&api, 50, "Available", Duration::from_secs(180)).await;
     // Let the last child status updates land and be reconciled.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let settled = resource_versions(&ns).await;

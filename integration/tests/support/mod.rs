@@ -313,3 +313,32 @@ pub async fn counting_client(cluster: &str) -> (Client, RequestCounter) {
         .build();
     (client, counter)
 }
+
+/// Waits until `n` Microservices behind `api` have condition `type_`=True
+/// at their current generation.
+pub async fn wait_all_true(
+    api: &Api<flotilla::crd::Microservice>,
+    n: usize,
+    type_: &str,
+    timeout: Duration,
+) {
+    let what = format!("{n} Microservices with {type_}=True at their generation");
+    eventually(&what, timeout, || {
+        let api = api.clone();
+        async move {
+            let list = api.list(&kube::api::ListParams::default()).await.ok()?;
+            let done = list
+                .items
+                .iter()
+                .filter(|m| {
+                    m.status.as_ref().is_some_and(|s| {
+                        s.observed_generation == m.metadata.generation
+                            && flotilla::domain::conditions::is_true(&s.conditions, type_)
+                    })
+                })
+                .count();
+            (done == n).then_some(())
+        }
+    })
+    .await;
+}
