@@ -4,4 +4,5 @@
 pub mod cli;
 pub mod crd;
 pub mod domain;
+pub mod fleet;
 pub mod reconciler;

@@ -1,0 +1,269 @@
+//! The election loop for one Lease: read, decide, write conditionally, and
+//! publish whether this candidate leads. Decisions come from `election`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::election::{self, Decision, Observed, Timings};
+use super::lease_store::{LeaseError, LeaseStore, Versioned};
+
+/// Whether this candidate may act as leader, and since when (local clock).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leadership {
+    Following {
+        holder: Option<String>,
+        since: Instant,
+    },
+    /// `until` is the renew deadline: past it, this candidate must not write,
+    /// whether or not the loop has noticed yet.
+    Leading {
+        epoch: i32,
+        since: Instant,
+        until: Instant,
+    },
+}
+
+impl Leadership {
+    pub fn is_leading_at(&self, now: Instant) -> bool {
+        matches!(self, Leadership::Leading { until, .. } if now < *until)
+    }
+}
+
+pub struct Elector<S> {
+    identity: String,
+    timings: Timings,
+    store: S,
+    state: watch::Sender<Leadership>,
+    origin: Instant,
+    observed: Option<Observed>,
+    read: Option<Versioned>,
+    renewed_at: Option<election::Instant>,
+    history: Option<tokio::sync::mpsc::UnboundedSender<Leadership>>,
+}
+
+impl<S: LeaseStore> Elector<S> {
+    pub fn new(
+        identity: impl Into<String>,
+        timings: Timings,
+        store: S,
+    ) -> (Self, watch::Receiver<Leadership>) {
+        let origin = Instant::now();
+        let (state, rx) = watch::channel(Leadership::Following {
+            holder: None,
+            since: origin,
+        });
+        let elector = Elector {
+            identity: identity.into(),
+            timings,
+            store,
+            state,
+            origin,
+            observed: None,
+            read: None,
+            renewed_at: None,
+            history: None,
+        };
+        (elector, rx)
+    }
+
+    /// Also sends every transition, none coalesced, to `tx` (for audits and tests).
+    pub fn with_history(mut self, tx: tokio::sync::mpsc::UnboundedSender<Leadership>) -> Self {
+        self.history = Some(tx);
+        self
+    }
+
+    fn now(&self) -> election::Instant {
+        self.origin.elapsed()
+    }
+
+    fn at(&self, t: election::Instant) -> Instant {
+        self.origin + t
+    }
+
+    /// One round: returns the epoch when this candidate holds the Lease.
+    /// `at` is taken before the first request, so a renewal counts from
+    /// before it was sent.
+    async fn round(&mut self, at: election::Instant) -> Result<Option<i32>, LeaseError> {
+        let Some(read) = self.store.get().await? else {
+            let record = election::initial_record(&self.identity, &self.timings);
+            return match self.store.create(&record).await {
+                Ok(created) => Ok(Some(self.accept(created, at))),
+                Err(LeaseError::Conflict) => Ok(None),
+                Err(e) => Err(e),
+            };
+        };
+        // Observation time is when the answer arrived, not when we asked: a
+        // slow read must not make another holder's record look older.
+        let seen = self.now();
+        let observed = election::observe(self.observed.as_ref(), read.record.clone(), seen);
+        self.observed = Some(observed.clone());
+        self.read = Some(read.clone());
+        match election::decide(&self.identity, &self.timings, &observed, seen) {
+            Decision::Follow { .. } => Ok(None),
+            Decision::Write { record, acquired } => {
+                match self.store.update(&read, &record, acquired).await {
+                    Ok(written) => {
+                        if acquired {
+                            tracing::info!(holder = %self.identity, epoch = written.record.transitions, "acquired lease");
+                        }
+                        Ok(Some(self.accept(written, at)))
+                    }
+                    Err(LeaseError::Conflict) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, written: Versioned, at: election::Instant) -> i32 {
+        let epoch = written.record.transitions;
+        self.observed = Some(Observed {
+            record: written.record.clone(),
+            since: at,
+        });
+        self.read = Some(written);
+        epoch
+    }
+
+    fn publish(&self, next: Leadership) {
+        self.state.send_if_modified(|cur| {
+            let same = match (&*cur, &next) {
+                (
+                    Leadership::Following { holder: a, .. },
+                    Leadership::Following { holder: b, .. },
+                ) => a == b,
+                (Leadership::Leading { epoch: a, .. }, Leadership::Leading { epoch: b, .. }) => {
+                    a == b
+                }
+                _ => false,
+            };
+            // A renewal moves the deadline of the same epoch forward.
+            if let (
+                Leadership::Leading { until, .. },
+                Leadership::Leading {
+                    until: new_until, ..
+                },
+            ) = (&mut *cur, &next)
+                && same
+            {
+                *until = *new_until;
+                return false;
+            }
+            if same {
+                return false;
+            }
+            *cur = next.clone();
+            if let Some(h) = &self.history {
+                // A closed history only means nobody listens any more.
+                h.send(next.clone()).ok();
+            }
+            true
+        });
+    }
+
+    /// When acting as leader ends if it ends now: now, or the renew deadline if
+    /// that came first.
+    fn stop_leading_now(&self) -> Instant {
+        let now = Instant::now();
+        match self.renewed_at {
+            Some(r) => now.min(self.at(r + self.timings.renew_deadline)),
+            None => now,
+        }
+    }
+
+    fn holder(&self) -> Option<String> {
+        self.observed
+            .as_ref()
+            .map(|o| o.record.holder.clone())
+            .filter(|h| !h.is_empty() && *h != self.identity)
+    }
+
+    /// Runs until `shutdown` resolves. Returns the Lease as last written when
+    /// this candidate still leads, so that the caller can stop its writers
+    /// first and then `release` it.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> (S, Option<Versioned>) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let at = self.now();
+            match self.round(at).await {
+                Ok(Some(epoch)) => {
+                    self.renewed_at = Some(at);
+                    let until = self.at(at + self.timings.renew_deadline);
+                    let since = match &*self.state.borrow() {
+                        Leadership::Leading {
+                            epoch: e, since, ..
+                        } if *e == epoch => *since,
+                        _ => Instant::now(),
+                    };
+                    self.publish(Leadership::Leading {
+                        epoch,
+                        since,
+                        until,
+                    });
+                }
+                Ok(None) => {
+                    let since = self.stop_leading_now();
+                    if self.renewed_at.take().is_some() {
+                        tracing::warn!(holder = %self.identity, "lost lease to another holder");
+                    }
+                    self.publish(Leadership::Following {
+                        holder: self.holder(),
+                        since,
+                    });
+                }
+                Err(e) => {
+                    tracing::debug!(holder = %self.identity, error = %e, category = e.category(), "lease round failed")
+                }
+            }
+            let mut wait = jittered(self.timings.retry_period);
+            if let Some(renewed) = self.renewed_at {
+                let now = self.now();
+                if !election::still_leading(&self.timings, renewed, now) {
+                    tracing::warn!(holder = %self.identity, "renew deadline passed; stepping down");
+                    self.renewed_at = None;
+                    self.publish(Leadership::Following {
+                        holder: None,
+                        since: self.at(renewed + self.timings.renew_deadline),
+                    });
+                } else {
+                    // Wake no later than the deadline, to step down on time.
+                    wait = wait.min(renewed + self.timings.renew_deadline - now);
+                }
+            }
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+        let leading = self
+            .renewed_at
+            .is_some_and(|r| election::still_leading(&self.timings, r, self.now()));
+        let since = self.stop_leading_now();
+        self.publish(Leadership::Following {
+            holder: None,
+            since,
+        });
+        let held = if leading { self.read.take() } else { None };
+        (self.store, held)
+    }
+}
+
+/// Hands a held Lease back (empty holder) so that a standby takes over at
+/// its next retry instead of waiting out the lease duration.
+pub async fn release<S: LeaseStore>(store: &S, held: &Versioned) -> Result<(), LeaseError> {
+    let record = election::released(&held.record);
+    store.update(held, &record, false).await.map(|_| ())
+}
+
+/// Up to 20% extra, as client-go jitters its retries, so that candidates
+/// do not move in lockstep.
+fn jittered(period: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    period + period.mul_f64(f64::from(nanos % 1000) / 5000.0)
+}
