@@ -4,3 +4,4 @@
 pub mod election;
 pub mod elector;
 pub mod lease_store;
+pub mod shard;
