@@ -10,6 +10,9 @@ use kube::{Client, Config};
 
 use flotilla::cli::parse_duration;
 use flotilla::domain::desired::PlatformDefaults;
+use flotilla::fleet::cluster::ReplicaSettings;
+use flotilla::fleet::election::Timings;
+use flotilla::fleet::runtime::FleetOptions;
 use flotilla::reconciler::{self, Hooks, Settings, WriterIdentity};
 
 #[derive(Parser)]
@@ -43,12 +46,44 @@ enum Command {
     /// Print the Microservice CRD as YAML.
     Crd,
     /// Run the operator.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Kubeconfig of the cluster to reconcile; in-cluster or $KUBECONFIG when omitted.
+    /// Fleet mode: a directory of member kubeconfigs, one file per cluster, watched live.
+    #[arg(long, env = "FLOTILLA_KUBECONFIG_DIR", conflicts_with = "kubeconfig")]
+    kubeconfig_dir: Option<PathBuf>,
+    /// Fleet mode: kubeconfig of the home cluster (heartbeats); in-cluster or $KUBECONFIG when omitted.
+    #[arg(long, env = "FLOTILLA_HOME_KUBECONFIG")]
+    home_kubeconfig: Option<PathBuf>,
+    /// Fleet mode: the operator's namespace in the home cluster.
+    #[arg(
+        long,
+        env = "FLOTILLA_HOME_NAMESPACE",
+        default_value = "flotilla-system"
+    )]
+    home_namespace: String,
+    /// Fleet mode: names the per-cluster Lease `flotilla-<fleet-name>`.
+    #[arg(long, env = "FLOTILLA_FLEET_NAME", default_value = "default")]
+    fleet_name: String,
+    /// Fleet mode: where each member cluster's Lease lives.
+    #[arg(
+        long,
+        env = "FLOTILLA_LEASE_NAMESPACE",
+        default_value = "flotilla-system"
+    )]
+    lease_namespace: String,
+    #[arg(long, env = "FLOTILLA_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    lease_duration: Duration,
+    #[arg(long, env = "FLOTILLA_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    renew_deadline: Duration,
+    #[arg(long, env = "FLOTILLA_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    retry_period: Duration,
+    /// A replica that does not own a cluster contests it once its Lease has been free this long.
+    #[arg(long, env = "FLOTILLA_TAKEOVER_GRACE", default_value = "5s", value_parser = parse_duration)]
+    takeover_grace: Duration,
+    /// Single-cluster mode: kubeconfig of the cluster to reconcile; in-cluster or $KUBECONFIG when omitted.
     #[arg(long, env = "FLOTILLA_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     /// Name of the cluster, for logs and spans.
@@ -114,11 +149,54 @@ async fn shutdown_signal() {
     }
 }
 
+async fn run_fleet(args: RunArgs, dir: PathBuf, replica_id: String) -> Result<(), String> {
+    let timings = Timings {
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
+    }
+    .validate()
+    .map_err(|e| format!("lease timings: {e}"))?;
+    if !dir.is_dir() {
+        return Err(format!(
+            "--kubeconfig-dir {} is not a directory",
+            dir.display()
+        ));
+    }
+    let home = client_for(args.home_kubeconfig.as_ref()).await?;
+    let options = FleetOptions {
+        home,
+        home_namespace: args.home_namespace,
+        kubeconfig_dir: dir,
+        replica: ReplicaSettings {
+            replica_id,
+            fleet_name: args.fleet_name,
+            lease_namespace: args.lease_namespace,
+            timings,
+            takeover_grace: args.takeover_grace,
+            resync: args.resync,
+            defaults: PlatformDefaults {
+                otlp_endpoint: args.workload_otlp_endpoint,
+                ..PlatformDefaults::default()
+            },
+        },
+        rescan: Duration::from_secs(2),
+    };
+    tracing::info!(replica = %options.replica.replica_id, "starting fleet replica");
+    flotilla::fleet::runtime::run(options, shutdown_signal()).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
 async fn run(args: RunArgs) -> Result<(), String> {
-    let client = client_for(args.kubeconfig.as_ref()).await?;
     let holder = args
         .replica_id
+        .clone()
         .unwrap_or_else(|| format!("flotilla-{}", std::process::id()));
+    if let Some(dir) = args.kubeconfig_dir.clone() {
+        return run_fleet(args, dir, holder).await;
+    }
+    let client = client_for(args.kubeconfig.as_ref()).await?;
     let mut settings = Settings::new(
         args.cluster_name,
         WriterIdentity {
@@ -160,7 +238,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(run(args)) {
+            match runtime.block_on(run(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -42,7 +42,14 @@ pub struct Elector<S> {
     read: Option<Versioned>,
     renewed_at: Option<election::Instant>,
     history: Option<tokio::sync::mpsc::UnboundedSender<Leadership>>,
+    contest: Option<Contest>,
+    absent_since: Option<election::Instant>,
 }
+
+/// Asked before writing the Lease: `Some(d)` when another holder's Lease has
+/// been expired (or released, or absent) for `d`; `None` when this
+/// candidate already holds it. `false` means "leave it to its owner".
+pub type Contest = Box<dyn Fn(Option<Duration>) -> bool + Send + Sync>;
 
 impl<S: LeaseStore> Elector<S> {
     pub fn new(
@@ -65,8 +72,20 @@ impl<S: LeaseStore> Elector<S> {
             read: None,
             renewed_at: None,
             history: None,
+            contest: None,
+            absent_since: None,
         };
         (elector, rx)
+    }
+
+    /// Contest the Lease only when `contest` agrees (sharding).
+    pub fn with_contest(mut self, contest: Contest) -> Self {
+        self.contest = Some(contest);
+        self
+    }
+
+    fn may_write(&self, expired_for: Option<Duration>) -> bool {
+        self.contest.as_ref().is_none_or(|c| c(expired_for))
     }
 
     /// Also sends every transition, none coalesced, to `tx` (for audits and tests).
@@ -88,6 +107,10 @@ impl<S: LeaseStore> Elector<S> {
     /// before it was sent.
     async fn round(&mut self, at: election::Instant) -> Result<Option<i32>, LeaseError> {
         let Some(read) = self.store.get().await? else {
+            let absent_for = at.saturating_sub(*self.absent_since.get_or_insert(at));
+            if !self.may_write(Some(absent_for)) {
+                return Ok(None);
+            }
             let record = election::initial_record(&self.identity, &self.timings);
             return match self.store.create(&record).await {
                 Ok(created) => Ok(Some(self.accept(created, at))),
@@ -98,11 +121,17 @@ impl<S: LeaseStore> Elector<S> {
         // Observation time is when the answer arrived, not when we asked: a
         // slow read must not make another holder's record look older.
         let seen = self.now();
+        self.absent_since = None;
         let observed = election::observe(self.observed.as_ref(), read.record.clone(), seen);
         self.observed = Some(observed.clone());
         self.read = Some(read.clone());
         match election::decide(&self.identity, &self.timings, &observed, seen) {
             Decision::Follow { .. } => Ok(None),
+            Decision::Write { acquired, .. }
+                if !self.may_write(expired_for(&observed, seen, acquired)) =>
+            {
+                Ok(None)
+            }
             Decision::Write { record, acquired } => {
                 match self.store.update(&read, &record, acquired).await {
                     Ok(written) => {
@@ -249,6 +278,21 @@ impl<S: LeaseStore> Elector<S> {
         let held = if leading { self.read.take() } else { None };
         (self.store, held)
     }
+}
+
+/// How long the observed Lease has been free for the taking: `None` when we
+/// hold it (a renewal).
+fn expired_for(observed: &Observed, now: election::Instant, acquiring: bool) -> Option<Duration> {
+    if !acquiring {
+        return None;
+    }
+    let r = &observed.record;
+    let free_from = if r.holder.is_empty() {
+        observed.since
+    } else {
+        observed.since + Duration::from_secs(r.lease_duration_seconds.max(0) as u64)
+    };
+    Some(now.saturating_sub(free_from))
 }
 
 /// Hands a held Lease back (empty holder) so that a standby takes over at

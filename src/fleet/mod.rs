@@ -1,7 +1,11 @@
-//! The fleet: per-cluster leader election (and, as it lands, the cluster
-//! registry and sharding).
+//! The fleet: the cluster registry, replica heartbeats, balanced sharding
+//! and one leader per member cluster through its Lease.
 
+pub mod cluster;
 pub mod election;
 pub mod elector;
 pub mod lease_store;
+pub mod registry;
+pub mod replicas;
+pub mod runtime;
 pub mod shard;

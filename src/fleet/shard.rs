@@ -31,7 +31,10 @@ fn weight(replica: &str, cluster: &str) -> u64 {
 /// Assigns every cluster to one replica. Clusters are placed in a fixed
 /// order; each goes to its highest-weight replica that still has room
 /// under the ⌊C/R⌋ / ⌈C/R⌉ bound.
-pub fn assign<'a>(clusters: &BTreeSet<String>, replicas: &'a BTreeSet<String>) -> BTreeMap<String, &'a str> {
+pub fn assign<'a>(
+    clusters: &BTreeSet<String>,
+    replicas: &'a BTreeSet<String>,
+) -> BTreeMap<String, &'a str> {
     let mut out = BTreeMap::new();
     if replicas.is_empty() {
         return out;
@@ -50,7 +53,8 @@ pub fn assign<'a>(clusters: &BTreeSet<String>, replicas: &'a BTreeSet<String>) -
     for (cluster, _) in order {
         let mut ranked: Vec<&str> = replicas.iter().map(String::as_str).collect();
         ranked.sort_by(|a, b| weight(b, cluster).cmp(&weight(a, cluster)).then(a.cmp(b)));
-        let fits = |r: &&str, extra_left: usize| load[r] < floor || (load[r] == floor && extra_left > 0);
+        let fits =
+            |r: &&str, extra_left: usize| load[r] < floor || (load[r] == floor && extra_left > 0);
         if let Some(r) = ranked.into_iter().find(|r| fits(r, extra_left)) {
             if load[r] == floor {
                 extra_left -= 1;
@@ -72,7 +76,8 @@ pub fn should_contest(
     expired_for: Option<Duration>,
     grace: Duration,
 ) -> bool {
-    assignment.get(cluster).is_some_and(|owner| *owner == me) || expired_for.is_some_and(|d| d > grace)
+    assignment.get(cluster).is_some_and(|owner| *owner == me)
+        || expired_for.is_some_and(|d| d > grace)
 }
 
 #[cfg(test)]
@@ -104,7 +109,10 @@ mod tests {
                 let a = assign(&clusters, &replicas);
                 assert_eq!(a.len(), c);
                 let (min, max) = spread(&a, &replicas);
-                assert!(max - min <= 1, "{r} replicas, {c} clusters: spread {min}..{max}");
+                assert!(
+                    max - min <= 1,
+                    "{r} replicas, {c} clusters: spread {min}..{max}"
+                );
             }
         }
     }
@@ -113,7 +121,10 @@ mod tests {
     fn assignment_is_deterministic_whatever_the_insertion_order() {
         let replicas = set(&["c", "a", "b"]);
         let clusters = set(&["member-3", "member-1", "member-2", "home"]);
-        assert_eq!(assign(&clusters, &replicas), assign(&clusters.clone(), &replicas.clone()));
+        assert_eq!(
+            assign(&clusters, &replicas),
+            assign(&clusters.clone(), &replicas.clone())
+        );
     }
 
     #[test]
@@ -127,7 +138,10 @@ mod tests {
         let moved = clusters.iter().filter(|c| before[*c] != after[*c]).count();
         let orphaned = before.values().filter(|r| **r == "replica-3").count();
         // Orphans must move; a few more may shift to keep the spread at most one.
-        assert!(moved >= orphaned && moved <= orphaned * 2 + 2, "moved {moved}, orphaned {orphaned}");
+        assert!(
+            moved >= orphaned && moved <= orphaned * 2 + 2,
+            "moved {moved}, orphaned {orphaned}"
+        );
     }
 
     #[test]
@@ -144,8 +158,17 @@ mod tests {
         for c in ["m1", "m2"] {
             let mine = a[c] == "a";
             assert_eq!(should_contest("a", c, &a, None, grace), mine);
-            assert_eq!(should_contest("a", c, &a, Some(Duration::from_secs(3)), grace), mine);
-            assert!(should_contest("a", c, &a, Some(Duration::from_secs(6)), grace));
+            assert_eq!(
+                should_contest("a", c, &a, Some(Duration::from_secs(3)), grace),
+                mine
+            );
+            assert!(should_contest(
+                "a",
+                c,
+                &a,
+                Some(Duration::from_secs(6)),
+                grace
+            ));
         }
     }
 }

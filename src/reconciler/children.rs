@@ -75,6 +75,7 @@ where
     let stamp = ctx.settings.writer.annotations();
     match live {
         None => {
+            ctx.ensure_leading()?;
             let obj = for_create(desired, &stamp);
             let created = api
                 .create(&post_params(), &obj)
@@ -85,6 +86,7 @@ where
         }
         Some(current) if in_sync(&current, desired) => Ok((current, Write::Unchanged)),
         Some(current) => {
+            ctx.ensure_leading()?;
             let next = update(&current, desired, &stamp);
             let name = desired.meta().name.clone().unwrap_or_default();
             let updated = api

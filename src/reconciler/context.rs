@@ -52,6 +52,9 @@ pub struct Settings {
     pub writer: WriterIdentity,
     /// Reconciles in flight at once for this cluster.
     pub concurrency: u16,
+    /// When set, every write first checks that this replica still leads the
+    /// cluster (within its renew deadline); otherwise the write is refused.
+    pub leadership: Option<tokio::sync::watch::Receiver<crate::fleet::elector::Leadership>>,
 }
 
 impl Settings {
@@ -63,6 +66,7 @@ impl Settings {
             resync: Duration::from_secs(300),
             writer,
             concurrency: 16,
+            leadership: None,
         }
     }
 }
@@ -76,6 +80,17 @@ pub struct Hooks {
     /// Runs after both children are written and before status is concluded,
     /// with the Microservice's name.
     pub after_children_applied: Option<Hook>,
+}
+
+impl Context {
+    /// The one door every write passes: refuse unless this replica leads.
+    pub fn ensure_leading(&self) -> Result<(), super::ReconcileError> {
+        match &self.settings.leadership {
+            None => Ok(()),
+            Some(rx) if rx.borrow().is_leading_at(tokio::time::Instant::now()) => Ok(()),
+            Some(_) => Err(super::ReconcileError::NotLeader),
+        }
+    }
 }
 
 pub(crate) struct Context {

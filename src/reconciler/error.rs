@@ -17,6 +17,9 @@ pub enum ReconcileError {
     /// A conditional write lost a race: re-read and retry, never overwrite.
     #[error("{kind} changed while we wrote it; retrying from a fresh read")]
     Conflict { kind: &'static str },
+    /// This replica no longer leads the cluster: the write was not sent.
+    #[error("not the leader of this cluster any more; write withheld")]
+    NotLeader,
     /// The object lacks metadata the API server always sets.
     #[error(transparent)]
     Domain(#[from] DomainError),
@@ -43,6 +46,7 @@ impl ReconcileError {
             } => "ApiError",
             ReconcileError::Api { .. } => "ConnectionError",
             ReconcileError::Conflict { .. } => "Conflict",
+            ReconcileError::NotLeader => "NotLeader",
             ReconcileError::Domain(e) => e.category(),
         }
     }

@@ -73,6 +73,7 @@ pub async fn conclude(ctx: &Context, ms: &Microservice, outcome: &Outcome) -> Re
         return Ok(Concluded::Unchanged);
     }
     fresh.status = Some(next);
+    ctx.ensure_leading()?;
     // A replace carries the fresh resourceVersion: a concurrent change is a 409.
     let pp = PostParams {
         dry_run: false,

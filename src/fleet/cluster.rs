@@ -1,0 +1,219 @@
+//! One member cluster, as one replica sees it: connect, elect, and run the
+//! controller only while this replica leads the cluster.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::PostParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::election::Timings;
+use super::elector::{Elector, Leadership, release};
+use super::lease_store::KubeLeaseStore;
+use super::shard::should_contest;
+use crate::domain::desired::PlatformDefaults;
+use crate::reconciler::{self, Hooks, Settings, WriterIdentity};
+
+/// What this replica knows about a cluster, for logs and the status API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterState {
+    /// The kubeconfig cannot be used; the reason never quotes its contents.
+    Invalid {
+        reason: String,
+    },
+    Unreachable {
+        reason: String,
+        last_seen: Option<Instant>,
+    },
+    Following {
+        holder: Option<String>,
+    },
+    Leading {
+        epoch: i32,
+    },
+}
+
+pub type StatusBoard = Arc<Mutex<BTreeMap<String, ClusterState>>>;
+
+/// What every cluster task of one replica shares.
+#[derive(Clone, Debug)]
+pub struct ReplicaSettings {
+    pub replica_id: String,
+    pub fleet_name: String,
+    pub lease_namespace: String,
+    pub timings: Timings,
+    /// How long a Lease must have been free before a replica that does not
+    /// own the cluster by assignment contests it.
+    pub takeover_grace: Duration,
+    pub resync: Duration,
+    pub defaults: PlatformDefaults,
+}
+
+fn set_state(board: &StatusBoard, cluster: &str, state: ClusterState) {
+    if let Ok(mut b) = board.lock() {
+        if b.get(cluster) != Some(&state) {
+            tracing::info!(k8s.cluster.name = cluster, state = ?state, "cluster state");
+        }
+        b.insert(cluster.to_string(), state);
+    }
+}
+
+/// A client with this replica's user agent, so audit logs name the writer.
+pub async fn client_for(kubeconfig: Kubeconfig, replica_id: &str) -> Result<Client, String> {
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| format!("kubeconfig is not usable: {}", redact(&e.to_string())))?;
+    let agent = format!("flotilla/{replica_id}");
+    let value = http::HeaderValue::from_str(&agent)
+        .map_err(|_| format!("replica id {replica_id:?} is not a valid header value"))?;
+    config.headers.push((http::header::USER_AGENT, value));
+    Client::try_from(config).map_err(|e| format!("client: {}", redact(&e.to_string())))
+}
+
+/// Keeps error messages about kubeconfigs short and free of embedded data.
+fn redact(message: &str) -> String {
+    message
+        .chars()
+        .take(160)
+        .filter(|c| !c.is_control())
+        .collect()
+}
+
+async fn ensure_namespace(client: &Client, namespace: &str) {
+    let ns: Namespace = Namespace {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(namespace.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // Already there, or not ours to create: the Lease calls will say which.
+    if let Err(e) = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        tracing::debug!(error = %e, namespace, "lease namespace not created");
+    }
+}
+
+/// Runs one cluster until `shutdown` turns true: waits until reachable,
+/// elects, and runs the controller during each leadership term. On shutdown
+/// the controller stops first, then the Lease is released.
+pub async fn run(
+    name: String,
+    kubeconfig: Kubeconfig,
+    settings: ReplicaSettings,
+    assignment: watch::Receiver<BTreeMap<String, String>>,
+    board: StatusBoard,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let client = match client_for(kubeconfig, &settings.replica_id).await {
+        Ok(c) => c,
+        Err(reason) => {
+            set_state(&board, &name, ClusterState::Invalid { reason });
+            return;
+        }
+    };
+    // Reachability, with backoff; nothing else waits on this cluster.
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match client.apiserver_version().await {
+            Ok(_) => break,
+            Err(e) => {
+                set_state(
+                    &board,
+                    &name,
+                    ClusterState::Unreachable {
+                        reason: redact(&e.to_string()),
+                        last_seen: None,
+                    },
+                );
+                tokio::select! {
+                    _ = shutdown.wait_for(|s| *s) => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+    ensure_namespace(&client, &settings.lease_namespace).await;
+
+    let store = KubeLeaseStore::new(
+        client.clone(),
+        &settings.lease_namespace,
+        &format!("flotilla-{}", settings.fleet_name),
+    );
+    let (elector, mut leadership) =
+        Elector::new(settings.replica_id.clone(), settings.timings, store);
+    let (me, cluster, grace) = (
+        settings.replica_id.clone(),
+        name.clone(),
+        settings.takeover_grace,
+    );
+    let elector = elector.with_contest(Box::new(move |expired| {
+        let owners = assignment.borrow();
+        let view: BTreeMap<String, &str> = owners
+            .iter()
+            .map(|(c, r)| (c.clone(), r.as_str()))
+            .collect();
+        should_contest(&me, &cluster, &view, expired, grace)
+    }));
+    let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
+    let elector_task = tokio::spawn(elector.run(async move {
+        stop_elector_rx.wait_for(|s| *s).await.ok();
+    }));
+
+    loop {
+        let state = leadership.borrow_and_update().clone();
+        match state {
+            Leadership::Leading { epoch, .. } if !*shutdown.borrow() => {
+                set_state(&board, &name, ClusterState::Leading { epoch });
+                let mut s = Settings::new(
+                    name.clone(),
+                    WriterIdentity {
+                        holder: settings.replica_id.clone(),
+                        epoch: Some(epoch),
+                    },
+                );
+                s.resync = settings.resync;
+                s.defaults = settings.defaults.clone();
+                s.leadership = Some(leadership.clone());
+                // The term ends when leadership changes or on shutdown.
+                let mut term = leadership.clone();
+                let mut stop = shutdown.clone();
+                let end = async move {
+                    tokio::select! {
+                        _ = term.wait_for(|l| !matches!(l, Leadership::Leading { epoch: e, .. } if *e == epoch)) => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                };
+                reconciler::run(client.clone(), s, Hooks::default(), end).await;
+                tracing::info!(k8s.cluster.name = %name, epoch, "leadership term over; writers stopped");
+            }
+            Leadership::Following { holder, .. } => {
+                set_state(&board, &name, ClusterState::Following { holder });
+            }
+            Leadership::Leading { .. } => {}
+        }
+        if *shutdown.borrow() {
+            break;
+        }
+        tokio::select! {
+            changed = leadership.changed() => if changed.is_err() { break },
+            _ = shutdown.wait_for(|s| *s) => break,
+        }
+    }
+    // Writers are stopped (the controller returned); now hand the Lease back.
+    stop_elector_tx.send(true).ok();
+    if let Ok((store, Some(held))) = elector_task.await {
+        match release(&store, &held).await {
+            Ok(()) => tracing::info!(k8s.cluster.name = %name, "lease released"),
+            Err(e) => tracing::warn!(k8s.cluster.name = %name, error = %e, "lease release failed"),
+        }
+    }
+}

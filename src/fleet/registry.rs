@@ -1,0 +1,158 @@
+//! The kubeconfig directory: one file per member cluster, named after the
+//! file stem, picked up, changed and removed while the operator runs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// One file's verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// Parsed; `fingerprint` changes whenever the file's bytes do.
+    Valid { fingerprint: u64 },
+    /// The reason names the file, never its contents.
+    Invalid { reason: String },
+}
+
+fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// A cluster name must work as a label value and a file stem.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// One file of the directory.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub path: PathBuf,
+    pub entry: Entry,
+    /// Present exactly when the entry is valid.
+    pub kubeconfig: Option<kube::config::Kubeconfig>,
+}
+
+fn found(path: &Path, entry: Entry, kubeconfig: Option<kube::config::Kubeconfig>) -> Found {
+    Found {
+        path: path.to_path_buf(),
+        entry,
+        kubeconfig,
+    }
+}
+
+/// Reads the directory: cluster name -> what its file holds. Hidden files
+/// and editor leftovers are skipped.
+pub fn scan(dir: &Path) -> std::io::Result<BTreeMap<String, Found>> {
+    let mut out = BTreeMap::new();
+    for item in std::fs::read_dir(dir)? {
+        let path = item?.path();
+        let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
+            continue;
+        };
+        if file.starts_with('.') || file.ends_with('~') || !path.is_file() {
+            continue;
+        }
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
+        if !valid_name(&stem) {
+            let reason = format!(
+                "file {file}: {stem:?} is not a valid cluster name (lowercase letters, digits and '-')"
+            );
+            out.insert(stem.clone(), found(&path, Entry::Invalid { reason }, None));
+            continue;
+        }
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) => {
+                let reason = format!("file {file}: unreadable ({})", e.kind());
+                out.insert(stem, found(&path, Entry::Invalid { reason }, None));
+                continue;
+            }
+        };
+        let entry = match parse(&bytes) {
+            Ok(kc) => found(
+                &path,
+                Entry::Valid {
+                    fingerprint: fingerprint(&bytes),
+                },
+                Some(kc),
+            ),
+            Err(why) => found(
+                &path,
+                Entry::Invalid {
+                    reason: format!("file {file}: {why}"),
+                },
+                None,
+            ),
+        };
+        out.insert(stem, entry);
+    }
+    Ok(out)
+}
+
+/// Parses a kubeconfig without echoing any of it: errors say what is wrong,
+/// not what the file holds.
+pub fn parse(bytes: &[u8]) -> Result<kube::config::Kubeconfig, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())?;
+    let kc = kube::config::Kubeconfig::from_yaml(text)
+        .map_err(|_| "not a valid kubeconfig (YAML did not parse as one)".to_string())?;
+    if kc.clusters.is_empty() {
+        return Err("kubeconfig names no cluster".into());
+    }
+    if kc.current_context.is_none() && kc.contexts.len() != 1 {
+        return Err("kubeconfig has no current-context".into());
+    }
+    Ok(kc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\nusers:\n- name: u\n  user: {token: s3cr3t-token}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
+
+    #[test]
+    fn files_become_clusters_named_after_their_stem() {
+        let dir = std::env::temp_dir().join(format!("flotilla-registry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("member-1.yaml"), GOOD).unwrap();
+        std::fs::write(dir.join("broken.yaml"), "clusters: [ {{{ s3cr3t-token").unwrap();
+        std::fs::write(dir.join(".hidden.yaml"), GOOD).unwrap();
+        std::fs::write(dir.join("Bad_Name.yaml"), GOOD).unwrap();
+        let found = scan(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(found["member-1"].entry, Entry::Valid { .. }));
+        for name in ["broken", "Bad_Name"] {
+            match &found[name].entry {
+                Entry::Invalid { reason } => {
+                    assert!(!reason.contains("s3cr3t"), "secret leaked: {reason}")
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        assert!(!found.contains_key(".hidden"));
+    }
+
+    #[test]
+    fn a_changed_file_changes_its_fingerprint() {
+        assert_ne!(
+            fingerprint(GOOD.as_bytes()),
+            fingerprint(GOOD.replace("x", "y").as_bytes())
+        );
+    }
+
+    #[test]
+    fn kubeconfig_without_clusters_is_refused() {
+        assert!(parse(b"apiVersion: v1\nkind: Config\n").is_err());
+    }
+}

@@ -1,0 +1,171 @@
+//! Replica heartbeats: each replica renews a Lease of its own in the home
+//! cluster's operator namespace and watches the others'. A replica is live
+//! while its heartbeat keeps changing, judged on this replica's clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+pub const LABEL_FLEET: &str = "platform.example.io/fleet";
+pub const LABEL_HEARTBEAT: &str = "platform.example.io/replica-heartbeat";
+
+fn lease_name(fleet: &str, replica: &str) -> String {
+    format!("flotilla-{fleet}-replica-{replica}")
+}
+
+/// Which replicas are live: those whose heartbeat changed within `ttl` of
+/// our own observation. Pure, for tests.
+pub fn live(
+    seen: &BTreeMap<String, (String, Instant)>,
+    me: &str,
+    ttl: Duration,
+    now: Instant,
+) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = seen
+        .iter()
+        .filter(|(_, (_, since))| now.duration_since(*since) < ttl)
+        .map(|(holder, _)| holder.clone())
+        .collect();
+    out.insert(me.to_string());
+    out
+}
+
+async fn beat(api: &Api<Lease>, fleet: &str, me: &str, ttl: Duration) -> Result<(), kube::Error> {
+    let name = lease_name(fleet, me);
+    let spec = LeaseSpec {
+        holder_identity: Some(me.to_string()),
+        lease_duration_seconds: Some(ttl.as_secs().max(1) as i32),
+        renew_time: Some(MicroTime(jiff::Timestamp::now())),
+        ..LeaseSpec::default()
+    };
+    match api.get_opt(&name).await? {
+        None => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name),
+                    labels: Some(
+                        [
+                            (LABEL_FLEET.to_string(), fleet.to_string()),
+                            (LABEL_HEARTBEAT.to_string(), "true".to_string()),
+                        ]
+                        .into(),
+                    ),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(spec),
+            };
+            api.create(&PostParams::default(), &lease).await.map(|_| ())
+        }
+        Some(mut lease) => {
+            lease.spec = Some(spec);
+            api.replace(&name, &PostParams::default(), &lease)
+                .await
+                .map(|_| ())
+        }
+    }
+}
+
+/// Where and how often this replica announces itself.
+pub struct Heartbeat {
+    pub client: Client,
+    pub namespace: String,
+    pub fleet: String,
+    pub me: String,
+    /// A heartbeat unchanged this long means the replica is gone.
+    pub ttl: Duration,
+    pub period: Duration,
+}
+
+/// Renews this replica's heartbeat every `period` and publishes the live
+/// replicas, until `shutdown`; then deletes the heartbeat so that the others
+/// rebalance at once.
+pub async fn run(
+    hb: Heartbeat,
+    live_tx: watch::Sender<BTreeSet<String>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let Heartbeat {
+        client,
+        namespace,
+        fleet,
+        me,
+        ttl,
+        period,
+    } = hb;
+    let api: Api<Lease> = Api::namespaced(client, &namespace);
+    let selector = format!("{LABEL_FLEET}={fleet},{LABEL_HEARTBEAT}=true");
+    // holder -> (resourceVersion last seen, when we saw it change)
+    let mut seen: BTreeMap<String, (String, Instant)> = BTreeMap::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        if let Err(e) = beat(&api, &fleet, &me, ttl).await {
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
+        match api.list(&ListParams::default().labels(&selector)).await {
+            Ok(list) => {
+                let now = Instant::now();
+                for lease in list.items {
+                    let holder = lease
+                        .spec
+                        .and_then(|s| s.holder_identity)
+                        .unwrap_or_default();
+                    let rv = lease.metadata.resource_version.unwrap_or_default();
+                    if holder.is_empty() {
+                        continue;
+                    }
+                    match seen.get(&holder) {
+                        Some((old, _)) if *old == rv => {}
+                        _ => {
+                            seen.insert(holder, (rv, now));
+                        }
+                    }
+                }
+                let set = live(&seen, &me, ttl, now);
+                live_tx.send_if_modified(|cur| {
+                    let changed = *cur != set;
+                    if changed {
+                        tracing::info!(replicas = ?set, "live replicas changed");
+                        *cur = set.clone();
+                    }
+                    changed
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "listing heartbeats failed"),
+        }
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+    if let Err(e) = api
+        .delete(&lease_name(&fleet, &me), &DeleteParams::default())
+        .await
+    {
+        tracing::debug!(error = %e, "could not delete heartbeat");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replicas_whose_heartbeat_stopped_changing_are_not_live() {
+        let t0 = Instant::now();
+        let mut seen = BTreeMap::new();
+        seen.insert("a".to_string(), ("5".to_string(), t0));
+        seen.insert(
+            "b".to_string(),
+            ("9".to_string(), t0 + Duration::from_secs(10)),
+        );
+        let now = t0 + Duration::from_secs(16);
+        let l = live(&seen, "me", Duration::from_secs(15), now);
+        assert_eq!(l, ["b", "me"].iter().map(|s| s.to_string()).collect());
+    }
+}

@@ -1,0 +1,182 @@
+//! A replica of the fleet operator: heartbeats in the home cluster, the
+//! kubeconfig directory as the cluster registry, the shard assignment, and
+//! one task per member cluster.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::cluster::{self, ClusterState, ReplicaSettings, StatusBoard};
+use super::registry::{self, Entry};
+use super::replicas;
+use super::shard::assign;
+
+pub struct FleetOptions {
+    pub home: Client,
+    pub home_namespace: String,
+    pub kubeconfig_dir: PathBuf,
+    pub replica: ReplicaSettings,
+    /// How often the kubeconfig directory is read again.
+    pub rescan: Duration,
+}
+
+struct Running {
+    fingerprint: u64,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+async fn stop_cluster(name: &str, running: Running) {
+    running.stop.send(true).ok();
+    if let Err(e) = running.task.await {
+        tracing::error!(k8s.cluster.name = name, error = %e, "cluster task failed");
+    }
+}
+
+/// Runs until `shutdown` resolves; then stops every cluster's writers,
+/// releases their Leases and removes this replica's heartbeat.
+pub async fn run(
+    opts: FleetOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> StatusBoard {
+    let board: StatusBoard = Arc::new(Mutex::new(BTreeMap::new()));
+    let me = opts.replica.replica_id.clone();
+    let (live_tx, live_rx) = watch::channel(BTreeSet::from([me.clone()]));
+    let (stop_beat_tx, mut stop_beat_rx) = watch::channel(false);
+    let heartbeat = tokio::spawn(replicas::run(
+        replicas::Heartbeat {
+            client: opts.home.clone(),
+            namespace: opts.home_namespace.clone(),
+            fleet: opts.replica.fleet_name.clone(),
+            me: me.clone(),
+            ttl: opts.replica.timings.lease_duration,
+            period: opts.replica.timings.retry_period,
+        },
+        live_tx,
+        async move {
+            stop_beat_rx.wait_for(|s| *s).await.ok();
+        },
+    ));
+
+    let (assignment_tx, assignment_rx) = watch::channel(BTreeMap::<String, String>::new());
+    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut live_rx = live_rx;
+    loop {
+        // The registry: start new and changed clusters, stop removed ones.
+        let found = match registry::scan(&opts.kubeconfig_dir) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(dir = %opts.kubeconfig_dir.display(), error = %e, "cannot read the kubeconfig directory");
+                BTreeMap::new()
+            }
+        };
+        let mut valid = BTreeSet::new();
+        for (name, f) in found.iter() {
+            match (&f.entry, &f.kubeconfig) {
+                (Entry::Valid { fingerprint }, Some(kc)) => {
+                    valid.insert(name.clone());
+                    if running
+                        .get(name)
+                        .is_some_and(|r| r.fingerprint == *fingerprint)
+                    {
+                        continue;
+                    }
+                    if let Some(old) = running.remove(name) {
+                        tracing::info!(k8s.cluster.name = %name, "kubeconfig changed; restarting the cluster");
+                        stop_cluster(name, old).await;
+                    }
+                    let (stop, stop_rx) = watch::channel(false);
+                    let task = tokio::spawn(cluster::run(
+                        name.clone(),
+                        kc.clone(),
+                        opts.replica.clone(),
+                        assignment_rx.clone(),
+                        board.clone(),
+                        stop_rx,
+                    ));
+                    running.insert(
+                        name.clone(),
+                        Running {
+                            fingerprint: *fingerprint,
+                            stop,
+                            task,
+                        },
+                    );
+                }
+                (Entry::Invalid { reason }, _) => {
+                    if let Some(old) = running.remove(name) {
+                        stop_cluster(name, old).await;
+                    }
+                    if let Ok(mut b) = board.lock()
+                        && b.get(name)
+                            != Some(&ClusterState::Invalid {
+                                reason: reason.clone(),
+                            })
+                    {
+                        tracing::warn!(k8s.cluster.name = %name, reason = %reason, "cluster is Invalid");
+                        b.insert(
+                            name.clone(),
+                            ClusterState::Invalid {
+                                reason: reason.clone(),
+                            },
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        let gone: Vec<String> = running
+            .keys()
+            .filter(|n| !found.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(old) = running.remove(&name) {
+                tracing::info!(k8s.cluster.name = %name, "kubeconfig removed; releasing the cluster");
+                stop_cluster(&name, old).await;
+            }
+        }
+        if let Ok(mut b) = board.lock() {
+            b.retain(|n, _| found.contains_key(n));
+        }
+
+        // The assignment follows the live replicas and the valid clusters.
+        let live = live_rx.borrow_and_update().clone();
+        let next: BTreeMap<String, String> = assign(&valid, &live)
+            .into_iter()
+            .map(|(c, r)| (c, r.to_string()))
+            .collect();
+        assignment_tx.send_if_modified(|cur| {
+            let changed = *cur != next;
+            if changed {
+                tracing::info!(assignment = ?next, "shard assignment");
+                *cur = next.clone();
+            }
+            changed
+        });
+
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = live_rx.changed() => {}
+            _ = tokio::time::sleep(opts.rescan) => {}
+        }
+    }
+
+    tracing::info!("shutting down: stopping writers, then releasing leases");
+    let stops: Vec<_> = running
+        .into_iter()
+        .map(|(n, r)| async move { stop_cluster(&n, r).await })
+        .collect();
+    futures::future::join_all(stops).await;
+    stop_beat_tx.send(true).ok();
+    if let Err(e) = heartbeat.await {
+        tracing::error!(error = %e, "heartbeat task failed");
+    }
+    board
+}
