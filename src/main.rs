@@ -175,6 +175,7 @@ async fn run_fleet(args: RunArgs, dir: PathBuf, replica_id: String) -> Result<()
             timings,
             takeover_grace: args.takeover_grace,
             resync: args.resync,
+            namespace: args.namespace.clone(),
             defaults: PlatformDefaults {
                 otlp_endpoint: args.workload_otlp_endpoint,
                 ..PlatformDefaults::default()

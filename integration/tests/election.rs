@@ -154,22 +154,36 @@ async fn five_electors_never_lead_at_once_across_100_leader_changes() {
         histories.push(rx);
     }
 
-    // Chaos: partition whoever leads, for longer than the lease, at random moments.
+    // Chaos: let each leader hold for a random while, sometimes several lease
+    // durations (a healthy leader must keep its Lease), then partition it for
+    // longer than the lease.
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(360);
+    let deadline = started + Duration::from_secs(480);
     let mut acquisitions = 0usize;
-    let mut last_epoch = None;
+    let mut current: Option<(i32, Instant, Duration)> = None;
     while acquisitions < rounds && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(100..400))).await;
+        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..200))).await;
         let now = Instant::now();
         for (i, state) in states.iter().enumerate() {
-            if let Leadership::Leading { epoch, .. } = &*state.borrow()
-                && state.borrow().is_leading_at(now)
-            {
-                if last_epoch != Some(*epoch) {
-                    acquisitions += 1;
-                    last_epoch = Some(*epoch);
+            let leading = match &*state.borrow() {
+                Leadership::Leading { epoch, .. } if state.borrow().is_leading_at(now) => {
+                    Some(*epoch)
                 }
+                _ => None,
+            };
+            let Some(epoch) = leading else { continue };
+            if current.is_none_or(|(e, _, _)| e != epoch) {
+                acquisitions += 1;
+                let hold = if rand::rng().random_bool(0.3) {
+                    Duration::from_millis(rand::rng().random_range(1500..3500))
+                } else {
+                    Duration::from_millis(rand::rng().random_range(0..400))
+                };
+                current = Some((epoch, now, hold));
+            }
+            if let Some((_, since, hold)) = current
+                && now.duration_since(since) >= hold
+            {
                 let cut = Duration::from_millis(rand::rng().random_range(800..2000));
                 *partitions[i].lock().expect("lock") = Some(now + cut);
             }

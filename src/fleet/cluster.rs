@@ -52,6 +52,8 @@ pub struct ReplicaSettings {
     pub takeover_grace: Duration,
     pub resync: Duration,
     pub defaults: PlatformDefaults,
+    /// Reconcile one namespace only in every member; `None` reconciles all.
+    pub namespace: Option<String>,
 }
 
 fn set_state(board: &StatusBoard, cluster: &str, state: ClusterState) {
@@ -84,7 +86,7 @@ fn redact(message: &str) -> String {
         .collect()
 }
 
-async fn ensure_namespace(client: &Client, namespace: &str) {
+pub async fn ensure_namespace(client: &Client, namespace: &str) {
     let ns: Namespace = Namespace {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
             name: Some(namespace.to_string()),
@@ -181,6 +183,7 @@ pub async fn run(
                     },
                 );
                 s.resync = settings.resync;
+                s.namespace = settings.namespace.clone();
                 s.defaults = settings.defaults.clone();
                 s.leadership = Some(leadership.clone());
                 // The term ends when leadership changes or on shutdown.

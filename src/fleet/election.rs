@@ -85,6 +85,9 @@ pub struct LeaseRecord {
     pub lease_duration_seconds: i32,
     /// `leaseTransitions`: the leadership epoch.
     pub transitions: i32,
+    /// `renewTime` exactly as written, used only to notice that the holder
+    /// renewed (the record changed); never compared with our clock.
+    pub renew_marker: Option<String>,
 }
 
 /// What this candidate last saw, and when (on its own clock) it first saw it.
@@ -140,6 +143,7 @@ pub fn decide(me: &str, timings: &Timings, observed: &Observed, now: Instant) ->
             } else {
                 current.transitions
             },
+            renew_marker: None,
         },
         acquired,
     }
@@ -151,6 +155,7 @@ pub fn initial_record(me: &str, timings: &Timings) -> LeaseRecord {
         holder: me.to_string(),
         lease_duration_seconds: timings.lease_duration.as_secs() as i32,
         transitions: 0,
+        renew_marker: None,
     }
 }
 
@@ -161,6 +166,7 @@ pub fn released(current: &LeaseRecord) -> LeaseRecord {
         holder: String::new(),
         lease_duration_seconds: 1,
         transitions: current.transitions,
+        renew_marker: None,
     }
 }
 
@@ -183,6 +189,7 @@ mod tests {
             holder: holder.into(),
             lease_duration_seconds: 15,
             transitions,
+            renew_marker: Some("2026-01-01T00:00:00.000000Z".into()),
         }
     }
 
@@ -254,9 +261,9 @@ mod tests {
         // Same record seen again later: the clock keeps running from 0.
         let again = observe(Some(&first), held("other", 3), secs(10));
         assert_eq!(again.since, secs(0));
-        // The holder renewed (the record changed, e.g. its duration): the clock restarts.
+        // The holder renewed (its renewTime changed): the clock restarts.
         let mut renewed = held("other", 3);
-        renewed.lease_duration_seconds = 16;
+        renewed.renew_marker = Some("2026-01-01T00:00:10.000000Z".into());
         let after = observe(Some(&again), renewed, secs(14));
         assert_eq!(after.since, secs(14));
         assert!(matches!(

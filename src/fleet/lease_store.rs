@@ -84,6 +84,7 @@ impl KubeLeaseStore {
                 holder: spec.holder_identity.unwrap_or_default(),
                 lease_duration_seconds: spec.lease_duration_seconds.unwrap_or(0),
                 transitions: spec.lease_transitions.unwrap_or(0),
+                renew_marker: spec.renew_time.as_ref().map(|t| t.0.to_string()),
             },
             resource_version: lease.metadata.resource_version.unwrap_or_default(),
             acquire_time: spec.acquire_time,

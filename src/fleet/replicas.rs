@@ -103,13 +103,25 @@ pub async fn run(
     // holder -> (resourceVersion last seen, when we saw it change)
     let mut seen: BTreeMap<String, (String, Instant)> = BTreeMap::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    // Peers that started with us may not have announced themselves on our
+    // first read; publish from the second one on, so that a fresh replica
+    // does not briefly think it is alone and contest every cluster.
+    let mut rounds = 0u32;
     loop {
+        rounds += 1;
         if let Err(e) = beat(&api, &fleet, &me, ttl).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
         match api.list(&ListParams::default().labels(&selector)).await {
             Ok(list) => {
                 let now = Instant::now();
+                // A deleted heartbeat is a replica that shut down cleanly: gone now.
+                let present: BTreeSet<String> = list
+                    .items
+                    .iter()
+                    .filter_map(|l| l.spec.as_ref().and_then(|s| s.holder_identity.clone()))
+                    .collect();
+                seen.retain(|holder, _| present.contains(holder));
                 for lease in list.items {
                     let holder = lease
                         .spec
@@ -127,7 +139,11 @@ pub async fn run(
                     }
                 }
                 let set = live(&seen, &me, ttl, now);
+                let publish = rounds >= 2;
                 live_tx.send_if_modified(|cur| {
+                    if !publish {
+                        return false;
+                    }
                     let changed = *cur != set;
                     if changed {
                         tracing::info!(replicas = ?set, "live replicas changed");

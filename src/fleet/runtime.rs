@@ -46,7 +46,9 @@ pub async fn run(
 ) -> StatusBoard {
     let board: StatusBoard = Arc::new(Mutex::new(BTreeMap::new()));
     let me = opts.replica.replica_id.clone();
-    let (live_tx, live_rx) = watch::channel(BTreeSet::from([me.clone()]));
+    // Empty until the heartbeats have been read: nobody is assigned anything yet.
+    let (live_tx, live_rx) = watch::channel(BTreeSet::new());
+    cluster::ensure_namespace(&opts.home, &opts.home_namespace).await;
     let (stop_beat_tx, mut stop_beat_rx) = watch::channel(false);
     let heartbeat = tokio::spawn(replicas::run(
         replicas::Heartbeat {

@@ -69,6 +69,12 @@ pub struct TestNamespace {
 impl TestNamespace {
     pub async fn create(client: &Client, cluster: &str, prefix: &str) -> Self {
         let name = format!("{prefix}-{:08x}", rand::random::<u32>());
+        Self::create_named(client, cluster, &name).await
+    }
+
+    /// A namespace with a given name, e.g. the same one in several clusters.
+    pub async fn create_named(client: &Client, cluster: &str, name: &str) -> Self {
+        let name = name.to_string();
         let ns: Namespace = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1",
             "kind": "Namespace",

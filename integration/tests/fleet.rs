@@ -1,0 +1,436 @@
+//! Three `flotilla run --kubeconfig-dir` replicas, as separate processes,
+//! against the three members of the local fleet: one leader per member,
+//! balanced, failover on kill -9 and on SIGTERM, and a live registry.
+//! Each test has its own fleet name (so its own Leases) and its own
+//! namespace, which its replicas alone reconcile.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use support::{
+    TestNamespace, client, ensure_crd, eventually, fleet_dir, from_json, kubeconfig_path,
+    wait_all_true,
+};
+use tokio::time::Instant;
+
+use flotilla::crd::Microservice;
+
+const MEMBERS: [&str; 3] = ["member-1", "member-2", "member-3"];
+const LEASE_DURATION: Duration = Duration::from_secs(2);
+const RETRY_PERIOD: Duration = Duration::from_millis(300);
+const LEASE_NAMESPACE: &str = "flotilla-system";
+
+/// Replica processes of one test fleet, killed when dropped.
+struct Replicas {
+    fleet: String,
+    dir: PathBuf,
+    namespace: String,
+    children: BTreeMap<String, Child>,
+}
+
+impl Replicas {
+    fn new(namespace: &str, members: &[&str]) -> Self {
+        let fleet = format!("t{:08x}", rand::random::<u32>());
+        let dir = fleet_dir().join("test-kubeconfigs").join(&fleet);
+        std::fs::create_dir_all(&dir).expect("kubeconfig dir");
+        let r = Replicas {
+            fleet,
+            dir,
+            namespace: namespace.to_string(),
+            children: BTreeMap::new(),
+        };
+        for m in members {
+            r.add_member(m);
+        }
+        r
+    }
+
+    fn add_member(&self, member: &str) {
+        std::fs::copy(
+            kubeconfig_path(member),
+            self.dir.join(format!("{member}.yaml")),
+        )
+        .expect("copy kubeconfig");
+    }
+
+    fn start(&mut self, id: &str) {
+        let log = fleet_dir()
+            .join("logs")
+            .join(format!("test-{}-{id}.log", self.fleet));
+        let out = std::fs::File::create(&log).expect("replica log");
+        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["run", "--kubeconfig-dir"])
+            .arg(&self.dir)
+            .arg("--home-kubeconfig")
+            .arg(kubeconfig_path("home"))
+            .args([
+                "--fleet-name",
+                &self.fleet,
+                "--replica-id",
+                id,
+                "--namespace",
+                &self.namespace,
+            ])
+            .args([
+                "--lease-duration",
+                "2s",
+                "--renew-deadline",
+                "1500ms",
+                "--retry-period",
+                "300ms",
+            ])
+            .args(["--takeover-grace", "3s", "--resync", "30s"])
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .expect("start replica");
+        self.children.insert(id.to_string(), child);
+    }
+
+    fn kill_9(&mut self, id: &str) {
+        let mut child = self.children.remove(id).expect("known replica");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+    }
+
+    fn sigterm(&mut self, id: &str) -> Child {
+        let child = self.children.remove(id).expect("known replica");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        child
+    }
+
+    fn lease_name(&self) -> String {
+        format!("flotilla-{}", self.fleet)
+    }
+
+    fn log(&self, id: &str) -> String {
+        std::fs::read_to_string(
+            fleet_dir()
+                .join("logs")
+                .join(format!("test-{}-{id}.log", self.fleet)),
+        )
+        .unwrap_or_default()
+    }
+}
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        for (_, mut c) in std::mem::take(&mut self.children) {
+            c.kill().ok();
+            c.wait().ok();
+        }
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+async fn holder(client: &Client, lease: &str) -> Option<String> {
+    let l = Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE)
+        .get_opt(lease)
+        .await
+        .ok()??;
+    l.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+async fn holders(
+    clients: &BTreeMap<&str, Client>,
+    lease: &str,
+) -> BTreeMap<String, Option<String>> {
+    let mut out = BTreeMap::new();
+    for (m, c) in clients {
+        out.insert(m.to_string(), holder(c, lease).await);
+    }
+    out
+}
+
+async fn member_clients() -> BTreeMap<&'static str, Client> {
+    let mut out = BTreeMap::new();
+    for m in MEMBERS {
+        let c = client(m).await;
+        ensure_crd(&c).await;
+        out.insert(m, c);
+    }
+    out
+}
+
+/// The same namespace in every member.
+async fn namespaces(
+    clients: &BTreeMap<&str, Client>,
+    prefix: &str,
+) -> (String, Vec<TestNamespace>) {
+    let name = format!("{prefix}-{:08x}", rand::random::<u32>());
+    let mut out = Vec::new();
+    for (m, c) in clients {
+        out.push(TestNamespace::create_named(c, m, &name).await);
+    }
+    (name, out)
+}
+
+/// Waits until every member has a holder and the spread over `replicas` is at most one.
+async fn balanced(
+    clients: &BTreeMap<&str, Client>,
+    lease: &str,
+    replicas: &[&str],
+) -> BTreeMap<String, String> {
+    eventually(
+        "one holder per member, balanced",
+        Duration::from_secs(60),
+        || async {
+            let h = holders(clients, lease).await;
+            let held: BTreeMap<String, String> = h
+                .into_iter()
+                .filter_map(|(m, h)| h.map(|h| (m, h)))
+                .collect();
+            if held.len() != clients.len() {
+                return None;
+            }
+            let counts: Vec<usize> = replicas
+                .iter()
+                .map(|r| held.values().filter(|h| h == r).count())
+                .collect();
+            let (min, max) = (counts.iter().min()?, counts.iter().max()?);
+            (max - min <= 1).then_some(held)
+        },
+    )
+    .await
+}
+
+fn microservice(name: &str, image: &str) -> Microservice {
+    from_json(json!({
+        "apiVersion": "platform.example.io/v1alpha1", "kind": "Microservice",
+        "metadata": {"name": name},
+        "spec": {"image": image, "port": 8080, "replicas": 1},
+    }))
+}
+
+#[tokio::test]
+async fn three_replicas_lead_one_member_each_and_every_member_converges() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "fleet-basic").await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    for id in ["r1", "r2", "r3"] {
+        replicas.start(id);
+    }
+    let held = balanced(&clients, &replicas.lease_name(), &["r1", "r2", "r3"]).await;
+    let distinct: BTreeSet<&String> = held.values().collect();
+    assert_eq!(
+        distinct.len(),
+        3,
+        "three members, three replicas: one each: {held:?}"
+    );
+
+    for c in clients.values() {
+        Api::<Microservice>::namespaced(c.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &microservice("todo-api", "ghcr.io/acme/todo:1"),
+            )
+            .await
+            .expect("create");
+    }
+    for (m, c) in &clients {
+        wait_all_true(
+            &Api::namespaced(c.clone(), &ns),
+            1,
+            "Available",
+            Duration::from_secs(90),
+        )
+        .await;
+        // The child names its writer and the writer's epoch.
+        let d = Api::<Deployment>::namespaced(c.clone(), &ns)
+            .get("todo-api")
+            .await
+            .expect("deployment");
+        let ann = d.metadata.annotations.unwrap_or_default();
+        let lease = Api::<Lease>::namespaced(c.clone(), LEASE_NAMESPACE)
+            .get(&replicas.lease_name())
+            .await
+            .expect("lease");
+        let spec = lease.spec.expect("lease spec");
+        assert_eq!(
+            ann.get("platform.example.io/writer"),
+            spec.holder_identity.as_ref(),
+            "{m}"
+        );
+        assert_eq!(
+            ann.get("platform.example.io/epoch").map(String::as_str),
+            Some(spec.lease_transitions.unwrap_or(0).to_string().as_str()),
+            "{m}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn kill_9_moves_a_members_leadership_and_pending_changes_converge() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "fleet-kill").await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    for id in ["r1", "r2", "r3"] {
+        replicas.start(id);
+    }
+    let held = balanced(&clients, &replicas.lease_name(), &["r1", "r2", "r3"]).await;
+    let member1 = &clients["member-1"];
+    let api = Api::<Microservice>::namespaced(member1.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &microservice("web", "ghcr.io/acme/web:1"),
+    )
+    .await
+    .expect("create");
+    wait_all_true(&api, 1, "Reconciled", Duration::from_secs(60)).await;
+
+    let victim = held["member-1"].clone();
+    let started = Instant::now();
+    replicas.kill_9(&victim);
+    // A change made while member-1 has no leader.
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "ghcr.io/acme/web:2"}})),
+    )
+    .await
+    .expect("patch");
+    let lease = replicas.lease_name();
+    let new = eventually(
+        "a new leader for member-1",
+        Duration::from_secs(30),
+        || async { holder(member1, &lease).await.filter(|h| *h != victim) },
+    )
+    .await;
+    let takeover = started.elapsed();
+    eprintln!("kill -9 takeover of member-1: {takeover:?} ({victim} -> {new})");
+    // LeaseDuration + 2 × RetryPeriod, plus room for a loaded machine.
+    assert!(
+        takeover < LEASE_DURATION + 2 * RETRY_PERIOD + Duration::from_secs(3),
+        "{takeover:?}"
+    );
+
+    let deployments = Api::<Deployment>::namespaced(member1.clone(), &ns);
+    eventually(
+        "the pending image change applied by the new leader",
+        Duration::from_secs(30),
+        || async {
+            let d = deployments.get("web").await.ok()?;
+            let image = d.spec?.template.spec?.containers.first()?.image.clone()?;
+            (image == "ghcr.io/acme/web:2").then_some(())
+        },
+    )
+    .await;
+    wait_all_true(&api, 1, "Reconciled", Duration::from_secs(30)).await;
+}
+
+#[tokio::test]
+async fn sigterm_releases_leases_for_a_fast_handoff() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "fleet-term").await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    for id in ["r1", "r2", "r3"] {
+        replicas.start(id);
+    }
+    let held = balanced(&clients, &replicas.lease_name(), &["r1", "r2", "r3"]).await;
+    let member2 = &clients["member-2"];
+    let leaving = held["member-2"].clone();
+    let started = Instant::now();
+    let mut child = replicas.sigterm(&leaving);
+    let lease = replicas.lease_name();
+    let new = eventually("member-2 handed off", Duration::from_secs(30), || async {
+        holder(member2, &lease).await.filter(|h| *h != leaving)
+    })
+    .await;
+    let handoff = started.elapsed();
+    eprintln!("SIGTERM handoff of member-2: {handoff:?} ({leaving} -> {new})");
+    assert!(handoff < Duration::from_secs(3), "handoff took {handoff:?}");
+    let status = child.wait().expect("replica exit");
+    assert!(
+        status.success(),
+        "a SIGTERM'd replica exits cleanly: {status:?}"
+    );
+    assert!(replicas_log_contains(&replicas, &leaving, "lease released"));
+}
+
+fn replicas_log_contains(r: &Replicas, id: &str, needle: &str) -> bool {
+    r.log(id).contains(needle)
+}
+
+#[tokio::test]
+async fn kubeconfig_files_added_removed_or_broken_at_runtime() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "fleet-hot").await;
+    let mut replicas = Replicas::new(&ns, &["member-1", "member-2"]);
+    replicas.start("r1");
+    let lease = replicas.lease_name();
+    let two: BTreeMap<&str, Client> = clients
+        .iter()
+        .filter(|(m, _)| **m != "member-3")
+        .map(|(m, c)| (*m, c.clone()))
+        .collect();
+    balanced(&two, &lease, &["r1"]).await;
+    assert_eq!(
+        holder(&clients["member-3"], &lease).await,
+        None,
+        "member-3 is not registered yet"
+    );
+
+    // Added: member-3 comes into service without a restart.
+    replicas.add_member("member-3");
+    balanced(&clients, &lease, &["r1"]).await;
+
+    // Broken: reported Invalid; the others keep their leader.
+    std::fs::write(
+        replicas.dir.join("broken.yaml"),
+        "clusters: [ {{ not yaml password=hunter2",
+    )
+    .expect("garbage");
+    let dir: &Path = &replicas.dir;
+    assert!(dir.join("broken.yaml").exists());
+    eventually(
+        "broken file reported Invalid",
+        Duration::from_secs(15),
+        || async {
+            replicas
+                .log("r1")
+                .contains("cluster is Invalid")
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !replicas.log("r1").contains("hunter2"),
+        "kubeconfig contents leaked into logs"
+    );
+    let api = Api::<Microservice>::namespaced(clients["member-3"].clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &microservice("api", "ghcr.io/acme/api:1"),
+    )
+    .await
+    .expect("create");
+    wait_all_true(&api, 1, "Reconciled", Duration::from_secs(60)).await;
+
+    // Removed: member-3's Lease is released.
+    std::fs::remove_file(replicas.dir.join("member-3.yaml")).expect("remove");
+    eventually("member-3 released", Duration::from_secs(15), || async {
+        holder(&clients["member-3"], &lease)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        holder(&clients["member-1"], &lease).await.as_deref(),
+        Some("r1")
+    );
+}
