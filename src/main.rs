@@ -51,7 +51,11 @@ enum Command {
 
 #[derive(clap::Args)]
 struct RunArgs {
+    /// Fleet mode with member clusters from labelled Secrets only (no directory).
+    #[arg(long, env = "FLOTILLA_FLEET")]
+    fleet: bool,
     /// Fleet mode: a directory of member kubeconfigs, one file per cluster, watched live.
+    /// Secrets labelled platform.example.io/member-cluster=true in the home namespace are read too.
     #[arg(long, env = "FLOTILLA_KUBECONFIG_DIR", conflicts_with = "kubeconfig")]
     kubeconfig_dir: Option<PathBuf>,
     /// Fleet mode: kubeconfig of the home cluster (heartbeats); in-cluster or $KUBECONFIG when omitted.
@@ -149,7 +153,7 @@ async fn shutdown_signal() {
     }
 }
 
-async fn run_fleet(args: RunArgs, dir: PathBuf, replica_id: String) -> Result<(), String> {
+async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> Result<(), String> {
     let timings = Timings {
         lease_duration: args.lease_duration,
         renew_deadline: args.renew_deadline,
@@ -157,7 +161,9 @@ async fn run_fleet(args: RunArgs, dir: PathBuf, replica_id: String) -> Result<()
     }
     .validate()
     .map_err(|e| format!("lease timings: {e}"))?;
-    if !dir.is_dir() {
+    if let Some(dir) = &dir
+        && !dir.is_dir()
+    {
         return Err(format!(
             "--kubeconfig-dir {} is not a directory",
             dir.display()
@@ -194,7 +200,8 @@ async fn run(args: RunArgs) -> Result<(), String> {
         .replica_id
         .clone()
         .unwrap_or_else(|| format!("flotilla-{}", std::process::id()));
-    if let Some(dir) = args.kubeconfig_dir.clone() {
+    if args.kubeconfig_dir.is_some() || args.fleet {
+        let dir = args.kubeconfig_dir.clone();
         return run_fleet(args, dir, holder).await;
     }
     let client = client_for(args.kubeconfig.as_ref()).await?;

@@ -17,8 +17,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use support::{
-    TestNamespace, client, ensure_crd, eventually, fleet_dir, from_json, kubeconfig_path,
-    wait_all_true,
+    TestNamespace, audited_writes, client, ensure_crd, eventually, fleet_dir, from_json,
+    kubeconfig_path, wait_all_true,
 };
 use tokio::time::Instant;
 
@@ -80,6 +80,8 @@ impl Replicas {
                 "--namespace",
                 &self.namespace,
             ])
+            // Heartbeats and member Secrets of this test only.
+            .args(["--home-namespace", &self.namespace])
             .args([
                 "--lease-duration",
                 "2s",
@@ -166,13 +168,14 @@ async fn member_clients() -> BTreeMap<&'static str, Client> {
     out
 }
 
-/// The same namespace in every member.
+/// The same namespace in every member and in home.
 async fn namespaces(
     clients: &BTreeMap<&str, Client>,
     prefix: &str,
 ) -> (String, Vec<TestNamespace>) {
     let name = format!("{prefix}-{:08x}", rand::random::<u32>());
-    let mut out = Vec::new();
+    // Home too: the replicas keep their heartbeats and member Secrets there.
+    let mut out = vec![TestNamespace::create_named(&client("home").await, "home", &name).await];
     for (m, c) in clients {
         out.push(TestNamespace::create_named(c, m, &name).await);
     }
@@ -330,6 +333,34 @@ async fn kill_9_moves_a_members_leadership_and_pending_changes_converge() {
     )
     .await;
     wait_all_true(&api, 1, "Reconciled", Duration::from_secs(30)).await;
+
+    // The audit log shows one writer at a time: every write of the killed
+    // replica comes before the first write of its successor.
+    let writes: Vec<_> = audited_writes("member-1", &ns)
+        .into_iter()
+        .filter(|w| w.user_agent.starts_with("flotilla/"))
+        .collect();
+    let by = |id: &str| format!("flotilla/{id}");
+    let last_old = writes.iter().rposition(|w| w.user_agent == by(&victim));
+    let first_new = writes.iter().position(|w| w.user_agent == by(&new));
+    assert!(
+        last_old.is_some(),
+        "the first leader's writes are audited: {writes:?}"
+    );
+    assert!(
+        first_new.is_some(),
+        "the new leader's writes are audited: {writes:?}"
+    );
+    assert!(
+        last_old < first_new,
+        "writers overlap in member-1: {writes:#?}"
+    );
+    let writers: BTreeSet<&str> = writes.iter().map(|w| w.user_agent.as_str()).collect();
+    assert_eq!(
+        writers,
+        BTreeSet::from([by(&victim).as_str(), by(&new).as_str()]),
+        "{writes:#?}"
+    );
 }
 
 #[tokio::test]
@@ -433,4 +464,48 @@ async fn kubeconfig_files_added_removed_or_broken_at_runtime() {
         holder(&clients["member-1"], &lease).await.as_deref(),
         Some("r1")
     );
+}
+
+#[tokio::test]
+async fn a_labelled_secret_in_the_home_namespace_registers_a_member() {
+    use k8s_openapi::api::core::v1::Secret;
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "fleet-secret").await;
+    let mut replicas = Replicas::new(&ns, &["member-1", "member-2"]);
+    replicas.start("r1");
+    let lease = replicas.lease_name();
+    let kubeconfig = std::fs::read_to_string(kubeconfig_path("member-3")).expect("kubeconfig");
+    let secret: Secret = from_json(json!({
+        "metadata": {"name": "member-3", "labels": {"platform.example.io/member-cluster": "true"}},
+        "stringData": {"kubeconfig": kubeconfig},
+    }));
+    let secrets = Api::<Secret>::namespaced(client("home").await, &ns);
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create secret");
+    eventually(
+        "member-3 led through its Secret",
+        Duration::from_secs(30),
+        || async {
+            (holder(&clients["member-3"], &lease).await.as_deref() == Some("r1")).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !replicas.log("r1").contains("client-key-data"),
+        "Secret contents leaked into logs"
+    );
+
+    secrets
+        .delete("member-3", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete secret");
+    eventually("member-3 released", Duration::from_secs(15), || async {
+        holder(&clients["member-3"], &lease)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
 }

@@ -2,7 +2,9 @@
 //! file stem, picked up, changed and removed while the operator runs.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::Secret;
 
 /// One file's verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,15 +35,20 @@ fn valid_name(name: &str) -> bool {
 /// One file of the directory.
 #[derive(Debug, Clone)]
 pub struct Found {
-    pub path: PathBuf,
+    /// Where it came from, for logs and the status API: `file NAME` or `secret NS/NAME`.
+    pub source: String,
     pub entry: Entry,
     /// Present exactly when the entry is valid.
     pub kubeconfig: Option<kube::config::Kubeconfig>,
 }
 
 fn found(path: &Path, entry: Entry, kubeconfig: Option<kube::config::Kubeconfig>) -> Found {
+    let file = path
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or_default();
     Found {
-        path: path.to_path_buf(),
+        source: format!("file {file}"),
         entry,
         kubeconfig,
     }
@@ -100,6 +107,78 @@ pub fn scan(dir: &Path) -> std::io::Result<BTreeMap<String, Found>> {
     Ok(out)
 }
 
+/// The label that makes a Secret in the operator's home namespace a member cluster.
+pub const SECRET_LABEL: &str = "platform.example.io/member-cluster";
+/// The data key holding the kubeconfig.
+pub const SECRET_KEY: &str = "kubeconfig";
+
+/// Member clusters from labelled Secrets, each named after its Secret.
+pub fn from_secrets(secrets: &[Secret]) -> BTreeMap<String, Found> {
+    let mut out = BTreeMap::new();
+    for secret in secrets {
+        let Some(name) = secret.metadata.name.clone() else {
+            continue;
+        };
+        let ns = secret.metadata.namespace.clone().unwrap_or_default();
+        let source = format!("secret {ns}/{name}");
+        let invalid = |reason: String| Found {
+            source: source.clone(),
+            entry: Entry::Invalid { reason },
+            kubeconfig: None,
+        };
+        let entry = if !valid_name(&name) {
+            invalid(format!("{source}: not a valid cluster name"))
+        } else {
+            match secret.data.as_ref().and_then(|d| d.get(SECRET_KEY)) {
+                None => invalid(format!("{source}: no data key {SECRET_KEY:?}")),
+                Some(bytes) => match parse(&bytes.0) {
+                    Ok(kc) => Found {
+                        source: source.clone(),
+                        entry: Entry::Valid {
+                            fingerprint: fingerprint(&bytes.0),
+                        },
+                        kubeconfig: Some(kc),
+                    },
+                    Err(why) => invalid(format!("{source}: {why}")),
+                },
+            }
+        };
+        out.insert(name, entry);
+    }
+    out
+}
+
+/// Both sources together. A name defined by both is refused: which one is
+/// meant cannot be guessed.
+pub fn merge(
+    files: BTreeMap<String, Found>,
+    secrets: BTreeMap<String, Found>,
+) -> BTreeMap<String, Found> {
+    let mut out = files;
+    for (name, from_secret) in secrets {
+        match out.remove(&name) {
+            None => {
+                out.insert(name, from_secret);
+            }
+            Some(from_file) => {
+                let reason = format!(
+                    "cluster {name} is defined twice ({} and {}); remove one",
+                    from_file.source, from_secret.source
+                );
+                out.insert(
+                    name,
+                    Found {
+                        source: from_file.source,
+                        entry: Entry::Invalid { reason },
+                        kubeconfig: None,
+                    },
+                );
+            }
+        }
+    }
+    out
+}
+
 /// Parses a kubeconfig without echoing any of it: errors say what is wrong,
 /// not what the file holds.
 pub fn parse(bytes: &[u8]) -> Result<kube::config::Kubeconfig, String> {
@@ -149,6 +228,49 @@ mod tests {
             fingerprint(GOOD.as_bytes()),
             fingerprint(GOOD.replace("x", "y").as_bytes())
         );
+    }
+
+    fn secret(name: &str, data: Option<&str>) -> Secret {
+        let mut s = Secret::default();
+        s.metadata.name = Some(name.into());
+        s.metadata.namespace = Some("flotilla-system".into());
+        s.data = data.map(|d| {
+            [(
+                SECRET_KEY.to_string(),
+                k8s_openapi::ByteString(d.as_bytes().to_vec()),
+            )]
+            .into()
+        });
+        s
+    }
+
+    #[test]
+    fn secrets_become_clusters_and_bad_ones_are_invalid_without_leaking() {
+        let found = from_secrets(&[
+            secret("member-4", Some(GOOD)),
+            secret("member-5", Some("garbage s3cr3t-token {{")),
+            secret("member-6", None),
+        ]);
+        assert!(matches!(found["member-4"].entry, Entry::Valid { .. }));
+        assert_eq!(found["member-4"].source, "secret flotilla-system/member-4");
+        for name in ["member-5", "member-6"] {
+            match &found[name].entry {
+                Entry::Invalid { reason } => assert!(!reason.contains("s3cr3t"), "{reason}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_name_from_both_sources_is_refused() {
+        let files = from_secrets(&[secret("member-1", Some(GOOD))]);
+        let secrets = from_secrets(&[
+            secret("member-1", Some(GOOD)),
+            secret("member-2", Some(GOOD)),
+        ]);
+        let merged = merge(files, secrets);
+        assert!(matches!(merged["member-1"].entry, Entry::Invalid { .. }));
+        assert!(matches!(merged["member-2"].entry, Entry::Valid { .. }));
     }
 
     #[test]

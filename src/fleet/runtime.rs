@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::Client;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::ListParams;
+use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -19,7 +21,9 @@ use super::shard::assign;
 pub struct FleetOptions {
     pub home: Client,
     pub home_namespace: String,
-    pub kubeconfig_dir: PathBuf,
+    /// A directory of member kubeconfigs; labelled Secrets in the home
+    /// namespace are always read too.
+    pub kubeconfig_dir: Option<PathBuf>,
     pub replica: ReplicaSettings,
     /// How often the kubeconfig directory is read again.
     pub rescan: Duration,
@@ -69,15 +73,30 @@ pub async fn run(
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut live_rx = live_rx;
+    let secrets_api: Api<Secret> = Api::namespaced(opts.home.clone(), &opts.home_namespace);
+    let mut running_from_secrets: BTreeMap<String, registry::Found> = BTreeMap::new();
     loop {
         // The registry: start new and changed clusters, stop removed ones.
-        let found = match registry::scan(&opts.kubeconfig_dir) {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(dir = %opts.kubeconfig_dir.display(), error = %e, "cannot read the kubeconfig directory");
+        let files = match &opts.kubeconfig_dir {
+            None => BTreeMap::new(),
+            Some(dir) => registry::scan(dir).unwrap_or_else(|e| {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot read the kubeconfig directory");
                 BTreeMap::new()
+            }),
+        };
+        let secrets = match secrets_api
+            .list(&ListParams::default().labels(&format!("{}=true", registry::SECRET_LABEL)))
+            .await
+        {
+            Ok(list) => registry::from_secrets(&list.items),
+            Err(e) => {
+                // Keep what runs: a home-cluster hiccup must not drop members.
+                tracing::warn!(error = %e, "cannot list member Secrets; keeping the clusters they defined");
+                running_from_secrets.clone()
             }
         };
+        running_from_secrets = secrets.clone();
+        let found = registry::merge(files, secrets);
         let mut valid = BTreeSet::new();
         for (name, f) in found.iter() {
             match (&f.entry, &f.kubeconfig) {

@@ -348,3 +348,59 @@ pub async fn wait_all_true(
     })
     .await;
 }
+
+/// One successful write recorded in a cluster's audit log.
+#[derive(Debug, Clone)]
+pub struct AuditedWrite {
+    /// When the apiserver received it (one server clock: comparable).
+    pub received: String,
+    pub user_agent: String,
+    pub verb: String,
+    pub resource: String,
+    pub name: String,
+}
+
+/// Successful writes to Deployments, Services and Microservices in
+/// `namespace` of `cluster`, in the order the apiserver received them.
+pub fn audited_writes(cluster: &str, namespace: &str) -> Vec<AuditedWrite> {
+    let path = fleet_dir()
+        .join("logs")
+        .join(format!("{cluster}-audit.log"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("audit log {}: {e}", path.display()));
+    let mut out: Vec<AuditedWrite> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["objectRef"]["namespace"] == namespace)
+        .filter(|e| {
+            e["responseStatus"]["code"]
+                .as_u64()
+                .is_some_and(|c| c < 300)
+        })
+        .filter(|e| {
+            matches!(
+                e["objectRef"]["resource"].as_str(),
+                Some("deployments" | "services" | "microservices")
+            )
+        })
+        .map(|e| AuditedWrite {
+            received: e["requestReceivedTimestamp"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            user_agent: e["userAgent"].as_str().unwrap_or_default().to_string(),
+            verb: e["verb"].as_str().unwrap_or_default().to_string(),
+            resource: e["objectRef"]["resource"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            name: e["objectRef"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        })
+        .collect();
+    // RFC 3339 with fixed-width microseconds in UTC sorts as text.
+    out.sort_by(|a, b| a.received.cmp(&b.received));
+    out
+}
