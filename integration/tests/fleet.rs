@@ -6,9 +6,10 @@
 
 mod support;
 
+use support::replicas::*;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -16,200 +17,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use support::{
-    TestNamespace, audited_writes, client, ensure_crd, eventually, fleet_dir, from_json,
-    kubeconfig_path, wait_all_true,
-};
+use support::{audited_writes, client, eventually, from_json, kubeconfig_path, wait_all_true};
 use tokio::time::Instant;
 
 use flotilla::crd::Microservice;
-
-const MEMBERS: [&str; 3] = ["member-1", "member-2", "member-3"];
-const LEASE_DURATION: Duration = Duration::from_secs(2);
-const RETRY_PERIOD: Duration = Duration::from_millis(300);
-const LEASE_NAMESPACE: &str = "flotilla-system";
-
-/// Replica processes of one test fleet, killed when dropped.
-struct Replicas {
-    fleet: String,
-    dir: PathBuf,
-    namespace: String,
-    children: BTreeMap<String, Child>,
-}
-
-impl Replicas {
-    fn new(namespace: &str, members: &[&str]) -> Self {
-        let fleet = format!("t{:08x}", rand::random::<u32>());
-        let dir = fleet_dir().join("test-kubeconfigs").join(&fleet);
-        std::fs::create_dir_all(&dir).expect("kubeconfig dir");
-        let r = Replicas {
-            fleet,
-            dir,
-            namespace: namespace.to_string(),
-            children: BTreeMap::new(),
-        };
-        for m in members {
-            r.add_member(m);
-        }
-        r
-    }
-
-    fn add_member(&self, member: &str) {
-        std::fs::copy(
-            kubeconfig_path(member),
-            self.dir.join(format!("{member}.yaml")),
-        )
-        .expect("copy kubeconfig");
-    }
-
-    fn start(&mut self, id: &str) {
-        let log = fleet_dir()
-            .join("logs")
-            .join(format!("test-{}-{id}.log", self.fleet));
-        let out = std::fs::File::create(&log).expect("replica log");
-        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(["run", "--kubeconfig-dir"])
-            .arg(&self.dir)
-            .arg("--home-kubeconfig")
-            .arg(kubeconfig_path("home"))
-            .args([
-                "--fleet-name",
-                &self.fleet,
-                "--replica-id",
-                id,
-                "--namespace",
-                &self.namespace,
-            ])
-            // Heartbeats and member Secrets of this test only.
-            .args(["--home-namespace", &self.namespace])
-            .args([
-                "--lease-duration",
-                "2s",
-                "--renew-deadline",
-                "1500ms",
-                "--retry-period",
-                "300ms",
-            ])
-            .args(["--takeover-grace", "3s", "--resync", "30s"])
-            .env("RUST_LOG", "info,kube=warn")
-            .stdout(Stdio::null())
-            .stderr(out)
-            .spawn()
-            .expect("start replica");
-        self.children.insert(id.to_string(), child);
-    }
-
-    fn kill_9(&mut self, id: &str) {
-        let mut child = self.children.remove(id).expect("known replica");
-        child.kill().expect("SIGKILL");
-        child.wait().expect("reap");
-    }
-
-    fn sigterm(&mut self, id: &str) -> Child {
-        let child = self.children.remove(id).expect("known replica");
-        let status = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-        child
-    }
-
-    fn lease_name(&self) -> String {
-        format!("flotilla-{}", self.fleet)
-    }
-
-    fn log(&self, id: &str) -> String {
-        std::fs::read_to_string(
-            fleet_dir()
-                .join("logs")
-                .join(format!("test-{}-{id}.log", self.fleet)),
-        )
-        .unwrap_or_default()
-    }
-}
-
-impl Drop for Replicas {
-    fn drop(&mut self) {
-        for (_, mut c) in std::mem::take(&mut self.children) {
-            c.kill().ok();
-            c.wait().ok();
-        }
-        std::fs::remove_dir_all(&self.dir).ok();
-    }
-}
-
-async fn holder(client: &Client, lease: &str) -> Option<String> {
-    let l = Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE)
-        .get_opt(lease)
-        .await
-        .ok()??;
-    l.spec?.holder_identity.filter(|h| !h.is_empty())
-}
-
-async fn holders(
-    clients: &BTreeMap<&str, Client>,
-    lease: &str,
-) -> BTreeMap<String, Option<String>> {
-    let mut out = BTreeMap::new();
-    for (m, c) in clients {
-        out.insert(m.to_string(), holder(c, lease).await);
-    }
-    out
-}
-
-async fn member_clients() -> BTreeMap<&'static str, Client> {
-    let mut out = BTreeMap::new();
-    for m in MEMBERS {
-        let c = client(m).await;
-        ensure_crd(&c).await;
-        out.insert(m, c);
-    }
-    out
-}
-
-/// The same namespace in every member and in home.
-async fn namespaces(
-    clients: &BTreeMap<&str, Client>,
-    prefix: &str,
-) -> (String, Vec<TestNamespace>) {
-    let name = format!("{prefix}-{:08x}", rand::random::<u32>());
-    // Home too: the replicas keep their heartbeats and member Secrets there.
-    let mut out = vec![TestNamespace::create_named(&client("home").await, "home", &name).await];
-    for (m, c) in clients {
-        out.push(TestNamespace::create_named(c, m, &name).await);
-    }
-    (name, out)
-}
-
-/// Waits until every member has a holder and the spread over `replicas` is at most one.
-async fn balanced(
-    clients: &BTreeMap<&str, Client>,
-    lease: &str,
-    replicas: &[&str],
-) -> BTreeMap<String, String> {
-    eventually(
-        "one holder per member, balanced",
-        Duration::from_secs(60),
-        || async {
-            let h = holders(clients, lease).await;
-            let held: BTreeMap<String, String> = h
-                .into_iter()
-                .filter_map(|(m, h)| h.map(|h| (m, h)))
-                .collect();
-            if held.len() != clients.len() {
-                return None;
-            }
-            let counts: Vec<usize> = replicas
-                .iter()
-                .map(|r| held.values().filter(|h| h == r).count())
-                .collect();
-            let (min, max) = (counts.iter().min()?, counts.iter().max()?);
-            (max - min <= 1).then_some(held)
-        },
-    )
-    .await
-}
 
 fn microservice(name: &str, image: &str) -> Microservice {
     from_json(json!({

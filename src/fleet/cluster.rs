@@ -165,6 +165,41 @@ pub async fn run(
             .collect();
         should_contest(&me, &cluster, &view, expired, grace)
     }));
+    // Reachability: a cluster whose Lease could not be read for a lease
+    // duration is Unreachable, with the last time it answered.
+    let contact = elector.last_contact();
+    let reach_board = board.clone();
+    let (reach_name, reach_timings) = (name.clone(), settings.timings);
+    let mut reach_stop = shutdown.clone();
+    let reachability = tokio::spawn(async move {
+        let mut was_unreachable = false;
+        loop {
+            tokio::select! {
+                _ = reach_stop.wait_for(|s| *s) => break,
+                _ = tokio::time::sleep(reach_timings.retry_period) => {}
+            }
+            let last = *contact.borrow();
+            let silent = last.is_none_or(|t| t.elapsed() > reach_timings.lease_duration);
+            if silent && !was_unreachable {
+                set_state(
+                    &reach_board,
+                    &reach_name,
+                    ClusterState::Unreachable {
+                        reason: "the cluster's Lease could not be read for a lease duration".into(),
+                        last_seen: last,
+                    },
+                );
+            } else if !silent && was_unreachable {
+                set_state(
+                    &reach_board,
+                    &reach_name,
+                    ClusterState::Following { holder: None },
+                );
+                tracing::info!(k8s.cluster.name = %reach_name, "cluster reachable again");
+            }
+            was_unreachable = silent;
+        }
+    });
     let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
     let elector_task = tokio::spawn(elector.run(async move {
         stop_elector_rx.wait_for(|s| *s).await.ok();
@@ -212,6 +247,7 @@ pub async fn run(
         }
     }
     // Writers are stopped (the controller returned); now hand the Lease back.
+    reachability.abort();
     stop_elector_tx.send(true).ok();
     if let Ok((store, Some(held))) = elector_task.await {
         match release(&store, &held).await {

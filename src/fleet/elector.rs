@@ -44,6 +44,7 @@ pub struct Elector<S> {
     history: Option<tokio::sync::mpsc::UnboundedSender<Leadership>>,
     contest: Option<Contest>,
     absent_since: Option<election::Instant>,
+    last_contact: watch::Sender<Option<Instant>>,
 }
 
 /// Asked before writing the Lease: `Some(d)` when another holder's Lease has
@@ -74,8 +75,14 @@ impl<S: LeaseStore> Elector<S> {
             history: None,
             contest: None,
             absent_since: None,
+            last_contact: watch::channel(None).0,
         };
         (elector, rx)
+    }
+
+    /// When the Lease store last answered a read (for reachability reports).
+    pub fn last_contact(&self) -> watch::Receiver<Option<Instant>> {
+        self.last_contact.subscribe()
     }
 
     /// Contest the Lease only when `contest` agrees (sharding).
@@ -106,7 +113,11 @@ impl<S: LeaseStore> Elector<S> {
     /// `at` is taken before the first request, so a renewal counts from
     /// before it was sent.
     async fn round(&mut self, at: election::Instant) -> Result<Option<i32>, LeaseError> {
-        let Some(read) = self.store.get().await? else {
+        let read = self.store.get().await?;
+        if read.is_none() {
+            self.last_contact.send_replace(Some(Instant::now()));
+        }
+        let Some(read) = read else {
             let absent_for = at.saturating_sub(*self.absent_since.get_or_insert(at));
             if !self.may_write(Some(absent_for)) {
                 return Ok(None);
@@ -121,6 +132,7 @@ impl<S: LeaseStore> Elector<S> {
         // Observation time is when the answer arrived, not when we asked: a
         // slow read must not make another holder's record look older.
         let seen = self.now();
+        self.last_contact.send_replace(Some(Instant::now()));
         self.absent_since = None;
         let observed = election::observe(self.observed.as_ref(), read.record.clone(), seen);
         self.observed = Some(observed.clone());

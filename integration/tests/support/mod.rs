@@ -5,6 +5,8 @@
 //! apiservers has proven nothing, so it must not pass.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod replicas;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;

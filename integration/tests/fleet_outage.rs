@@ -1,0 +1,128 @@
+//! One member's apiserver stops while three replicas run the fleet: the
+//! other members keep reconciling at their usual pace, the stopped one is
+//! reported Unreachable, and after a restart it converges with no manual
+//! step. Its own binary, so that no other test runs while member-2 is down.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+use support::replicas::*;
+use support::{client, eventually, fleet_script, from_json, wait_all_true};
+use tokio::time::Instant;
+
+use flotilla::crd::Microservice;
+
+fn fleet(args: &[&str]) {
+    let status = Command::new(fleet_script())
+        .args(args)
+        .status()
+        .expect("integration/fleet");
+    assert!(status.success(), "integration/fleet {args:?}");
+}
+
+fn microservice(name: &str) -> Microservice {
+    from_json(json!({
+        "apiVersion": "platform.example.io/v1alpha1", "kind": "Microservice",
+        "metadata": {"name": name},
+        "spec": {"image": "ghcr.io/acme/o:1", "port": 8080, "replicas": 1},
+    }))
+}
+
+/// Seconds from create to Reconciled=True, for `n` Microservices in turn.
+async fn latencies(api: &Api<Microservice>, prefix: &str, n: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let name = format!("{prefix}-{i}");
+        let t = Instant::now();
+        api.create(&PostParams::default(), &microservice(&name))
+            .await
+            .expect("create");
+        eventually("reconciled", Duration::from_secs(60), || async {
+            let ms = api.get(&name).await.ok()?;
+            let st = ms.status?;
+            (st.observed_generation == ms.metadata.generation
+                && flotilla::domain::conditions::is_true(&st.conditions, "Reconciled"))
+            .then_some(())
+        })
+        .await;
+        out.push(t.elapsed().as_secs_f64());
+    }
+    out
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+#[tokio::test]
+async fn a_stopped_member_is_unreachable_others_keep_pace_and_it_recovers() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "fleet-outage").await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    for id in ["r1", "r2", "r3"] {
+        replicas.start(id);
+    }
+    balanced(&clients, &replicas.lease_name(), &["r1", "r2", "r3"]).await;
+    let api1 = Api::<Microservice>::namespaced(clients["member-1"].clone(), &ns);
+    let api3 = Api::<Microservice>::namespaced(clients["member-3"].clone(), &ns);
+    let mut baseline = latencies(&api1, "base1", 5).await;
+    baseline.extend(latencies(&api3, "base3", 5).await);
+
+    fleet(&["stop", "member-2"]);
+    struct Restart;
+    impl Drop for Restart {
+        fn drop(&mut self) {
+            fleet(&["start", "member-2"]);
+        }
+    }
+    let restart = Restart;
+
+    // Every replica reports member-2 Unreachable.
+    eventually(
+        "member-2 reported Unreachable",
+        Duration::from_secs(20),
+        || async {
+            ["r1", "r2", "r3"]
+                .iter()
+                .all(|r| {
+                    replicas
+                        .log(r)
+                        .lines()
+                        .any(|l| l.contains("member-2") && l.contains("Unreachable"))
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let mut during = latencies(&api1, "down1", 5).await;
+    during.extend(latencies(&api3, "down3", 5).await);
+    let (b, d) = (median(baseline), median(during));
+    eprintln!(
+        "reconcile latency on member-1 and member-3: baseline median {b:.3}s, during the outage {d:.3}s"
+    );
+    // Isolation: the outage must not slow the others (1.5x, with room for a noisy machine).
+    assert!(
+        d <= 1.5 * b + 0.5,
+        "baseline {b:.3}s, during outage {d:.3}s"
+    );
+
+    // After the restart, member-2 is led and reconciled again with no manual step.
+    drop(restart);
+    let api2 = Api::<Microservice>::namespaced(client("member-2").await, &ns);
+    api2.create(&PostParams::default(), &microservice("after"))
+        .await
+        .expect("create in member-2");
+    wait_all_true(&api2, 1, "Reconciled", Duration::from_secs(60)).await;
+    let lease = replicas.lease_name();
+    let m2 = client("member-2").await;
+    eventually("member-2 led again", Duration::from_secs(30), || async {
+        holder(&m2, &lease).await
+    })
+    .await;
+}
