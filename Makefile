@@ -53,3 +53,8 @@ crd:
 bench-reconcile: toolchain
 	integration/fleet up
 	cargo bench --locked --bench reconcile
+
+# Failover times, Lease write rate and replica memory on a running fleet.
+bench-failover: toolchain
+	integration/fleet up
+	cargo bench --locked --bench failover

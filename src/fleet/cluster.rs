@@ -230,7 +230,21 @@ pub async fn run(
                         _ = stop.wait_for(|s| *s) => {}
                     }
                 };
-                reconciler::run(client.clone(), s, Hooks::default(), end).await;
+                // Once the term is over, the controller gets a renew deadline to
+                // finish in-flight reconciles; then it is dropped, which aborts them.
+                let (mut term_over, mut stopping) = (leadership.clone(), shutdown.clone());
+                let cutoff = settings.timings.renew_deadline;
+                let overdue = async move {
+                    tokio::select! {
+                        _ = term_over.wait_for(|l| !matches!(l, Leadership::Leading { epoch: e, .. } if *e == epoch)) => {}
+                        _ = stopping.wait_for(|s| *s) => {}
+                    }
+                    tokio::time::sleep(cutoff).await;
+                };
+                tokio::select! {
+                    _ = reconciler::run(client.clone(), s, Hooks::default(), end) => {}
+                    _ = overdue => tracing::warn!(k8s.cluster.name = %name, epoch, "controller did not stop in time; aborted"),
+                }
                 tracing::info!(k8s.cluster.name = %name, epoch, "leadership term over; writers stopped");
             }
             Leadership::Following { holder, .. } => {

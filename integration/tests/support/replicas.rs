@@ -102,6 +102,11 @@ impl Replicas {
         child
     }
 
+    /// Process ids of the running replicas.
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.values().map(Child::id).collect()
+    }
+
     pub fn lease_name(&self) -> String {
         format!("flotilla-{}", self.fleet)
     }
