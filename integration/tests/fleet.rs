@@ -107,6 +107,11 @@ async fn kill_9_moves_a_members_leadership_and_pending_changes_converge() {
     wait_all_true(&api, 1, "Reconciled", Duration::from_secs(60)).await;
 
     let victim = held["member-1"].clone();
+    // Members the victim did not lead are expected to keep their leaders.
+    let untouched: Vec<&str> = ["member-2", "member-3"]
+        .into_iter()
+        .filter(|m| held[*m] != victim)
+        .collect();
     let started = Instant::now();
     replicas.kill_9(&victim);
     // A change made while member-1 has no leader.
@@ -166,6 +171,20 @@ async fn kill_9_moves_a_members_leadership_and_pending_changes_converge() {
         last_old < first_new,
         "writers overlap in member-1: {writes:#?}"
     );
+    // The other members saw no leadership change and no second writer.
+    for m in &untouched {
+        assert_eq!(
+            holder(&clients[m], &replicas.lease_name()).await.as_ref(),
+            Some(&held[*m]),
+            "{m} changed leader"
+        );
+        let other: BTreeSet<String> = audited_writes(m, &ns)
+            .into_iter()
+            .map(|w| w.user_agent)
+            .filter(|ua| ua.starts_with("flotilla/"))
+            .collect();
+        assert!(other.len() <= 1, "{m} had several writers: {other:?}");
+    }
     let writers: BTreeSet<&str> = writes.iter().map(|w| w.user_agent.as_str()).collect();
     assert_eq!(
         writers,
