@@ -5,25 +5,16 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
 use support::replicas::*;
-use support::{client, eventually, fleet_script, from_json, wait_all_true};
+use support::{StoppedMember, client, eventually, from_json, wait_all_true};
 use tokio::time::Instant;
 
 use flotilla::crd::Microservice;
-
-fn fleet(args: &[&str]) {
-    let status = Command::new(fleet_script())
-        .args(args)
-        .status()
-        .expect("integration/fleet");
-    assert!(status.success(), "integration/fleet {args:?}");
-}
 
 fn microservice(name: &str) -> Microservice {
     from_json(json!({
@@ -74,14 +65,8 @@ async fn a_stopped_member_is_unreachable_others_keep_pace_and_it_recovers() {
     let mut baseline = latencies(&api1, "base1", 5).await;
     baseline.extend(latencies(&api3, "base3", 5).await);
 
-    fleet(&["stop", "member-2"]);
-    struct Restart;
-    impl Drop for Restart {
-        fn drop(&mut self) {
-            fleet(&["start", "member-2"]);
-        }
-    }
-    let restart = Restart;
+    // Started again when dropped, whatever happens below.
+    let restart = StoppedMember::stop("member-2");
 
     // Every replica reports member-2 Unreachable.
     eventually(

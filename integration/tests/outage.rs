@@ -4,35 +4,19 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
-use support::{client, eventually, fleet_script};
-
-fn fleet(args: &[&str]) {
-    let status = Command::new(fleet_script())
-        .args(args)
-        .status()
-        .expect("run integration/fleet");
-    assert!(status.success(), "integration/fleet {args:?} failed");
-}
+use support::{StoppedMember, client, eventually};
 
 #[tokio::test]
 async fn stopped_member_fails_while_others_answer_then_recovers() {
     let member_1 = client("member-1").await;
     let member_2 = client("member-2").await;
 
-    fleet(&["stop", "member-2"]);
-    // Whatever happens below, bring member-2 back for the tests that follow.
-    struct Restart;
-    impl Drop for Restart {
-        fn drop(&mut self) {
-            fleet(&["start", "member-2"]);
-        }
-    }
-    let restart = Restart;
+    // Started again when dropped, whatever happens below.
+    let restart = StoppedMember::stop("member-2");
 
     let err = Api::<Namespace>::all(member_2.clone())
         .get("default")

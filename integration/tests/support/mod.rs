@@ -406,3 +406,29 @@ pub fn audited_writes(cluster: &str, namespace: &str) -> Vec<AuditedWrite> {
     out.sort_by(|a, b| a.received.cmp(&b.received));
     out
 }
+
+/// Runs `integration/fleet ARGS`, failing the test if it fails.
+pub fn fleet_cmd(args: &[&str]) {
+    let status = std::process::Command::new(fleet_script())
+        .args(args)
+        .status()
+        .expect("run integration/fleet");
+    assert!(status.success(), "integration/fleet {args:?} failed");
+}
+
+/// Stops a member's apiserver; starts it again when dropped, whatever the
+/// test's outcome, so the tests that follow find the fleet whole.
+pub struct StoppedMember(&'static str);
+
+impl StoppedMember {
+    pub fn stop(cluster: &'static str) -> Self {
+        fleet_cmd(&["stop", cluster]);
+        StoppedMember(cluster)
+    }
+}
+
+impl Drop for StoppedMember {
+    fn drop(&mut self) {
+        fleet_cmd(&["start", self.0]);
+    }
+}
