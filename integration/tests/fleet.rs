@@ -17,28 +17,22 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use support::{audited_writes, client, eventually, from_json, kubeconfig_path, wait_all_true};
+use support::{
+    audited_writes, client, eventually, from_json, kubeconfig_path, microservice, wait_all_true,
+};
 use tokio::time::Instant;
 
 use flotilla::crd::Microservice;
 
-fn microservice(name: &str, image: &str) -> Microservice {
-    from_json(json!({
-        "apiVersion": "platform.example.io/v1alpha1", "kind": "Microservice",
-        "metadata": {"name": name},
-        "spec": {"image": image, "port": 8080, "replicas": 1},
-    }))
-}
-
 #[tokio::test]
 async fn three_replicas_lead_one_member_each_and_every_member_converges() {
-    let clients = member_clients().await;
-    let (ns, _guards) = namespaces(&clients, "fleet-basic").await;
-    let mut replicas = Replicas::new(&ns, &MEMBERS);
-    for id in ["r1", "r2", "r3"] {
-        replicas.start(id);
-    }
-    let held = balanced(&clients, &replicas.lease_name(), &["r1", "r2", "r3"]).await;
+    let ThreeReplicaFleet {
+        clients,
+        namespace: ns,
+        guards: _guards,
+        replicas,
+        held,
+    } = three_replica_fleet("fleet-basic").await;
     let distinct: BTreeSet<&String> = held.values().collect();
     assert_eq!(
         distinct.len(),
@@ -50,7 +44,7 @@ async fn three_replicas_lead_one_member_each_and_every_member_converges() {
         Api::<Microservice>::namespaced(c.clone(), &ns)
             .create(
                 &PostParams::default(),
-                &microservice("todo-api", "ghcr.io/acme/todo:1"),
+                &microservice("todo-api", "ghcr.io/acme/todo:1", 8080, Some(1)),
             )
             .await
             .expect("create");
@@ -89,18 +83,18 @@ async fn three_replicas_lead_one_member_each_and_every_member_converges() {
 
 #[tokio::test]
 async fn kill_9_moves_a_members_leadership_and_pending_changes_converge() {
-    let clients = member_clients().await;
-    let (ns, _guards) = namespaces(&clients, "fleet-kill").await;
-    let mut replicas = Replicas::new(&ns, &MEMBERS);
-    for id in ["r1", "r2", "r3"] {
-        replicas.start(id);
-    }
-    let held = balanced(&clients, &replicas.lease_name(), &["r1", "r2", "r3"]).await;
+    let ThreeReplicaFleet {
+        clients,
+        namespace: ns,
+        guards: _guards,
+        mut replicas,
+        held,
+    } = three_replica_fleet("fleet-kill").await;
     let member1 = &clients["member-1"];
     let api = Api::<Microservice>::namespaced(member1.clone(), &ns);
     api.create(
         &PostParams::default(),
-        &microservice("web", "ghcr.io/acme/web:1"),
+        &microservice("web", "ghcr.io/acme/web:1", 8080, Some(1)),
     )
     .await
     .expect("create");
@@ -195,13 +189,13 @@ async fn kill_9_moves_a_members_leadership_and_pending_changes_converge() {
 
 #[tokio::test]
 async fn sigterm_releases_leases_for_a_fast_handoff() {
-    let clients = member_clients().await;
-    let (ns, _guards) = namespaces(&clients, "fleet-term").await;
-    let mut replicas = Replicas::new(&ns, &MEMBERS);
-    for id in ["r1", "r2", "r3"] {
-        replicas.start(id);
-    }
-    let held = balanced(&clients, &replicas.lease_name(), &["r1", "r2", "r3"]).await;
+    let ThreeReplicaFleet {
+        clients,
+        namespace: _ns,
+        guards: _guards,
+        mut replicas,
+        held,
+    } = three_replica_fleet("fleet-term").await;
     let member2 = &clients["member-2"];
     let leaving = held["member-2"].clone();
     let started = Instant::now();
@@ -275,7 +269,7 @@ async fn kubeconfig_files_added_removed_or_broken_at_runtime() {
     let api = Api::<Microservice>::namespaced(clients["member-3"].clone(), &ns);
     api.create(
         &PostParams::default(),
-        &microservice("api", "ghcr.io/acme/api:1"),
+        &microservice("api", "ghcr.io/acme/api:1", 8080, Some(1)),
     )
     .await
     .expect("create");

@@ -9,20 +9,11 @@ use std::time::Duration;
 
 use kube::Api;
 use kube::api::PostParams;
-use serde_json::json;
 use support::replicas::*;
-use support::{StoppedMember, client, eventually, from_json, wait_all_true};
+use support::{StoppedMember, client, eventually, microservice, wait_all_true};
 use tokio::time::Instant;
 
 use flotilla::crd::Microservice;
-
-fn microservice(name: &str) -> Microservice {
-    from_json(json!({
-        "apiVersion": "platform.example.io/v1alpha1", "kind": "Microservice",
-        "metadata": {"name": name},
-        "spec": {"image": "ghcr.io/acme/o:1", "port": 8080, "replicas": 1},
-    }))
-}
 
 /// Seconds from create to Reconciled=True, for `n` Microservices in turn.
 async fn latencies(api: &Api<Microservice>, prefix: &str, n: usize) -> Vec<f64> {
@@ -30,9 +21,12 @@ async fn latencies(api: &Api<Microservice>, prefix: &str, n: usize) -> Vec<f64> 
     for i in 0..n {
         let name = format!("{prefix}-{i}");
         let t = Instant::now();
-        api.create(&PostParams::default(), &microservice(&name))
-            .await
-            .expect("create");
+        api.create(
+            &PostParams::default(),
+            &microservice(&name, "ghcr.io/acme/o:1", 8080, Some(1)),
+        )
+        .await
+        .expect("create");
         eventually("reconciled", Duration::from_secs(60), || async {
             let ms = api.get(&name).await.ok()?;
             let st = ms.status?;
@@ -53,13 +47,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[tokio::test]
 async fn a_stopped_member_is_unreachable_others_keep_pace_and_it_recovers() {
-    let clients = member_clients().await;
-    let (ns, _guards) = namespaces(&clients, "fleet-outage").await;
-    let mut replicas = Replicas::new(&ns, &MEMBERS);
-    for id in ["r1", "r2", "r3"] {
-        replicas.start(id);
-    }
-    balanced(&clients, &replicas.lease_name(), &["r1", "r2", "r3"]).await;
+    let ThreeReplicaFleet {
+        clients,
+        namespace: ns,
+        guards: _guards,
+        replicas,
+        ..
+    } = three_replica_fleet("fleet-outage").await;
     let api1 = Api::<Microservice>::namespaced(clients["member-1"].clone(), &ns);
     let api3 = Api::<Microservice>::namespaced(clients["member-3"].clone(), &ns);
     let mut baseline = latencies(&api1, "base1", 5).await;
@@ -100,9 +94,12 @@ async fn a_stopped_member_is_unreachable_others_keep_pace_and_it_recovers() {
     // After the restart, member-2 is led and reconciled again with no manual step.
     drop(restart);
     let api2 = Api::<Microservice>::namespaced(client("member-2").await, &ns);
-    api2.create(&PostParams::default(), &microservice("after"))
-        .await
-        .expect("create in member-2");
+    api2.create(
+        &PostParams::default(),
+        &microservice("after", "ghcr.io/acme/o:1", 8080, Some(1)),
+    )
+    .await
+    .expect("create in member-2");
     wait_all_true(&api2, 1, "Reconciled", Duration::from_secs(60)).await;
     let lease = replicas.lease_name();
     let m2 = client("member-2").await;

@@ -19,8 +19,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
 use support::{
-    Operator, TestNamespace, client, counting_client, ensure_crd, eventually, from_json, settings,
-    wait_all_true,
+    Operator, TestNamespace, client, counting_client, ensure_crd, eventually, from_json,
+    microservice, settings, wait_all_true,
 };
 use tokio::sync::{Notify, oneshot};
 
@@ -36,19 +36,6 @@ async fn setup(prefix: &str) -> (Client, TestNamespace) {
     ensure_crd(&client).await;
     let ns = TestNamespace::create(&client, CLUSTER, prefix).await;
     (client, ns)
-}
-
-fn microservice(name: &str, image: &str, port: i32, replicas: Option<i32>) -> Microservice {
-    let mut spec = json!({"image": image, "port": port});
-    if let Some(r) = replicas {
-        spec["replicas"] = json!(r);
-    }
-    from_json(json!({
-        "apiVersion": "platform.example.io/v1alpha1",
-        "kind": "Microservice",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
 }
 
 /// Waits until `name` has condition `type_` with `status` (and `reason`, if

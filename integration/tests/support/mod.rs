@@ -432,3 +432,22 @@ impl Drop for StoppedMember {
         fleet_cmd(&["start", self.0]);
     }
 }
+
+/// A Microservice manifest; `replicas: None` leaves the CRD default.
+pub fn microservice(
+    name: &str,
+    image: &str,
+    port: i32,
+    replicas: Option<i32>,
+) -> flotilla::crd::Microservice {
+    let mut spec = serde_json::json!({"image": image, "port": port});
+    if let Some(r) = replicas {
+        spec["replicas"] = serde_json::json!(r);
+    }
+    from_json(serde_json::json!({
+        "apiVersion": "platform.example.io/v1alpha1",
+        "kind": "Microservice",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+}

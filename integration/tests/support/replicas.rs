@@ -202,3 +202,33 @@ pub async fn balanced(
     )
     .await
 }
+
+pub const REPLICA_IDS: [&str; 3] = ["r1", "r2", "r3"];
+
+/// Three replicas over the three members, settled: one leader per member.
+pub struct ThreeReplicaFleet {
+    pub clients: BTreeMap<&'static str, Client>,
+    pub namespace: String,
+    /// Keeps the test namespaces alive (home and every member).
+    pub guards: Vec<TestNamespace>,
+    pub replicas: Replicas,
+    /// Member -> the replica that leads it.
+    pub held: BTreeMap<String, String>,
+}
+
+pub async fn three_replica_fleet(prefix: &str) -> ThreeReplicaFleet {
+    let clients = member_clients().await;
+    let (namespace, guards) = namespaces(&clients, prefix).await;
+    let mut replicas = Replicas::new(&namespace, &MEMBERS);
+    for id in REPLICA_IDS {
+        replicas.start(id);
+    }
+    let held = balanced(&clients, &replicas.lease_name(), &REPLICA_IDS).await;
+    ThreeReplicaFleet {
+        clients,
+        namespace,
+        guards,
+        replicas,
+        held,
+    }
+}
