@@ -10,6 +10,7 @@ use kube::{Client, Config};
 
 use flotilla::cli::parse_duration;
 use flotilla::domain::desired::PlatformDefaults;
+use flotilla::fleet::client_budget::Budget;
 use flotilla::fleet::cluster::ReplicaSettings;
 use flotilla::fleet::election::Timings;
 use flotilla::fleet::runtime::FleetOptions;
@@ -106,6 +107,12 @@ struct RunArgs {
         default_value = "http://otel-collector.observability.svc:4317"
     )]
     workload_otlp_endpoint: String,
+    /// Fleet mode: average requests per second to each member cluster.
+    #[arg(long, env = "FLOTILLA_CLUSTER_QPS", default_value_t = Budget::default().qps)]
+    cluster_qps: f64,
+    /// Fleet mode: requests each member cluster may get at once after a quiet spell.
+    #[arg(long, env = "FLOTILLA_CLUSTER_BURST", default_value_t = Budget::default().burst)]
+    cluster_burst: u32,
     /// This replica's identity, stamped on every write.
     #[arg(long, env = "FLOTILLA_REPLICA_ID")]
     replica_id: Option<String>,
@@ -161,6 +168,11 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     }
     .validate()
     .map_err(|e| format!("lease timings: {e}"))?;
+    let budget = Budget {
+        qps: args.cluster_qps,
+        burst: args.cluster_burst,
+    };
+    budget.validate()?;
     if let Some(dir) = &dir
         && !dir.is_dir()
     {
@@ -182,6 +194,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             takeover_grace: args.takeover_grace,
             resync: args.resync,
             namespace: args.namespace.clone(),
+            budget,
             defaults: PlatformDefaults {
                 otlp_endpoint: args.workload_otlp_endpoint,
                 ..PlatformDefaults::default()

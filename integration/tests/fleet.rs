@@ -18,7 +18,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use support::{
-    audited_writes, client, eventually, from_json, kubeconfig_path, microservice, wait_all_true,
+    assert_one_writer_at_a_time, client, eventually, from_json, kubeconfig_path, microservice,
+    wait_all_true,
 };
 use tokio::time::Instant;
 
@@ -144,26 +145,12 @@ async fn kill_9_moves_a_members_leadership_and_pending_changes_converge() {
     .await;
     wait_all_true(&api, 1, "Reconciled", Duration::from_secs(30)).await;
 
-    // The audit log shows one writer at a time: every write of the killed
-    // replica comes before the first write of its successor.
-    let writes: Vec<_> = audited_writes("member-1", &ns)
-        .into_iter()
-        .filter(|w| w.user_agent.starts_with("flotilla/"))
-        .collect();
+    // The audit log shows one writer at a time: the killed replica, then its successor.
     let by = |id: &str| format!("flotilla/{id}");
-    let last_old = writes.iter().rposition(|w| w.user_agent == by(&victim));
-    let first_new = writes.iter().position(|w| w.user_agent == by(&new));
-    assert!(
-        last_old.is_some(),
-        "the first leader's writes are audited: {writes:?}"
-    );
-    assert!(
-        first_new.is_some(),
-        "the new leader's writes are audited: {writes:?}"
-    );
-    assert!(
-        last_old < first_new,
-        "writers overlap in member-1: {writes:#?}"
+    assert_eq!(
+        assert_one_writer_at_a_time("member-1", &ns),
+        vec![by(&victim), by(&new)],
+        "member-1's writers, in order"
     );
     // The other members saw no leadership change and no second writer.
     for m in &untouched {
@@ -172,31 +159,29 @@ async fn kill_9_moves_a_members_leadership_and_pending_changes_converge() {
             Some(&held[*m]),
             "{m} changed leader"
         );
-        let other: BTreeSet<String> = audited_writes(m, &ns)
-            .into_iter()
-            .map(|w| w.user_agent)
-            .filter(|ua| ua.starts_with("flotilla/"))
-            .collect();
-        assert!(other.len() <= 1, "{m} had several writers: {other:?}");
+        let writers = assert_one_writer_at_a_time(m, &ns);
+        assert!(writers.len() <= 1, "{m} had several writers: {writers:?}");
     }
-    let writers: BTreeSet<&str> = writes.iter().map(|w| w.user_agent.as_str()).collect();
-    assert_eq!(
-        writers,
-        BTreeSet::from([by(&victim).as_str(), by(&new).as_str()]),
-        "{writes:#?}"
-    );
 }
 
 #[tokio::test]
 async fn sigterm_releases_leases_for_a_fast_handoff() {
     let ThreeReplicaFleet {
         clients,
-        namespace: _ns,
+        namespace: ns,
         guards: _guards,
         mut replicas,
         held,
     } = three_replica_fleet("fleet-term").await;
     let member2 = &clients["member-2"];
+    let api = Api::<Microservice>::namespaced(member2.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &microservice("before", "ghcr.io/acme/t:1", 8080, Some(1)),
+    )
+    .await
+    .expect("create");
+    wait_all_true(&api, 1, "Reconciled", Duration::from_secs(60)).await;
     let leaving = held["member-2"].clone();
     let started = Instant::now();
     let mut child = replicas.sigterm(&leaving);
@@ -214,6 +199,21 @@ async fn sigterm_releases_leases_for_a_fast_handoff() {
         "a SIGTERM'd replica exits cleanly: {status:?}"
     );
     assert!(replicas_log_contains(&replicas, &leaving, "lease released"));
+
+    // The successor writes, and never alongside the replica that left.
+    api.create(
+        &PostParams::default(),
+        &microservice("after", "ghcr.io/acme/t:1", 8080, Some(1)),
+    )
+    .await
+    .expect("create");
+    wait_all_true(&api, 2, "Reconciled", Duration::from_secs(60)).await;
+    let by = |id: &str| format!("flotilla/{id}");
+    assert_eq!(
+        assert_one_writer_at_a_time("member-2", &ns),
+        vec![by(&leaving), by(&new)],
+        "member-2's writers, in order"
+    );
 }
 
 fn replicas_log_contains(r: &Replicas, id: &str, needle: &str) -> bool {
@@ -332,4 +332,28 @@ async fn a_labelled_secret_in_the_home_namespace_registers_a_member() {
             .then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn each_member_client_is_held_to_its_request_budget() {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig_path("member-1")).unwrap();
+    let budget = flotilla::fleet::client_budget::Budget {
+        qps: 10.0,
+        burst: 5,
+    };
+    let limited = flotilla::fleet::cluster::client_for(kubeconfig, "budget-test", budget)
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(limited, "kube-system");
+    let start = Instant::now();
+    for _ in 0..20 {
+        leases.list(&Default::default()).await.unwrap();
+    }
+    // Five at once, then five per half second: the last window opens at 1.5 s.
+    // This is a lower bound the limiter guarantees, not a speed goal.
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400),
+        "20 requests under 10 qps / burst 5 finished in {took:?}"
+    );
 }

@@ -10,7 +10,9 @@ use std::time::Duration;
 use kube::Api;
 use kube::api::PostParams;
 use support::replicas::*;
-use support::{StoppedMember, client, eventually, microservice, wait_all_true};
+use support::{
+    StoppedMember, assert_one_writer_at_a_time, client, eventually, microservice, wait_all_true,
+};
 use tokio::time::Instant;
 
 use flotilla::crd::Microservice;
@@ -107,4 +109,11 @@ async fn a_stopped_member_is_unreachable_others_keep_pace_and_it_recovers() {
         holder(&m2, &lease).await
     })
     .await;
+    for m in ["member-1", "member-2", "member-3"] {
+        let writers = assert_one_writer_at_a_time(m, &ns);
+        assert!(
+            !writers.is_empty(),
+            "{m}: the operator's writes are audited"
+        );
+    }
 }

@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::PostParams;
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::client_budget::Budget;
 use super::election::Timings;
 use super::elector::{Elector, Leadership, release};
 use super::lease_store::KubeLeaseStore;
@@ -54,6 +56,8 @@ pub struct ReplicaSettings {
     pub defaults: PlatformDefaults,
     /// Reconcile one namespace only in every member; `None` reconciles all.
     pub namespace: Option<String>,
+    /// Every member cluster's client gets a budget of this size.
+    pub budget: Budget,
 }
 
 fn set_state(board: &StatusBoard, cluster: &str, state: ClusterState) {
@@ -66,7 +70,12 @@ fn set_state(board: &StatusBoard, cluster: &str, state: ClusterState) {
 }
 
 /// A client with this replica's user agent, so audit logs name the writer.
-pub async fn client_for(kubeconfig: Kubeconfig, replica_id: &str) -> Result<Client, String> {
+/// Its requests are held to the cluster's own budget.
+pub async fn client_for(
+    kubeconfig: Kubeconfig,
+    replica_id: &str,
+    budget: Budget,
+) -> Result<Client, String> {
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| format!("kubeconfig is not usable: {}", redact(&e.to_string())))?;
@@ -74,7 +83,9 @@ pub async fn client_for(kubeconfig: Kubeconfig, replica_id: &str) -> Result<Clie
     let value = http::HeaderValue::from_str(&agent)
         .map_err(|_| format!("replica id {replica_id:?} is not a valid header value"))?;
     config.headers.push((http::header::USER_AGENT, value));
-    Client::try_from(config).map_err(|e| format!("client: {}", redact(&e.to_string())))
+    let builder = ClientBuilder::try_from(config)
+        .map_err(|e| format!("client: {}", redact(&e.to_string())))?;
+    Ok(builder.with_layer(&budget.layer()).build())
 }
 
 /// Keeps error messages about kubeconfigs short and free of embedded data.
@@ -114,7 +125,7 @@ pub async fn run(
     board: StatusBoard,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let client = match client_for(kubeconfig, &settings.replica_id).await {
+    let client = match client_for(kubeconfig, &settings.replica_id, settings.budget).await {
         Ok(c) => c,
         Err(reason) => {
             set_state(&board, &name, ClusterState::Invalid { reason });

@@ -1,6 +1,7 @@
 //! The fleet: the cluster registry, replica heartbeats, balanced sharding
 //! and one leader per member cluster through its Lease.
 
+pub mod client_budget;
 pub mod cluster;
 pub mod election;
 pub mod elector;

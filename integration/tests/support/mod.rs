@@ -407,6 +407,29 @@ pub fn audited_writes(cluster: &str, namespace: &str) -> Vec<AuditedWrite> {
     out
 }
 
+/// The split-brain check: operator writes to `namespace` in `cluster` come
+/// in one unbroken run per writer, so no two replicas' leadership
+/// intervals overlap there. Returns the writers in the order they took over.
+pub fn assert_one_writer_at_a_time(cluster: &str, namespace: &str) -> Vec<String> {
+    let writes: Vec<AuditedWrite> = audited_writes(cluster, namespace)
+        .into_iter()
+        .filter(|w| w.user_agent.starts_with("flotilla/"))
+        .collect();
+    let mut runs: Vec<String> = Vec::new();
+    for w in &writes {
+        if runs.last() != Some(&w.user_agent) {
+            assert!(
+                !runs.contains(&w.user_agent),
+                "split brain in {cluster}: {} wrote again after {:?} took over: {writes:#?}",
+                w.user_agent,
+                runs.last()
+            );
+            runs.push(w.user_agent.clone());
+        }
+    }
+    runs
+}
+
 /// Runs `integration/fleet ARGS`, failing the test if it fails.
 pub fn fleet_cmd(args: &[&str]) {
     let status = std::process::Command::new(fleet_script())
