@@ -1,8 +1,10 @@
 //! Flotilla: a multi-cluster fleet operator.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod cli;
 pub mod crd;
 pub mod domain;
 pub mod fleet;
 pub mod reconciler;
+pub mod status;

@@ -8,13 +8,17 @@ use clap::{Parser, Subcommand, ValueEnum};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
+use flotilla::api::client::ClientOptions;
+use flotilla::api::server::{ServerOptions, TlsFiles};
 use flotilla::cli::parse_duration;
+use flotilla::cli::remote::{self, Format};
 use flotilla::domain::desired::PlatformDefaults;
 use flotilla::fleet::client_budget::Budget;
 use flotilla::fleet::cluster::ReplicaSettings;
 use flotilla::fleet::election::Timings;
 use flotilla::fleet::runtime::FleetOptions;
 use flotilla::reconciler::{self, Hooks, Settings, WriterIdentity};
+use flotilla::status::hub::Hub;
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +52,84 @@ enum Command {
     Crd,
     /// Run the operator.
     Run(Box<RunArgs>),
+    /// List the member clusters, as a replica sees them.
+    Clusters(RemoteArgs),
+    /// Show Microservices across the fleet: one (NAMESPACE/NAME) or all.
+    Status(StatusArgs),
+    /// Wait until a rollout is done in every cluster. Exit codes: 0 done,
+    /// 1 failed in some cluster, 2 timed out, 3 could not ask.
+    Wait(WaitArgs),
+}
+
+#[derive(clap::Args)]
+struct RemoteArgs {
+    /// A replica's gRPC address: http://HOST:PORT (plaintext) or https://HOST:PORT.
+    #[arg(
+        long,
+        env = "FLOTILLA_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    server: String,
+    /// CA that signed the server's certificate (https).
+    #[arg(long, env = "FLOTILLA_CA")]
+    ca: Option<PathBuf>,
+    /// Client certificate and key, for servers that require mTLS.
+    #[arg(long, env = "FLOTILLA_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    #[arg(long, env = "FLOTILLA_KEY", requires = "cert")]
+    key: Option<PathBuf>,
+    /// The name the server certificate carries, when it is not the host.
+    #[arg(long, env = "FLOTILLA_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
+    /// A file holding the bearer token.
+    #[arg(long, env = "FLOTILLA_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    output: OutputFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(clap::Args)]
+struct StatusArgs {
+    /// NAMESPACE/NAME; all Microservices when omitted.
+    target: Option<String>,
+    /// Only this namespace (when listing).
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
+    /// Only Microservices matching this label selector (when listing).
+    #[arg(short = 'l', long)]
+    selector: Option<String>,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+#[derive(clap::Args)]
+struct WaitArgs {
+    /// NAMESPACE/NAME
+    target: String,
+    /// Done when this image is in the spec and that generation is Available.
+    #[arg(
+        long,
+        conflicts_with = "generation",
+        required_unless_present = "generation"
+    )]
+    image: Option<String>,
+    /// Done when the generation is at least this, observed and Available.
+    #[arg(long)]
+    generation: Option<i64>,
+    /// Only these clusters (repeatable); every cluster that has it by default.
+    #[arg(long = "cluster")]
+    clusters: Vec<String>,
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    timeout: Duration,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 #[derive(clap::Args)]
@@ -113,6 +195,29 @@ struct RunArgs {
     /// Fleet mode: requests each member cluster may get at once after a quiet spell.
     #[arg(long, env = "FLOTILLA_CLUSTER_BURST", default_value_t = Budget::default().burst)]
     cluster_burst: u32,
+    /// Fleet mode: where the gRPC status API listens.
+    #[arg(long, env = "FLOTILLA_GRPC_ADDR", default_value = "0.0.0.0:50051")]
+    grpc_addr: std::net::SocketAddr,
+    /// The server certificate and key (PEM) for gRPC over TLS.
+    #[arg(long, env = "FLOTILLA_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    grpc_tls_cert: Option<PathBuf>,
+    #[arg(long, env = "FLOTILLA_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    grpc_tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (mTLS).
+    #[arg(long, env = "FLOTILLA_GRPC_CLIENT_CA", requires = "grpc_tls_cert")]
+    grpc_client_ca: Option<PathBuf>,
+    /// Require `authorization: Bearer <token>` with the token in this file.
+    #[arg(long, env = "FLOTILLA_GRPC_TOKEN_FILE")]
+    grpc_token_file: Option<PathBuf>,
+    /// Serve gRPC in plaintext (local development only).
+    #[arg(long, env = "FLOTILLA_GRPC_INSECURE")]
+    grpc_insecure: bool,
+    /// Serve gRPC server reflection.
+    #[arg(long, env = "FLOTILLA_GRPC_REFLECTION")]
+    grpc_reflection: bool,
+    /// The longest a WaitForRollout call may run.
+    #[arg(long, env = "FLOTILLA_GRPC_MAX_WAIT", default_value = "1h", value_parser = parse_duration)]
+    grpc_max_wait: Duration,
     /// This replica's identity, stamped on every write.
     #[arg(long, env = "FLOTILLA_REPLICA_ID")]
     replica_id: Option<String>,
@@ -181,7 +286,12 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             dir.display()
         ));
     }
+    let grpc = grpc_options(&args)?;
+    let listener = flotilla::api::server::bind(&grpc)
+        .await
+        .map_err(|e| e.to_string())?;
     let home = client_for(args.home_kubeconfig.as_ref()).await?;
+    let hub = Hub::new(&replica_id);
     let options = FleetOptions {
         home,
         home_namespace: args.home_namespace,
@@ -201,11 +311,126 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             },
         },
         rescan: Duration::from_secs(2),
+        hub: hub.clone(),
     };
-    tracing::info!(replica = %options.replica.replica_id, "starting fleet replica");
-    flotilla::fleet::runtime::run(options, shutdown_signal()).await;
+    tracing::info!(replica = %options.replica.replica_id, grpc = %grpc.addr, "starting fleet replica");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        stop_tx.send(true).ok();
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        rx.wait_for(|s| *s).await.ok();
+    };
+    let server = tokio::spawn(flotilla::api::server::serve(
+        hub,
+        grpc,
+        listener,
+        stopped(stop_rx.clone()),
+    ));
+    flotilla::fleet::runtime::run(options, stopped(stop_rx)).await;
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "gRPC server failed"),
+        Err(e) => tracing::error!(error = %e, "gRPC server task failed"),
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+fn read_token(path: &PathBuf, flag: &str) -> Result<String, String> {
+    let token =
+        std::fs::read_to_string(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    let token = token.trim().to_string();
+    if token.is_empty() {
+        return Err(format!("{flag} {} is empty", path.display()));
+    }
+    Ok(token)
+}
+
+fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
+    let mut o = ServerOptions::new(args.grpc_addr);
+    o.insecure = args.grpc_insecure;
+    o.reflection = args.grpc_reflection;
+    o.max_wait = args.grpc_max_wait;
+    o.token = match &args.grpc_token_file {
+        Some(p) => Some(read_token(p, "--grpc-token-file")?),
+        None => None,
+    };
+    if let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) {
+        o.tls = Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.grpc_client_ca.clone(),
+        });
+    }
+    o.validate().map_err(|e| e.to_string())?;
+    Ok(o)
+}
+
+fn client_options(r: &RemoteArgs) -> Result<(ClientOptions, Format), String> {
+    let token = match &r.token_file {
+        Some(p) => Some(read_token(p, "--token-file")?),
+        None => None,
+    };
+    let format = match r.output {
+        OutputFormat::Table => Format::Table,
+        OutputFormat::Json => Format::Json,
+    };
+    Ok((
+        ClientOptions {
+            server: r.server.clone(),
+            ca: r.ca.clone(),
+            cert: r.cert.clone(),
+            key: r.key.clone(),
+            tls_server_name: r.tls_server_name.clone(),
+            token,
+        },
+        format,
+    ))
+}
+
+/// The status commands; returns the process exit code.
+async fn remote(command: Command) -> u8 {
+    let outcome: Result<u8, String> = async {
+        match command {
+            Command::Clusters(r) => {
+                let (o, f) = client_options(&r)?;
+                remote::clusters(&o, f).await.map(|()| 0)
+            }
+            Command::Status(a) => {
+                let (o, f) = client_options(&a.remote)?;
+                let key = a.target.as_deref().map(remote::split_key).transpose()?;
+                remote::status(&o, f, key, a.namespace, a.selector)
+                    .await
+                    .map(|()| 0)
+            }
+            Command::Wait(a) => {
+                let (o, f) = client_options(&a.remote)?;
+                let (namespace, name) = remote::split_key(&a.target)?;
+                use flotilla::api::pb::wait_for_rollout_request::Target;
+                let target = match (a.image, a.generation) {
+                    (Some(i), _) => Target::Image(i),
+                    (None, Some(g)) => Target::Generation(g),
+                    (None, None) => return Err("--image or --generation is required".into()),
+                };
+                let w = remote::WaitFor {
+                    namespace,
+                    name,
+                    target,
+                    clusters: a.clusters,
+                    timeout: a.timeout,
+                };
+                remote::wait(&o, f, w).await
+            }
+            _ => Err("not a status command".into()),
+        }
+    }
+    .await;
+    outcome.unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        remote::exit::ERROR
+    })
 }
 
 async fn run(args: RunArgs) -> Result<(), String> {
@@ -250,6 +475,16 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        command @ (Command::Clusters(_) | Command::Status(_) | Command::Wait(_)) => {
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: tokio runtime: {e}");
+                    return ExitCode::from(remote::exit::ERROR);
+                }
+            };
+            ExitCode::from(runtime.block_on(remote(command)))
+        }
         Command::Run(args) => {
             init_logging(cli.log_format);
             let runtime = match tokio::runtime::Runtime::new() {

@@ -15,6 +15,8 @@ use support::{
 };
 use tokio::time::Instant;
 
+use flotilla::api::client::{ClientOptions, connect};
+use flotilla::api::pb;
 use flotilla::crd::Microservice;
 
 /// Seconds from create to Reconciled=True, for `n` Microservices in turn.
@@ -61,8 +63,83 @@ async fn a_stopped_member_is_unreachable_others_keep_pace_and_it_recovers() {
     let mut baseline = latencies(&api1, "base1", 5).await;
     baseline.extend(latencies(&api3, "base3", 5).await);
 
+    // A Microservice in every member, done everywhere, as the API reports it.
+    for c in clients.values() {
+        Api::<Microservice>::namespaced(c.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &microservice("probe", "ghcr.io/acme/p:1", 8080, Some(1)),
+            )
+            .await
+            .expect("create probe");
+    }
+    let mut grpc = connect(&ClientOptions {
+        server: replicas.grpc_url("r1"),
+        ..Default::default()
+    })
+    .await
+    .expect("gRPC");
+    let get = pb::GetMicroserviceRequest {
+        namespace: ns.clone(),
+        name: "probe".into(),
+    };
+    eventually("probe done in 3 clusters", Duration::from_secs(60), || {
+        let (mut grpc, get) = (grpc.clone(), get.clone());
+        async move {
+            let m = grpc.get_microservice(get).await.ok()?.into_inner();
+            m.aggregate?.all_done.then_some(())
+        }
+    })
+    .await;
+
     // Started again when dropped, whatever happens below.
     let restart = StoppedMember::stop("member-2");
+    let stopped_at = std::time::SystemTime::now();
+
+    // The API turns member-2's entry Unknown, with when it was last seen;
+    // the others stay Done.
+    let m = eventually("member-2's entry Unknown", Duration::from_secs(20), || {
+        let (mut grpc, get) = (grpc.clone(), get.clone());
+        async move {
+            let m = grpc.get_microservice(get).await.ok()?.into_inner();
+            m.clusters
+                .iter()
+                .any(|e| e.cluster == "member-2" && e.state == pb::EntryState::Unknown as i32)
+                .then_some(m)
+        }
+    })
+    .await;
+    for e in &m.clusters {
+        if e.cluster == "member-2" {
+            assert_eq!(e.reachability, pb::Reachability::Unreachable as i32);
+            let seen = e.last_seen.expect("last seen");
+            let seen = std::time::UNIX_EPOCH + Duration::from_secs(seen.seconds as u64);
+            assert!(
+                seen <= stopped_at + Duration::from_secs(1),
+                "last seen after the stop"
+            );
+            assert!(
+                seen + Duration::from_secs(30) >= stopped_at,
+                "last seen long before the stop"
+            );
+        } else {
+            assert_eq!(e.state, pb::EntryState::Done as i32, "{e:?}");
+        }
+    }
+    let aggregate = m.aggregate.unwrap();
+    assert_eq!((aggregate.done, aggregate.unknown), (2, 1));
+    let listed = grpc
+        .list_clusters(pb::ListClustersRequest {})
+        .await
+        .expect("clusters")
+        .into_inner();
+    let m2 = listed
+        .clusters
+        .iter()
+        .find(|c| c.name == "member-2")
+        .unwrap();
+    assert_eq!(m2.reachability, pb::Reachability::Unreachable as i32);
+    assert!(!m2.reason.is_empty());
 
     // Every replica reports member-2 Unreachable.
     eventually(
@@ -102,7 +179,7 @@ async fn a_stopped_member_is_unreachable_others_keep_pace_and_it_recovers() {
     )
     .await
     .expect("create in member-2");
-    wait_all_true(&api2, 1, "Reconciled", Duration::from_secs(60)).await;
+    wait_all_true(&api2, 2, "Reconciled", Duration::from_secs(60)).await;
     let lease = replicas.lease_name();
     let m2 = client("member-2").await;
     eventually("member-2 led again", Duration::from_secs(30), || async {

@@ -2,8 +2,8 @@
 //! controller only while this replica leads the cluster.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::PostParams;
@@ -20,6 +20,8 @@ use super::lease_store::KubeLeaseStore;
 use super::shard::should_contest;
 use crate::domain::desired::PlatformDefaults;
 use crate::reconciler::{self, Hooks, Settings, WriterIdentity};
+use crate::status::hub::Hub;
+use crate::status::view::Reach;
 
 /// What this replica knows about a cluster, for logs and the status API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub enum ClusterState {
         reason: String,
         last_seen: Option<Instant>,
     },
+    /// Answering again; who leads is up to the elector.
+    Reachable,
     Following {
         holder: Option<String>,
     },
@@ -39,8 +43,6 @@ pub enum ClusterState {
         epoch: i32,
     },
 }
-
-pub type StatusBoard = Arc<Mutex<BTreeMap<String, ClusterState>>>;
 
 /// What every cluster task of one replica shares.
 #[derive(Clone, Debug)]
@@ -60,13 +62,45 @@ pub struct ReplicaSettings {
     pub budget: Budget,
 }
 
-fn set_state(board: &StatusBoard, cluster: &str, state: ClusterState) {
-    if let Ok(mut b) = board.lock() {
-        if b.get(cluster) != Some(&state) {
-            tracing::info!(k8s.cluster.name = cluster, state = ?state, "cluster state");
-        }
-        b.insert(cluster.to_string(), state);
-    }
+fn set_state(hub: &Hub, cluster: &str, me: &str, state: ClusterState) {
+    hub.update(|ix| {
+        ix.update_cluster(cluster, "", |info| {
+            let before = info.clone();
+            match &state {
+                ClusterState::Invalid { reason } => {
+                    info.reach = Reach::Invalid;
+                    info.reason = reason.clone();
+                    info.synced = false;
+                }
+                ClusterState::Unreachable { reason, last_seen } => {
+                    info.reach = Reach::Unreachable;
+                    info.reason = reason.clone();
+                    info.last_seen = last_seen.map(|t| SystemTime::now() - t.elapsed());
+                }
+                ClusterState::Reachable => {
+                    info.reach = Reach::Reachable;
+                    info.reason.clear();
+                }
+                ClusterState::Following { holder } => {
+                    info.reach = Reach::Reachable;
+                    info.reason.clear();
+                    info.holder = holder.clone();
+                    info.epoch = None;
+                    info.led_here = false;
+                }
+                ClusterState::Leading { epoch } => {
+                    info.reach = Reach::Reachable;
+                    info.reason.clear();
+                    info.holder = Some(me.to_string());
+                    info.epoch = Some(*epoch);
+                    info.led_here = true;
+                }
+            }
+            if *info != before {
+                tracing::info!(k8s.cluster.name = cluster, state = ?state, "cluster state");
+            }
+        })
+    });
 }
 
 /// A client with this replica's user agent, so audit logs name the writer.
@@ -122,13 +156,18 @@ pub async fn run(
     kubeconfig: Kubeconfig,
     settings: ReplicaSettings,
     assignment: watch::Receiver<BTreeMap<String, String>>,
-    board: StatusBoard,
+    hub: Arc<Hub>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let client = match client_for(kubeconfig, &settings.replica_id, settings.budget).await {
         Ok(c) => c,
         Err(reason) => {
-            set_state(&board, &name, ClusterState::Invalid { reason });
+            set_state(
+                &hub,
+                &name,
+                &settings.replica_id,
+                ClusterState::Invalid { reason },
+            );
             return;
         }
     };
@@ -136,11 +175,15 @@ pub async fn run(
     let mut delay = Duration::from_millis(200);
     loop {
         match client.apiserver_version().await {
-            Ok(_) => break,
+            Ok(_) => {
+                set_state(&hub, &name, &settings.replica_id, ClusterState::Reachable);
+                break;
+            }
             Err(e) => {
                 set_state(
-                    &board,
+                    &hub,
                     &name,
+                    &settings.replica_id,
                     ClusterState::Unreachable {
                         reason: redact(&e.to_string()),
                         last_seen: None,
@@ -155,6 +198,13 @@ pub async fn run(
         }
     }
     ensure_namespace(&client, &settings.lease_namespace).await;
+    // The read-only status feed runs whether or not this replica leads.
+    let feed = tokio::spawn(crate::status::feed::run(
+        client.clone(),
+        name.clone(),
+        settings.namespace.clone(),
+        hub.clone(),
+    ));
 
     let store = KubeLeaseStore::new(
         client.clone(),
@@ -179,7 +229,7 @@ pub async fn run(
     // Reachability: a cluster whose Lease could not be read for a lease
     // duration is Unreachable, with the last time it answered.
     let contact = elector.last_contact();
-    let reach_board = board.clone();
+    let (reach_hub, reach_me) = (hub.clone(), settings.replica_id.clone());
     let (reach_name, reach_timings) = (name.clone(), settings.timings);
     let mut reach_stop = shutdown.clone();
     let reachability = tokio::spawn(async move {
@@ -193,19 +243,16 @@ pub async fn run(
             let silent = last.is_none_or(|t| t.elapsed() > reach_timings.lease_duration);
             if silent && !was_unreachable {
                 set_state(
-                    &reach_board,
+                    &reach_hub,
                     &reach_name,
+                    &reach_me,
                     ClusterState::Unreachable {
                         reason: "the cluster's Lease could not be read for a lease duration".into(),
                         last_seen: last,
                     },
                 );
             } else if !silent && was_unreachable {
-                set_state(
-                    &reach_board,
-                    &reach_name,
-                    ClusterState::Following { holder: None },
-                );
+                set_state(&reach_hub, &reach_name, &reach_me, ClusterState::Reachable);
                 tracing::info!(k8s.cluster.name = %reach_name, "cluster reachable again");
             }
             was_unreachable = silent;
@@ -220,7 +267,12 @@ pub async fn run(
         let state = leadership.borrow_and_update().clone();
         match state {
             Leadership::Leading { epoch, .. } if !*shutdown.borrow() => {
-                set_state(&board, &name, ClusterState::Leading { epoch });
+                set_state(
+                    &hub,
+                    &name,
+                    &settings.replica_id,
+                    ClusterState::Leading { epoch },
+                );
                 let mut s = Settings::new(
                     name.clone(),
                     WriterIdentity {
@@ -259,7 +311,12 @@ pub async fn run(
                 tracing::info!(k8s.cluster.name = %name, epoch, "leadership term over; writers stopped");
             }
             Leadership::Following { holder, .. } => {
-                set_state(&board, &name, ClusterState::Following { holder });
+                set_state(
+                    &hub,
+                    &name,
+                    &settings.replica_id,
+                    ClusterState::Following { holder },
+                );
             }
             Leadership::Leading { .. } => {}
         }
@@ -273,6 +330,7 @@ pub async fn run(
     }
     // Writers are stopped (the controller returned); now hand the Lease back.
     reachability.abort();
+    feed.abort();
     stop_elector_tx.send(true).ok();
     if let Ok((store, Some(held))) = elector_task.await {
         match release(&store, &held).await {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -13,10 +13,12 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::cluster::{self, ClusterState, ReplicaSettings, StatusBoard};
+use super::cluster::{self, ReplicaSettings};
 use super::registry::{self, Entry};
 use super::replicas;
 use super::shard::assign;
+use crate::status::hub::Hub;
+use crate::status::view::Reach;
 
 pub struct FleetOptions {
     pub home: Client,
@@ -27,6 +29,8 @@ pub struct FleetOptions {
     pub replica: ReplicaSettings,
     /// How often the kubeconfig directory is read again.
     pub rescan: Duration,
+    /// Where cluster states and every cluster's status go.
+    pub hub: Arc<Hub>,
 }
 
 struct Running {
@@ -44,11 +48,8 @@ async fn stop_cluster(name: &str, running: Running) {
 
 /// Runs until `shutdown` resolves; then stops every cluster's writers,
 /// releases their Leases and removes this replica's heartbeat.
-pub async fn run(
-    opts: FleetOptions,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> StatusBoard {
-    let board: StatusBoard = Arc::new(Mutex::new(BTreeMap::new()));
+pub async fn run(opts: FleetOptions, shutdown: impl std::future::Future<Output = ()>) {
+    let hub = opts.hub.clone();
     let me = opts.replica.replica_id.clone();
     // Empty until the heartbeats have been read: nobody is assigned anything yet.
     let (live_tx, live_rx) = watch::channel(BTreeSet::new());
@@ -112,13 +113,16 @@ pub async fn run(
                         tracing::info!(k8s.cluster.name = %name, "kubeconfig changed; restarting the cluster");
                         stop_cluster(name, old).await;
                     }
+                    hub.update(|ix| {
+                        ix.update_cluster(name, &f.source, |c| c.source = f.source.clone())
+                    });
                     let (stop, stop_rx) = watch::channel(false);
                     let task = tokio::spawn(cluster::run(
                         name.clone(),
                         kc.clone(),
                         opts.replica.clone(),
                         assignment_rx.clone(),
-                        board.clone(),
+                        hub.clone(),
                         stop_rx,
                     ));
                     running.insert(
@@ -134,20 +138,16 @@ pub async fn run(
                     if let Some(old) = running.remove(name) {
                         stop_cluster(name, old).await;
                     }
-                    if let Ok(mut b) = board.lock()
-                        && b.get(name)
-                            != Some(&ClusterState::Invalid {
-                                reason: reason.clone(),
-                            })
-                    {
-                        tracing::warn!(k8s.cluster.name = %name, reason = %reason, "cluster is Invalid");
-                        b.insert(
-                            name.clone(),
-                            ClusterState::Invalid {
-                                reason: reason.clone(),
-                            },
-                        );
-                    }
+                    hub.update(|ix| {
+                        ix.update_cluster(name, &f.source, |c| {
+                            if c.reach != Reach::Invalid || c.reason != *reason {
+                                tracing::warn!(k8s.cluster.name = %name, reason = %reason, "cluster is Invalid");
+                            }
+                            c.reach = Reach::Invalid;
+                            c.reason = reason.clone();
+                            c.synced = false;
+                        })
+                    });
                 }
                 _ => {}
             }
@@ -163,9 +163,10 @@ pub async fn run(
                 stop_cluster(&name, old).await;
             }
         }
-        if let Ok(mut b) = board.lock() {
-            b.retain(|n, _| found.contains_key(n));
-        }
+        hub.update(|ix| {
+            ix.retain_clusters(&found.keys().cloned().collect());
+            ix.registry_read();
+        });
 
         // The assignment follows the live replicas and the valid clusters.
         let live = live_rx.borrow_and_update().clone();
@@ -199,5 +200,4 @@ pub async fn run(
     if let Err(e) = heartbeat.await {
         tracing::error!(error = %e, "heartbeat task failed");
     }
-    board
 }

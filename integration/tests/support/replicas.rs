@@ -21,7 +21,19 @@ pub struct Replicas {
     pub fleet: String,
     pub dir: PathBuf,
     pub namespace: String,
+    /// gRPC flags besides the address; plaintext unless a test sets TLS.
+    pub grpc_args: Vec<String>,
+    /// Each running replica's gRPC port.
+    pub grpc_ports: BTreeMap<String, u16>,
     children: BTreeMap<String, Child>,
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
 }
 
 impl Replicas {
@@ -33,6 +45,8 @@ impl Replicas {
             fleet,
             dir,
             namespace: namespace.to_string(),
+            grpc_args: vec!["--grpc-insecure".into()],
+            grpc_ports: BTreeMap::new(),
             children: BTreeMap::new(),
         };
         for m in members {
@@ -54,6 +68,8 @@ impl Replicas {
             .join("logs")
             .join(format!("test-{}-{id}.log", self.fleet));
         let out = std::fs::File::create(&log).expect("replica log");
+        let port = free_port();
+        self.grpc_ports.insert(id.to_string(), port);
         let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .args(["run", "--kubeconfig-dir"])
             .arg(&self.dir)
@@ -78,6 +94,9 @@ impl Replicas {
                 "300ms",
             ])
             .args(["--takeover-grace", "3s", "--resync", "30s"])
+            .arg("--grpc-addr")
+            .arg(format!("127.0.0.1:{port}"))
+            .args(&self.grpc_args)
             .env("RUST_LOG", "info,kube=warn")
             .stdout(Stdio::null())
             .stderr(out)
@@ -105,6 +124,11 @@ impl Replicas {
     /// Process ids of the running replicas.
     pub fn pids(&self) -> Vec<u32> {
         self.children.values().map(Child::id).collect()
+    }
+
+    /// The replica's plaintext gRPC address.
+    pub fn grpc_url(&self, id: &str) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_ports[id])
     }
 
     pub fn lease_name(&self) -> String {

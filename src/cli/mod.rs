@@ -1,4 +1,8 @@
-//! Command-line parsing helpers.
+//! Command-line helpers: duration parsing, and the status commands'
+//! output (`output`, pure) and calls (`remote`).
+
+pub mod output;
+pub mod remote;
 
 use std::time::Duration;
 

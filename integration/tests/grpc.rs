@@ -1,0 +1,866 @@
+//! The gRPC status API over real sockets, served by `flotilla run` replicas
+//! (separate processes) over the three members of the local fleet.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::replicas::*;
+use support::{eventually, from_json, microservice};
+use tokio::time::Instant;
+
+use flotilla::api::client::{Client as GrpcClient, ClientOptions, connect};
+use flotilla::api::pb;
+use flotilla::crd::Microservice;
+
+async fn grpc(url: &str) -> GrpcClient {
+    connect(&ClientOptions {
+        server: url.to_string(),
+        ..Default::default()
+    })
+    .await
+    .expect("connect")
+}
+
+fn image_target(image: &str) -> Option<pb::wait_for_rollout_request::Target> {
+    Some(pb::wait_for_rollout_request::Target::Image(image.into()))
+}
+
+fn states(m: &pb::Microservice) -> Vec<(String, i32, i64, i64, String)> {
+    m.clusters
+        .iter()
+        .map(|e| {
+            (
+                e.cluster.clone(),
+                e.state,
+                e.generation,
+                e.observed_generation,
+                e.image.clone(),
+            )
+        })
+        .collect()
+}
+
+/// `flotilla ARGS` against a replica; returns the exit code and stdout.
+fn cli(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .output()
+        .expect("run flotilla");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+async fn create_everywhere(fleet: &ThreeReplicaFleet, name: &str, image: &str) {
+    for c in fleet.clients.values() {
+        let api = Api::<Microservice>::namespaced(c.clone(), &fleet.namespace);
+        api.create(
+            &PostParams::default(),
+            &microservice(name, image, 8080, Some(1)),
+        )
+        .await
+        .expect("create");
+    }
+}
+
+async fn patch_image_everywhere(fleet: &ThreeReplicaFleet, name: &str, image: &str) {
+    for c in fleet.clients.values() {
+        Api::<Microservice>::namespaced(c.clone(), &fleet.namespace)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"image": image}})),
+            )
+            .await
+            .expect("patch");
+    }
+}
+
+async fn all_done(
+    client: &mut GrpcClient,
+    ns: &str,
+    name: &str,
+    clusters: u32,
+) -> pb::Microservice {
+    eventually(
+        &format!("{ns}/{name} done in {clusters} clusters"),
+        Duration::from_secs(90),
+        || {
+            let mut client = client.clone();
+            async move {
+                let m = client
+                    .get_microservice(pb::GetMicroserviceRequest {
+                        namespace: ns.into(),
+                        name: name.into(),
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                let a = m.aggregate.clone()?;
+                (a.all_done && a.clusters == clusters).then_some(m)
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_replica_that_leads_nothing_answers_like_a_leader() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "grpc-any").await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    let ids = ["r1", "r2", "r3", "r4"];
+    for id in ids {
+        replicas.start(id);
+    }
+    let held = balanced(&clients, &replicas.lease_name(), &ids).await;
+    let idle = ids
+        .iter()
+        .find(|id| !held.values().any(|h| h == *id))
+        .expect("four replicas, three members: one leads nothing")
+        .to_string();
+    let leader = held["member-1"].clone();
+    for c in clients.values() {
+        Api::<Microservice>::namespaced(c.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &microservice("todo-api", "ghcr.io/acme/todo:1", 8080, Some(1)),
+            )
+            .await
+            .expect("create");
+    }
+    let mut idle_client = grpc(&replicas.grpc_url(&idle)).await;
+    let from_idle = all_done(&mut idle_client, &ns, "todo-api", 3).await;
+    let agg = from_idle.aggregate.clone().unwrap();
+    assert_eq!((agg.clusters, agg.done), (3, 3));
+    assert_eq!(
+        agg.summary,
+        "Available in 3/3 clusters at their current generation"
+    );
+    let clusters: Vec<&str> = from_idle
+        .clusters
+        .iter()
+        .map(|e| e.cluster.as_str())
+        .collect();
+    assert_eq!(clusters, MEMBERS);
+    for e in &from_idle.clusters {
+        assert_eq!(e.observed_generation, e.generation);
+        let r = e.replicas.expect("replica counts");
+        assert_eq!((r.desired, r.available), (1, 1), "{}", e.cluster);
+        assert!(
+            e.conditions
+                .iter()
+                .any(|c| c.r#type == "Available" && c.status == "True")
+        );
+    }
+    let mut leader_client = grpc(&replicas.grpc_url(&leader)).await;
+    let from_leader = all_done(&mut leader_client, &ns, "todo-api", 3).await;
+    assert_eq!(states(&from_idle), states(&from_leader));
+
+    // ListClusters: the idle replica knows every leader and leads nothing.
+    let listed = idle_client
+        .list_clusters(pb::ListClustersRequest {})
+        .await
+        .expect("list clusters")
+        .into_inner();
+    assert_eq!(listed.replica_id, idle);
+    for c in &listed.clusters {
+        assert_eq!(c.reachability, pb::Reachability::Reachable as i32, "{c:?}");
+        assert!(c.synced, "{c:?}");
+        assert!(!c.led_by_this_replica, "{c:?}");
+        assert_eq!(c.lease_holder, held[&c.name], "{c:?}");
+        assert_eq!(c.microservices, 1, "{c:?}");
+        assert!(c.source.starts_with("file "), "{c:?}");
+    }
+
+    // The CLI, in both formats.
+    let url = replicas.grpc_url(&idle);
+    let (code, out) = cli(&[
+        "status",
+        &format!("{ns}/todo-api"),
+        "--server",
+        &url,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["aggregate"]["done"], 3);
+    let (code, out) = cli(&["clusters", "--server", &url]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("member-2") && out.contains("Reachable"),
+        "{out}"
+    );
+    let (code, out) = cli(&["status", "-n", &ns, "--server", &url]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains(&format!("{ns}/todo-api: Available in 3/3")),
+        "{out}"
+    );
+
+    // Paging and filters.
+    let page = idle_client
+        .list_microservices(pb::ListMicroservicesRequest {
+            namespace: ns.clone(),
+            cluster: "member-3".into(),
+            page_size: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(page.items[0].clusters.len(), 1);
+    assert!(page.next_page_token.is_empty());
+}
+
+#[tokio::test]
+async fn wait_for_rollout_ends_only_when_every_cluster_serves_the_new_generation() {
+    let fleet = three_replica_fleet("grpc-wait").await;
+    let ns = fleet.namespace.clone();
+    create_everywhere(&fleet, "todo-api", "ghcr.io/acme/todo:1").await;
+    let mut client = grpc(&fleet.replicas.grpc_url("r2")).await;
+    all_done(&mut client, &ns, "todo-api", 3).await;
+
+    // Asked before the change: every cluster is Available=True, but for the
+    // old image, so the wait must not end.
+    let mut stream = client
+        .wait_for_rollout(pb::WaitForRolloutRequest {
+            namespace: ns.clone(),
+            name: "todo-api".into(),
+            target: image_target("ghcr.io/acme/todo:2"),
+            timeout: Some(prost_types::Duration {
+                seconds: 120,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("wait")
+        .into_inner();
+    let first = stream.next().await.expect("first progress").expect("ok");
+    assert_eq!(first.result, pb::RolloutResult::InProgress as i32);
+    assert!(
+        first.clusters.iter().all(|e| e.reason == "ImageNotInSpec"),
+        "{first:?}"
+    );
+
+    patch_image_everywhere(&fleet, "todo-api", "ghcr.io/acme/todo:2").await;
+    let mut seen = vec![first];
+    while let Some(p) = stream.next().await {
+        seen.push(p.expect("progress"));
+    }
+    let last = seen.last().unwrap();
+    assert_eq!(last.result, pb::RolloutResult::Succeeded as i32, "{last:?}");
+    assert!(
+        seen[..seen.len() - 1]
+            .iter()
+            .all(|p| p.result == pb::RolloutResult::InProgress as i32)
+    );
+    // Progress came per cluster, not only at the end.
+    assert!(seen.len() >= 3, "only {} progress messages", seen.len());
+    // When it said SUCCEEDED, every member had observed the new generation
+    // and was Available for it.
+    for (m, c) in &fleet.clients {
+        let ms = Api::<Microservice>::namespaced(c.clone(), &ns)
+            .get("todo-api")
+            .await
+            .unwrap();
+        let status = ms.status.clone().unwrap();
+        assert_eq!(status.observed_generation, ms.metadata.generation, "{m}");
+        assert!(
+            status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Available" && c.status == "True"),
+            "{m}"
+        );
+        assert_eq!(ms.spec.image, "ghcr.io/acme/todo:2");
+    }
+    for e in &last.clusters {
+        assert_eq!(e.state, pb::EntryState::Done as i32);
+        assert_eq!(e.observed_generation, e.generation);
+        assert_eq!(e.image, "ghcr.io/acme/todo:2");
+    }
+
+    // The CLI says done with exit code 0.
+    let url = fleet.replicas.grpc_url("r3");
+    let (code, out) = cli(&[
+        "wait",
+        &format!("{ns}/todo-api"),
+        "--image",
+        "ghcr.io/acme/todo:2",
+        "--timeout",
+        "30s",
+        "--server",
+        &url,
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("Succeeded"), "{out}");
+}
+
+#[tokio::test]
+async fn a_permanent_failure_ends_the_wait_failed_and_a_deadline_ends_it_exceeded() {
+    let fleet = three_replica_fleet("grpc-fail").await;
+    let ns = fleet.namespace.clone();
+    // member-2 already has a Deployment named "clash" that is not ours.
+    let foreign: Deployment = from_json(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "clash"},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "foreign"}},
+            "template": {"metadata": {"labels": {"app": "foreign"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+        },
+    }));
+    Api::<Deployment>::namespaced(fleet.clients["member-2"].clone(), &ns)
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("foreign deployment");
+    create_everywhere(&fleet, "clash", "ghcr.io/acme/clash:1").await;
+    let url = fleet.replicas.grpc_url("r1");
+    let mut client = grpc(&url).await;
+    let mut stream = client
+        .wait_for_rollout(pb::WaitForRolloutRequest {
+            namespace: ns.clone(),
+            name: "clash".into(),
+            target: image_target("ghcr.io/acme/clash:1"),
+            timeout: Some(prost_types::Duration {
+                seconds: 120,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("wait")
+        .into_inner();
+    let mut last = None;
+    while let Some(p) = stream.next().await {
+        last = Some(p.expect("progress"));
+    }
+    let last = last.expect("a final message");
+    assert_eq!(last.result, pb::RolloutResult::Failed as i32, "{last:?}");
+    assert_eq!(last.failed_clusters, ["member-2"]);
+    let m2 = last
+        .clusters
+        .iter()
+        .find(|e| e.cluster == "member-2")
+        .unwrap();
+    assert_eq!(m2.reason, "OwnershipConflict");
+
+    let key = format!("{ns}/clash");
+    let (code, out) = cli(&[
+        "wait",
+        &key,
+        "--image",
+        "ghcr.io/acme/clash:1",
+        "--timeout",
+        "60s",
+        "--server",
+        &url,
+    ]);
+    assert_eq!(code, 1, "a permanent failure exits 1: {out}");
+    assert!(out.contains("member-2"), "{out}");
+
+    // Nobody will ever run :9, so only the deadline ends this.
+    let started = Instant::now();
+    let mut stream = client
+        .wait_for_rollout(pb::WaitForRolloutRequest {
+            namespace: ns.clone(),
+            name: "clash".into(),
+            target: image_target("ghcr.io/acme/clash:9"),
+            clusters: vec!["member-1".into(), "member-3".into()],
+            timeout: Some(prost_types::Duration {
+                seconds: 2,
+                nanos: 0,
+            }),
+        })
+        .await
+        .expect("wait")
+        .into_inner();
+    let mut last = None;
+    while let Some(p) = stream.next().await {
+        last = Some(p.expect("progress"));
+    }
+    let last = last.unwrap();
+    assert_eq!(
+        last.result,
+        pb::RolloutResult::DeadlineExceeded as i32,
+        "{last:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    let (code, out) = cli(&[
+        "wait",
+        &key,
+        "--image",
+        "ghcr.io/acme/clash:9",
+        "--cluster",
+        "member-1",
+        "--timeout",
+        "2s",
+        "--server",
+        &url,
+    ]);
+    assert_eq!(code, 2, "a timeout exits 2: {out}");
+
+    // Bad requests: a clear code, and the server keeps serving.
+    let bad_name = client
+        .get_microservice(pb::GetMicroserviceRequest {
+            namespace: ns.clone(),
+            name: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_name.code(), tonic::Code::InvalidArgument);
+    assert!(bad_name.message().contains("name is required"));
+    let missing = client
+        .get_microservice(pb::GetMicroserviceRequest {
+            namespace: ns.clone(),
+            name: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    let bad_selector = client
+        .list_microservices(pb::ListMicroservicesRequest {
+            label_selector: "tier in web".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_selector.code(), tonic::Code::InvalidArgument);
+    let bad_token = client
+        .list_microservices(pb::ListMicroservicesRequest {
+            page_token: "zz".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_token.code(), tonic::Code::InvalidArgument);
+    let no_target = client
+        .wait_for_rollout(pb::WaitForRolloutRequest {
+            namespace: ns.clone(),
+            name: "clash".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(no_target.code(), tonic::Code::InvalidArgument);
+    let unknown_cluster = client
+        .wait_for_rollout(pb::WaitForRolloutRequest {
+            namespace: ns.clone(),
+            name: "clash".into(),
+            target: image_target("x:1"),
+            clusters: vec!["member-9".into()],
+            ..Default::default()
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(unknown_cluster.code(), tonic::Code::NotFound);
+    let oversized = client
+        .list_microservices(pb::ListMicroservicesRequest {
+            label_selector: "a".repeat(200 * 1024),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        oversized.code(),
+        tonic::Code::ResourceExhausted,
+        "{oversized:?}"
+    );
+    client
+        .get_microservice(pb::GetMicroserviceRequest {
+            namespace: ns.clone(),
+            name: "clash".into(),
+        })
+        .await
+        .expect("still serving");
+}
+
+async fn next_event(stream: &mut tonic::Streaming<pb::WatchEvent>) -> pb::WatchEvent {
+    tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .expect("an event within 30s")
+        .expect("stream open")
+        .expect("event")
+}
+
+#[tokio::test]
+async fn watch_sends_a_snapshot_then_changes_and_resumes_without_loss() {
+    let fleet = three_replica_fleet("grpc-watch").await;
+    let ns = fleet.namespace.clone();
+    create_everywhere(&fleet, "alpha", "ghcr.io/acme/a:1").await;
+    let url = fleet.replicas.grpc_url("r1");
+    let mut client = grpc(&url).await;
+    all_done(&mut client, &ns, "alpha", 3).await;
+
+    let request = |resume_revision: u64, index_id: String| pb::WatchMicroservicesRequest {
+        namespace: ns.clone(),
+        resume_revision,
+        index_id,
+        ..Default::default()
+    };
+    let mut stream = client
+        .watch_microservices(request(0, String::new()))
+        .await
+        .expect("watch")
+        .into_inner();
+    let snap = next_event(&mut stream).await;
+    assert_eq!(snap.r#type, pb::WatchEventType::Snapshot as i32);
+    assert_eq!(snap.microservice.as_ref().unwrap().name, "alpha");
+    let synced = next_event(&mut stream).await;
+    assert_eq!(synced.r#type, pb::WatchEventType::Synced as i32);
+    let index_id = synced.index_id.clone();
+
+    // Each change reaches the watcher; record how long it took.
+    let api1 = Api::<Microservice>::namespaced(fleet.clients["member-1"].clone(), &ns);
+    let mut delays = Vec::new();
+    let mut last_revision = synced.revision;
+    for i in 2..=6 {
+        let image = format!("ghcr.io/acme/a:{i}");
+        let t0 = Instant::now();
+        api1.patch(
+            "alpha",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": image}})),
+        )
+        .await
+        .expect("patch");
+        loop {
+            let e = next_event(&mut stream).await;
+            assert_eq!(e.r#type, pb::WatchEventType::Upsert as i32);
+            assert!(e.revision > last_revision, "revisions only grow");
+            last_revision = e.revision;
+            let m = e.microservice.unwrap();
+            if m.clusters
+                .iter()
+                .any(|c| c.cluster == "member-1" && c.image == image)
+            {
+                delays.push(t0.elapsed());
+                break;
+            }
+        }
+    }
+    delays.sort();
+    eprintln!("change-to-watch-event delays: {delays:?}");
+    assert!(
+        delays[delays.len() / 2] < Duration::from_secs(1),
+        "{delays:?}"
+    );
+
+    // Disconnect; meanwhile beta appears and alpha goes away everywhere.
+    drop(stream);
+    create_everywhere(&fleet, "beta", "ghcr.io/acme/b:1").await;
+    for c in fleet.clients.values() {
+        Api::<Microservice>::namespaced(c.clone(), &ns)
+            .delete("alpha", &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    eventually("the index saw the changes", Duration::from_secs(30), || {
+        let mut client = client.clone();
+        let ns = ns.clone();
+        async move {
+            let alpha = client
+                .get_microservice(pb::GetMicroserviceRequest {
+                    namespace: ns.clone(),
+                    name: "alpha".into(),
+                })
+                .await;
+            let beta = client
+                .get_microservice(pb::GetMicroserviceRequest {
+                    namespace: ns,
+                    name: "beta".into(),
+                })
+                .await
+                .ok()?
+                .into_inner();
+            (alpha.is_err() && beta.clusters.len() == 3).then_some(())
+        }
+    })
+    .await;
+
+    let mut resumed = client
+        .watch_microservices(request(last_revision, index_id.clone()))
+        .await
+        .expect("resume")
+        .into_inner();
+    let mut deleted = BTreeSet::new();
+    let mut upserted = BTreeSet::new();
+    loop {
+        let e = next_event(&mut resumed).await;
+        assert_ne!(
+            e.r#type,
+            pb::WatchEventType::Snapshot as i32,
+            "a resume sends no snapshot"
+        );
+        if e.r#type == pb::WatchEventType::Synced as i32 {
+            break;
+        }
+        let name = e.microservice.unwrap().name;
+        if e.r#type == pb::WatchEventType::Delete as i32 {
+            deleted.insert(name);
+        } else {
+            upserted.insert(name);
+        }
+    }
+    assert!(deleted.contains("alpha"), "{deleted:?}");
+    assert!(upserted.contains("beta"), "{upserted:?}");
+
+    // Another replica's revisions mean nothing here: a fresh snapshot.
+    let mut elsewhere = client
+        .watch_microservices(request(last_revision, "some-other-index".into()))
+        .await
+        .expect("watch")
+        .into_inner();
+    let e = next_event(&mut elsewhere).await;
+    assert_eq!(e.r#type, pb::WatchEventType::Snapshot as i32);
+    assert_eq!(e.microservice.unwrap().name, "beta");
+}
+
+#[tokio::test]
+async fn health_turns_serving_after_sync_and_reflection_lists_the_service() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "grpc-health").await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    replicas.grpc_args.push("--grpc-reflection".into());
+    replicas.start("r1");
+    let url = replicas.grpc_url("r1");
+    let channel = eventually("the gRPC port open", Duration::from_secs(30), || async {
+        tonic::transport::Endpoint::from_shared(url.clone())
+            .ok()?
+            .connect()
+            .await
+            .ok()
+    })
+    .await;
+    let mut health = HealthClient::new(channel.clone());
+    let mut api = grpc(&url).await;
+    // Whenever health says SERVING, every cluster has synced.
+    eventually("SERVING", Duration::from_secs(60), || {
+        let mut health = health.clone();
+        let mut api = api.clone();
+        async move {
+            let s = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: "flotilla.v1.FleetStatus".into(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .status;
+            if s != ServingStatus::Serving as i32 {
+                return None;
+            }
+            let clusters = api
+                .list_clusters(pb::ListClustersRequest {})
+                .await
+                .ok()?
+                .into_inner()
+                .clusters;
+            assert_eq!(clusters.len(), 3);
+            assert!(
+                clusters.iter().all(|c| c.synced),
+                "SERVING before sync: {clusters:?}"
+            );
+            Some(())
+        }
+    })
+    .await;
+    let overall = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(overall.status, ServingStatus::Serving as i32);
+
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = reflection
+        .server_reflection_info(futures::stream::iter(vec![request]))
+        .await
+        .expect("reflection")
+        .into_inner();
+    let response = responses.next().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection answer: {response:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"flotilla.v1.FleetStatus".to_string()),
+        "{names:?}"
+    );
+    api.list_clusters(pb::ListClustersRequest {})
+        .await
+        .expect("api");
+}
+
+/// A CA, a server certificate for 127.0.0.1, a client certificate from that
+/// CA, and a client certificate from a CA the server does not know.
+fn certificates(dir: &std::path::Path) {
+    let sh = |script: &str| {
+        let ok = Command::new("bash")
+            .arg("-ec")
+            .arg(script)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            ok.status.success(),
+            "{}",
+            String::from_utf8_lossy(&ok.stderr)
+        );
+    };
+    sh(r#"
+      for ca in ca other-ca; do
+        openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$ca" -keyout $ca.key -out $ca.crt 2>/dev/null
+      done
+      printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' > server.ext
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=flotilla" -keyout server.key -out server.csr 2>/dev/null
+      openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext -out server.crt 2>/dev/null
+      printf 'extendedKeyUsage=clientAuth\n' > client.ext
+      for who in client:ca stranger:other-ca; do
+        name=${who%%:*}; signer=${who##*:}
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=$name" -keyout $name.key -out $name.csr 2>/dev/null
+        openssl x509 -req -in $name.csr -CA $signer.crt -CAkey $signer.key -CAcreateserial -days 2 -extfile client.ext -out $name.crt 2>/dev/null
+      done
+      printf 'let-me-in\n' > token
+    "#);
+}
+
+#[tokio::test]
+async fn tls_client_certificates_and_the_token_guard_the_api() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "grpc-tls").await;
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    let pki = replicas.dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    certificates(&pki);
+    let p = |f: &str| pki.join(f).display().to_string();
+    replicas.grpc_args = vec![
+        "--grpc-tls-cert".into(),
+        p("server.crt"),
+        "--grpc-tls-key".into(),
+        p("server.key"),
+        "--grpc-client-ca".into(),
+        p("ca.crt"),
+        "--grpc-token-file".into(),
+        p("token"),
+    ];
+    replicas.start("r1");
+    let port = replicas.grpc_ports["r1"];
+    let https = format!("https://127.0.0.1:{port}");
+    let options = |cert: &str, token: Option<&str>| ClientOptions {
+        server: https.clone(),
+        ca: Some(pki.join("ca.crt")),
+        cert: Some(pki.join(format!("{cert}.crt"))),
+        key: Some(pki.join(format!("{cert}.key"))),
+        tls_server_name: None,
+        token: token.map(str::to_string),
+    };
+    // A good client: trusted certificate and the token.
+    let mut good = eventually("TLS server up", Duration::from_secs(30), || async {
+        connect(&options("client", Some("let-me-in"))).await.ok()
+    })
+    .await;
+    good.list_clusters(pb::ListClustersRequest {})
+        .await
+        .expect("a good client succeeds");
+
+    // Plaintext to the TLS port is refused.
+    let plain = connect(&ClientOptions {
+        server: format!("http://127.0.0.1:{port}"),
+        ..Default::default()
+    })
+    .await;
+    if let Ok(mut c) = plain {
+        assert!(
+            c.list_clusters(pb::ListClustersRequest {}).await.is_err(),
+            "plaintext was served"
+        );
+    }
+    // A client certificate from an unknown CA fails the handshake.
+    match connect(&options("stranger", Some("let-me-in"))).await {
+        Err(_) => {}
+        Ok(mut c) => assert!(
+            c.list_clusters(pb::ListClustersRequest {}).await.is_err(),
+            "an unknown client CA was accepted"
+        ),
+    }
+    // Trusted certificate, but no token or a wrong one.
+    for token in [None, Some("wrong")] {
+        let mut c = connect(&options("client", token))
+            .await
+            .expect("TLS handshake");
+        let err = c
+            .list_clusters(pb::ListClustersRequest {})
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated, "token {token:?}");
+    }
+    // The CLI with the same credentials.
+    let (code, out) = cli(&[
+        "clusters",
+        "--server",
+        &https,
+        "--ca",
+        &p("ca.crt"),
+        "--cert",
+        &p("client.crt"),
+        "--key",
+        &p("client.key"),
+        "--token-file",
+        &p("token"),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("member-1"), "{out}");
+    let (code, _) = cli(&[
+        "clusters",
+        "--server",
+        &https,
+        "--ca",
+        &p("ca.crt"),
+        "--cert",
+        &p("client.crt"),
+        "--key",
+        &p("client.key"),
+    ]);
+    assert_eq!(code, 3, "no token: the question cannot be asked");
+}
+
+#[tokio::test]
+async fn run_refuses_plaintext_unless_asked() {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["run", "--fleet", "--grpc-addr", "127.0.0.1:0"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--grpc-insecure"), "{err}");
+}

@@ -1,0 +1,106 @@
+//! The pure core's views as protobuf messages.
+
+use std::time::SystemTime;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+use super::pb;
+use crate::status::index::MicroserviceView;
+use crate::status::view::{Aggregate, ClusterInfo, Entry, EntryState, Reach, Replicas};
+
+pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    prost_types::Timestamp::from(t)
+}
+
+pub fn reachability(r: Reach) -> pb::Reachability {
+    match r {
+        Reach::Connecting => pb::Reachability::Connecting,
+        Reach::Reachable => pb::Reachability::Reachable,
+        Reach::Unreachable => pb::Reachability::Unreachable,
+        Reach::Invalid => pb::Reachability::Invalid,
+    }
+}
+
+pub fn entry_state(s: EntryState) -> pb::EntryState {
+    match s {
+        EntryState::Done => pb::EntryState::Done,
+        EntryState::Progressing => pb::EntryState::Progressing,
+        EntryState::Failed => pb::EntryState::Failed,
+        EntryState::Unknown => pb::EntryState::Unknown,
+    }
+}
+
+pub fn cluster(name: &str, c: &ClusterInfo, microservices: usize) -> pb::Cluster {
+    pb::Cluster {
+        name: name.to_string(),
+        source: c.source.clone(),
+        reachability: reachability(c.reach) as i32,
+        reason: c.reason.clone(),
+        last_seen: c.last_seen.map(timestamp),
+        lease_holder: c.holder.clone().unwrap_or_default(),
+        epoch: c.epoch.unwrap_or_default(),
+        led_by_this_replica: c.led_here,
+        microservices: microservices as u32,
+        synced: c.synced,
+    }
+}
+
+fn condition(c: &Condition) -> pb::Condition {
+    pb::Condition {
+        r#type: c.type_.clone(),
+        status: c.status.clone(),
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+        observed_generation: c.observed_generation.unwrap_or_default(),
+        last_transition_time: Some(timestamp(SystemTime::from(c.last_transition_time.0))),
+    }
+}
+
+fn replicas(r: Replicas) -> pb::ReplicaCounts {
+    pb::ReplicaCounts {
+        desired: r.desired,
+        updated: r.updated,
+        ready: r.ready,
+        available: r.available,
+    }
+}
+
+pub fn entry(e: &Entry) -> pb::ClusterEntry {
+    pb::ClusterEntry {
+        cluster: e.cluster.clone(),
+        state: entry_state(e.state) as i32,
+        generation: e.facts.generation,
+        observed_generation: e.facts.observed_generation,
+        image: e.facts.image.clone(),
+        replicas: e.replicas.map(replicas),
+        conditions: e.facts.conditions.iter().map(condition).collect(),
+        phase: e.facts.phase.clone(),
+        reachability: reachability(e.reach) as i32,
+        last_seen: e.last_seen.map(timestamp),
+        reason: e.reason.clone(),
+        message: e.message.clone(),
+        labels: e.facts.labels.clone().into_iter().collect(),
+    }
+}
+
+pub fn aggregate(a: &Aggregate) -> pb::Aggregate {
+    pb::Aggregate {
+        clusters: a.clusters,
+        done: a.done,
+        progressing: a.progressing,
+        failed: a.failed,
+        unknown: a.unknown,
+        all_done: a.all_done,
+        summary: a.summary.clone(),
+    }
+}
+
+pub fn microservice(v: &MicroserviceView) -> pb::Microservice {
+    pb::Microservice {
+        namespace: v.namespace.clone(),
+        name: v.name.clone(),
+        clusters: v.entries.iter().map(entry).collect(),
+        aggregate: Some(aggregate(&v.aggregate)),
+        revision: v.revision,
+    }
+}

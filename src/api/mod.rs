@@ -1,0 +1,54 @@
+//! The gRPC edge: `flotilla.v1.FleetStatus` over tonic, with health,
+//! reflection, TLS and a bearer token; plus the client the CLI uses.
+
+pub mod auth;
+pub mod client;
+pub mod convert;
+pub mod deadline;
+pub mod request;
+pub mod server;
+pub mod service;
+
+/// Generated from `proto/flotilla/v1/fleet.proto`.
+pub mod pb {
+    tonic::include_proto!("flotilla.v1");
+
+    /// For server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("flotilla_v1_descriptor");
+}
+
+/// Errors of the API layer.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("server configuration: {0}")]
+    Config(String),
+    #[error("serving: {0}")]
+    Transport(String),
+}
+
+impl ApiError {
+    /// A bounded label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ApiError::InvalidArgument(_) => "InvalidArgument",
+            ApiError::NotFound(_) => "NotFound",
+            ApiError::Config(_) => "Config",
+            ApiError::Transport(_) => "Transport",
+        }
+    }
+}
+
+impl From<ApiError> for tonic::Status {
+    fn from(e: ApiError) -> Self {
+        match e {
+            ApiError::InvalidArgument(m) => tonic::Status::invalid_argument(m),
+            ApiError::NotFound(m) => tonic::Status::not_found(m),
+            other => tonic::Status::internal(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Request checking: every malformed request is refused with a reason
+//! before it touches the index.
+
+use std::time::Duration;
+
+use super::ApiError;
+use super::pb;
+use crate::status::index::{Filter, Key};
+use crate::status::selector::Selector;
+use crate::status::view::Target;
+
+const MAX_PAGE: usize = 1000;
+const DEFAULT_PAGE: usize = 100;
+
+/// A DNS-1123 label, as namespaces, names and cluster names are.
+fn dns_label(what: &str, s: &str) -> Result<(), ApiError> {
+    if s.is_empty() {
+        return Err(ApiError::InvalidArgument(format!("{what} is required")));
+    }
+    let ok = s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidArgument(format!(
+            "{what} {s:?} is not a valid name (lowercase letters, digits and '-', at most 63)"
+        )))
+    }
+}
+
+pub fn key(namespace: &str, name: &str) -> Result<Key, ApiError> {
+    dns_label("namespace", namespace)?;
+    dns_label("name", name)?;
+    Ok((namespace.to_string(), name.to_string()))
+}
+
+pub fn filter(namespace: &str, selector: &str, cluster: &str) -> Result<Filter, ApiError> {
+    if !namespace.is_empty() {
+        dns_label("namespace", namespace)?;
+    }
+    if !cluster.is_empty() {
+        dns_label("cluster", cluster)?;
+    }
+    Ok(Filter {
+        namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
+        selector: Selector::parse(selector).map_err(ApiError::InvalidArgument)?,
+        cluster: (!cluster.is_empty()).then(|| cluster.to_string()),
+    })
+}
+
+pub fn page_size(requested: u32) -> usize {
+    match requested as usize {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_PAGE),
+    }
+}
+
+/// Page tokens name the last item returned; opaque to clients.
+pub fn page_token(last: &Key) -> String {
+    format!("{}/{}", last.0, last.1)
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+pub fn after(token: &str) -> Result<Option<Key>, ApiError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || ApiError::InvalidArgument("page_token is not one this server issued".into());
+    if !token.len().is_multiple_of(2) || token.len() > 512 {
+        return Err(bad());
+    }
+    let bytes: Vec<u8> = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&token[i..i + 2], 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (ns, name) = text.split_once('/').ok_or_else(bad)?;
+    key(ns, name).map(Some).map_err(|_| bad())
+}
+
+pub fn target(t: Option<&pb::wait_for_rollout_request::Target>) -> Result<Target, ApiError> {
+    use pb::wait_for_rollout_request::Target as T;
+    match t {
+        None => Err(ApiError::InvalidArgument(
+            "a target is required: image or generation".into(),
+        )),
+        Some(T::Image(i))
+            if i.trim().is_empty() || i.len() > 512 || i.contains(char::is_whitespace) =>
+        {
+            Err(ApiError::InvalidArgument(format!(
+                "image {i:?} is not an image reference"
+            )))
+        }
+        Some(T::Image(i)) => Ok(Target::Image(i.clone())),
+        Some(T::Generation(g)) if *g < 1 => Err(ApiError::InvalidArgument(format!(
+            "generation must be at least 1, got {g}"
+        ))),
+        Some(T::Generation(g)) => Ok(Target::Generation(*g)),
+    }
+}
+
+pub fn timeout(t: Option<&prost_types::Duration>) -> Result<Option<Duration>, ApiError> {
+    match t {
+        None => Ok(None),
+        Some(d) if d.seconds < 0 || d.nanos < 0 || (d.seconds == 0 && d.nanos == 0) => {
+            Err(ApiError::InvalidArgument("timeout must be positive".into()))
+        }
+        Some(d) => Ok(Some(
+            Duration::from_secs(d.seconds as u64) + Duration::from_nanos(d.nanos as u64),
+        )),
+    }
+}
+
+pub fn clusters(names: &[String]) -> Result<Vec<String>, ApiError> {
+    for n in names {
+        dns_label("cluster", n)?;
+    }
+    let mut out = names.to_vec();
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(r: Result<impl std::fmt::Debug, ApiError>) -> String {
+        match r {
+            Err(ApiError::InvalidArgument(m)) => m,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn names_must_be_present_and_valid() {
+        assert_eq!(
+            key("ns", "todo-api").unwrap(),
+            ("ns".into(), "todo-api".into())
+        );
+        assert!(invalid(key("ns", "")).contains("name is required"));
+        assert!(invalid(key("", "x")).contains("namespace is required"));
+        assert!(invalid(key("ns", "Bad_Name")).contains("not a valid name"));
+        assert!(invalid(key("ns", &"a".repeat(64))).contains("not a valid name"));
+    }
+
+    #[test]
+    fn filters_reject_bad_selectors_and_cluster_names() {
+        assert!(filter("", "", "").unwrap().namespace.is_none());
+        assert!(invalid(filter("", "team in pay", "")).contains("label selector"));
+        assert!(invalid(filter("", "", "Member 1")).contains("cluster"));
+    }
+
+    #[test]
+    fn page_tokens_round_trip_and_forgeries_are_refused() {
+        let k: Key = ("ns".into(), "web".into());
+        assert_eq!(after(&page_token(&k)).unwrap(), Some(k));
+        assert_eq!(after("").unwrap(), None);
+        for bad in ["zz", "abc", "6e73", &"00".repeat(300)] {
+            assert!(invalid(after(bad)).contains("page_token"), "{bad}");
+        }
+        assert_eq!(page_size(0), 100);
+        assert_eq!(page_size(5), 5);
+        assert_eq!(page_size(1_000_000), 1000);
+    }
+
+    #[test]
+    fn rollout_targets_and_timeouts_are_checked() {
+        use pb::wait_for_rollout_request::Target as T;
+        assert!(invalid(target(None)).contains("target is required"));
+        assert!(invalid(target(Some(&T::Image(" ".into())))).contains("image"));
+        assert!(invalid(target(Some(&T::Generation(0)))).contains("at least 1"));
+        assert_eq!(
+            target(Some(&T::Generation(7))).unwrap(),
+            Target::Generation(7)
+        );
+        let neg = prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        };
+        assert!(invalid(timeout(Some(&neg))).contains("positive"));
+        let ok = prost_types::Duration {
+            seconds: 2,
+            nanos: 0,
+        };
+        assert_eq!(timeout(Some(&ok)).unwrap(), Some(Duration::from_secs(2)));
+        assert_eq!(
+            clusters(&["m2".into(), "m1".into(), "m2".into()]).unwrap(),
+            ["m1", "m2"]
+        );
+    }
+}

@@ -1,0 +1,215 @@
+//! Serving FleetStatus: TLS (or explicit plaintext), the bearer token,
+//! size limits, deadline caps, keepalive, health and optional reflection.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic_health::ServingStatus;
+
+use super::auth::BearerToken;
+use super::pb::fleet_status_server::FleetStatusServer;
+use super::service::FleetStatusService;
+use super::{ApiError, pb};
+use crate::status::hub::Hub;
+
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// With a client CA, clients must present a certificate it signed (mTLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub addr: SocketAddr,
+    pub tls: Option<TlsFiles>,
+    /// Plaintext, for local development only; must be asked for.
+    pub insecure: bool,
+    pub token: Option<String>,
+    pub reflection: bool,
+    pub max_request_bytes: usize,
+    pub max_response_bytes: usize,
+    /// The cap on WaitForRollout.
+    pub max_wait: Duration,
+    /// The cap on unary calls.
+    pub unary_timeout: Duration,
+}
+
+impl ServerOptions {
+    pub fn new(addr: SocketAddr) -> Self {
+        ServerOptions {
+            addr,
+            tls: None,
+            insecure: false,
+            token: None,
+            reflection: false,
+            max_request_bytes: 64 * 1024,
+            max_response_bytes: 64 * 1024 * 1024,
+            max_wait: Duration::from_secs(3600),
+            unary_timeout: Duration::from_secs(30),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ApiError> {
+        match (&self.tls, self.insecure) {
+            (Some(_), true) => Err(ApiError::Config(
+                "--grpc-insecure and --grpc-tls-cert exclude each other".into(),
+            )),
+            (None, false) => Err(ApiError::Config(
+                "the gRPC server needs --grpc-tls-cert and --grpc-tls-key, or --grpc-insecure for plaintext".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn read(path: &PathBuf, what: &str) -> Result<Vec<u8>, ApiError> {
+    std::fs::read(path).map_err(|e| ApiError::Config(format!("{what} {}: {e}", path.display())))
+}
+
+fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ApiError> {
+    let identity = Identity::from_pem(
+        read(&files.cert, "TLS certificate")?,
+        read(&files.key, "TLS key")?,
+    );
+    let mut config = ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &files.client_ca {
+        config = config.client_ca_root(Certificate::from_pem(read(ca, "client CA")?));
+    }
+    Ok(config)
+}
+
+/// tonic reports an oversized request as OUT_OF_RANGE; gRPC's convention
+/// (and every other implementation) says RESOURCE_EXHAUSTED.
+fn oversized_is_resource_exhausted(
+    mut res: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let headers = res.headers_mut();
+    let too_large = headers.get("grpc-status").is_some_and(|v| v == "11")
+        && headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| {
+                m.contains("message%20length%20too%20large")
+                    || m.contains("message length too large")
+            });
+    if too_large {
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+    }
+    res
+}
+
+/// Binds first, so a taken port is an error at startup, not later.
+pub async fn bind(opts: &ServerOptions) -> Result<TcpListener, ApiError> {
+    opts.validate()?;
+    TcpListener::bind(opts.addr)
+        .await
+        .map_err(|e| ApiError::Config(format!("--grpc-addr {}: {e}", opts.addr)))
+}
+
+pub async fn serve(
+    hub: Arc<Hub>,
+    opts: ServerOptions,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ApiError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    health
+        .set_not_serving::<FleetStatusServer<FleetStatusService>>()
+        .await;
+    let mut ready = hub.readiness();
+    let reporter = tokio::spawn(async move {
+        loop {
+            let status = if *ready.borrow_and_update() {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            health.set_service_status("", status).await;
+            health
+                .set_service_status("flotilla.v1.FleetStatus", status)
+                .await;
+            if ready.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+
+    let service = FleetStatusServer::new(FleetStatusService {
+        hub,
+        max_wait: opts.max_wait,
+    })
+    .max_decoding_message_size(opts.max_request_bytes)
+    .max_encoding_message_size(opts.max_response_bytes);
+    let guarded = InterceptedService::new(service, BearerToken::new(opts.token.as_deref()));
+
+    let reflection = if opts.reflection {
+        Some(
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .build_v1()
+                .map_err(|e| ApiError::Config(format!("reflection: {e}")))?,
+        )
+    } else {
+        None
+    };
+
+    let mut builder = Server::builder()
+        .timeout(opts.unary_timeout)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .max_concurrent_streams(Some(1024));
+    if let Some(files) = &opts.tls {
+        builder = builder
+            .tls_config(tls_config(files)?)
+            .map_err(|e| ApiError::Config(format!("TLS: {e}")))?;
+    }
+    let result = builder
+        .layer(tower::util::MapResponseLayer::new(
+            oversized_is_resource_exhausted,
+        ))
+        .add_service(health_service)
+        .add_optional_service(reflection)
+        .add_service(guarded)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| ApiError::Transport(e.to_string()));
+    reporter.abort();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plaintext_must_be_asked_for_and_excludes_tls() {
+        let mut o = ServerOptions::new("127.0.0.1:0".parse().unwrap());
+        assert!(
+            o.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--grpc-insecure")
+        );
+        o.insecure = true;
+        o.validate().unwrap();
+        o.tls = Some(TlsFiles {
+            cert: "c".into(),
+            key: "k".into(),
+            client_ca: None,
+        });
+        assert!(o.validate().unwrap_err().to_string().contains("exclude"));
+    }
+}

@@ -1,0 +1,317 @@
+//! `flotilla.v1.FleetStatus`, answered from this replica's index.
+
+use std::collections::BTreeSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::deadline;
+use super::request;
+use super::{ApiError, convert, pb};
+use crate::status::hub::Hub;
+use crate::status::index::{Filter, Key, MicroserviceView};
+use crate::status::view::{self, Entry, RolloutResult, Target};
+
+pub type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Room for a burst of events per stream; a slow reader makes its own
+/// stream catch up later, it never blocks the index.
+const STREAM_BUFFER: usize = 256;
+
+pub struct FleetStatusService {
+    pub hub: Arc<Hub>,
+    /// The longest a WaitForRollout may run.
+    pub max_wait: Duration,
+}
+
+fn watch_event(
+    type_: pb::WatchEventType,
+    revision: u64,
+    index_id: &str,
+    ms: pb::Microservice,
+) -> pb::WatchEvent {
+    pb::WatchEvent {
+        r#type: type_ as i32,
+        revision,
+        index_id: index_id.to_string(),
+        microservice: Some(ms),
+    }
+}
+
+fn deleted(key: &Key) -> pb::Microservice {
+    pb::Microservice {
+        namespace: key.0.clone(),
+        name: key.1.clone(),
+        ..Default::default()
+    }
+}
+
+/// Snapshot events, or the changes since `resume` when it still applies.
+fn catch_up(hub: &Hub, filter: &Filter, resume: Option<u64>) -> (Vec<pb::WatchEvent>, u64) {
+    use pb::WatchEventType as T;
+    let id = hub.index_id.as_str();
+    hub.read(|ix| {
+        let now = ix.revision();
+        if let Some(changes) = resume.and_then(|r| ix.changes_since(r, filter)) {
+            let events = changes
+                .into_iter()
+                .map(|(rev, key, view)| match view {
+                    Some(v) => watch_event(T::Upsert, rev, id, convert::microservice(&v)),
+                    None => watch_event(T::Delete, rev, id, deleted(&key)),
+                })
+                .collect();
+            return (events, now);
+        }
+        let events = ix
+            .list(filter, None, usize::MAX)
+            .iter()
+            .map(|v| watch_event(T::Snapshot, now, id, convert::microservice(v)))
+            .collect();
+        (events, now)
+    })
+}
+
+async fn send_all<T>(tx: &mpsc::Sender<Result<T, Status>>, items: Vec<T>) -> bool {
+    for item in items {
+        if tx.send(Ok(item)).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// The rollout as it stands: the entries judged against the target.
+fn progress(
+    v: Option<&MicroserviceView>,
+    required: &BTreeSet<String>,
+    target: &Target,
+    hub: &Hub,
+) -> (Vec<Entry>, RolloutResult) {
+    let entries: Vec<Entry> = required
+        .iter()
+        .map(
+            |cluster| match v.and_then(|v| v.entries.iter().find(|e| e.cluster == *cluster)) {
+                Some(e) => view::rollout_entry(target, e),
+                None => hub.read(|ix| view::absent_entry(cluster, ix.clusters().get(cluster))),
+            },
+        )
+        .collect();
+    let result = view::rollout_result(&entries);
+    (entries, result)
+}
+
+fn progress_message(
+    entries: &[Entry],
+    result: &RolloutResult,
+    revision: u64,
+) -> pb::RolloutProgress {
+    let aggregate = view::aggregate(entries);
+    let (code, failed, summary) = match result {
+        RolloutResult::InProgress => (
+            pb::RolloutResult::InProgress,
+            vec![],
+            aggregate.summary.clone(),
+        ),
+        RolloutResult::Succeeded => (
+            pb::RolloutResult::Succeeded,
+            vec![],
+            format!("rolled out: {}", aggregate.summary),
+        ),
+        RolloutResult::Failed(clusters) => (
+            pb::RolloutResult::Failed,
+            clusters.clone(),
+            format!("failed in {}: {}", clusters.join(", "), aggregate.summary),
+        ),
+    };
+    pb::RolloutProgress {
+        result: code as i32,
+        clusters: entries.iter().map(convert::entry).collect(),
+        aggregate: Some(convert::aggregate(&aggregate)),
+        failed_clusters: failed,
+        revision,
+        summary,
+    }
+}
+
+fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
+    req.metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(deadline::parse_grpc_timeout)
+}
+
+#[tonic::async_trait]
+impl pb::fleet_status_server::FleetStatus for FleetStatusService {
+    async fn list_clusters(
+        &self,
+        _request: Request<pb::ListClustersRequest>,
+    ) -> Result<Response<pb::ListClustersResponse>, Status> {
+        let clusters = self.hub.read(|ix| {
+            ix.clusters()
+                .iter()
+                .map(|(name, c)| convert::cluster(name, c, ix.microservices_in(name)))
+                .collect()
+        });
+        Ok(Response::new(pb::ListClustersResponse {
+            clusters,
+            replica_id: self.hub.replica_id.clone(),
+        }))
+    }
+
+    async fn get_microservice(
+        &self,
+        request: Request<pb::GetMicroserviceRequest>,
+    ) -> Result<Response<pb::Microservice>, Status> {
+        let r = request.into_inner();
+        let key = request::key(&r.namespace, &r.name)?;
+        let view = self.hub.read(|ix| ix.view(&key, None));
+        match view {
+            Some(v) => Ok(Response::new(convert::microservice(&v))),
+            None => Err(ApiError::NotFound(format!(
+                "Microservice {}/{} is in no registered cluster",
+                key.0, key.1
+            ))
+            .into()),
+        }
+    }
+
+    async fn list_microservices(
+        &self,
+        request: Request<pb::ListMicroservicesRequest>,
+    ) -> Result<Response<pb::ListMicroservicesResponse>, Status> {
+        let r = request.into_inner();
+        let filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
+        let after = request::after(&r.page_token)?;
+        let size = request::page_size(r.page_size);
+        let (page, revision, more) = self.hub.read(|ix| {
+            // One extra tells whether another page follows.
+            let mut page = ix.list(&filter, after.as_ref(), size + 1);
+            let more = page.len() > size;
+            page.truncate(size);
+            (page, ix.revision(), more)
+        });
+        let next_page_token = match (more, page.last()) {
+            (true, Some(last)) => request::page_token(&(last.namespace.clone(), last.name.clone())),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListMicroservicesResponse {
+            items: page.iter().map(convert::microservice).collect(),
+            next_page_token,
+            revision,
+        }))
+    }
+
+    type WatchMicroservicesStream = EventStream<pb::WatchEvent>;
+
+    async fn watch_microservices(
+        &self,
+        request: Request<pb::WatchMicroservicesRequest>,
+    ) -> Result<Response<Self::WatchMicroservicesStream>, Status> {
+        let r = request.into_inner();
+        let filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
+        let hub = self.hub.clone();
+        let resume =
+            (r.resume_revision > 0 && r.index_id == hub.index_id).then_some(r.resume_revision);
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let mut changed = hub.subscribe();
+        tokio::spawn(async move {
+            let (events, mut last) = catch_up(&hub, &filter, resume);
+            let synced = pb::WatchEvent {
+                r#type: pb::WatchEventType::Synced as i32,
+                revision: last,
+                index_id: hub.index_id.clone(),
+                microservice: None,
+            };
+            if !send_all(&tx, events).await || !send_all(&tx, vec![synced]).await {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    c = changed.changed() => if c.is_err() { return },
+                }
+                // Level-based: whatever changed since `last`, however many
+                // revisions passed while this stream was busy.
+                let (events, now) = catch_up(&hub, &filter, Some(last));
+                if !send_all(&tx, events).await {
+                    return;
+                }
+                last = now;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type WaitForRolloutStream = EventStream<pb::RolloutProgress>;
+
+    async fn wait_for_rollout(
+        &self,
+        request: Request<pb::WaitForRolloutRequest>,
+    ) -> Result<Response<Self::WaitForRolloutStream>, Status> {
+        let header = grpc_timeout(&request);
+        let r = request.into_inner();
+        let key = request::key(&r.namespace, &r.name)?;
+        let target = request::target(r.target.as_ref())?;
+        let wait =
+            deadline::effective(request::timeout(r.timeout.as_ref())?, header, self.max_wait);
+        let explicit = request::clusters(&r.clusters)?;
+        let hub = self.hub.clone();
+        let required: BTreeSet<String> = hub.read(|ix| {
+            if let Some(unknown) = explicit.iter().find(|c| !ix.clusters().contains_key(*c)) {
+                return Err(ApiError::NotFound(format!(
+                    "cluster {unknown} is not registered"
+                )));
+            }
+            if !explicit.is_empty() {
+                return Ok(explicit.iter().cloned().collect());
+            }
+            match ix.view(&key, None) {
+                Some(v) => Ok(v.entries.iter().map(|e| e.cluster.clone()).collect()),
+                None => Err(ApiError::NotFound(format!(
+                    "Microservice {}/{} is in no registered cluster",
+                    key.0, key.1
+                ))),
+            }
+        })?;
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let mut changed = hub.subscribe();
+        let until = tokio::time::Instant::now() + wait;
+        tokio::spawn(async move {
+            let mut last_sent: Option<pb::RolloutProgress> = None;
+            loop {
+                let (v, revision) = hub.read(|ix| (ix.view(&key, None), ix.revision()));
+                let (entries, result) = progress(v.as_ref(), &required, &target, &hub);
+                let msg = progress_message(&entries, &result, revision);
+                let same = last_sent
+                    .as_ref()
+                    .is_some_and(|p| p.clusters == msg.clusters && p.result == msg.result);
+                if !same {
+                    if tx.send(Ok(msg.clone())).await.is_err() {
+                        return;
+                    }
+                    last_sent = Some(msg.clone());
+                }
+                if result != RolloutResult::InProgress {
+                    return;
+                }
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    c = changed.changed() => if c.is_err() { return },
+                    _ = tokio::time::sleep_until(until) => {
+                        let mut end = msg;
+                        end.result = pb::RolloutResult::DeadlineExceeded as i32;
+                        end.summary = format!("deadline of {wait:?} exceeded: {}", end.summary);
+                        let _ = tx.send(Ok(end)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

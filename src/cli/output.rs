@@ -1,0 +1,304 @@
+//! How the status commands print: aligned tables for people, JSON for
+//! scripts. Pure functions of the API's messages.
+
+use serde_json::{Value, json};
+
+use crate::api::pb;
+
+fn reach(r: i32) -> &'static str {
+    match pb::Reachability::try_from(r).unwrap_or_default() {
+        pb::Reachability::Connecting => "Connecting",
+        pb::Reachability::Reachable => "Reachable",
+        pb::Reachability::Unreachable => "Unreachable",
+        pb::Reachability::Invalid => "Invalid",
+        pb::Reachability::Unspecified => "-",
+    }
+}
+
+fn state(s: i32) -> &'static str {
+    match pb::EntryState::try_from(s).unwrap_or_default() {
+        pb::EntryState::Done => "Done",
+        pb::EntryState::Progressing => "Progressing",
+        pb::EntryState::Failed => "Failed",
+        pb::EntryState::Unknown => "Unknown",
+        pb::EntryState::Unspecified => "-",
+    }
+}
+
+pub fn result(r: i32) -> &'static str {
+    match pb::RolloutResult::try_from(r).unwrap_or_default() {
+        pb::RolloutResult::InProgress => "InProgress",
+        pb::RolloutResult::Succeeded => "Succeeded",
+        pb::RolloutResult::Failed => "Failed",
+        pb::RolloutResult::DeadlineExceeded => "DeadlineExceeded",
+        pb::RolloutResult::Unspecified => "-",
+    }
+}
+
+fn time(t: &Option<prost_types::Timestamp>) -> Value {
+    match t {
+        Some(t) => jiff::Timestamp::new(t.seconds, t.nanos)
+            .map(|ts| json!(ts.to_string()))
+            .unwrap_or(Value::Null),
+        None => Value::Null,
+    }
+}
+
+/// Columns padded to their widest cell.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        padded.join("  ").trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        out.push_str(&line(row.clone()));
+    }
+    out
+}
+
+pub fn clusters_table(r: &pb::ListClustersResponse) -> String {
+    let rows: Vec<Vec<String>> = r
+        .clusters
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                reach(c.reachability).into(),
+                if c.synced { "yes" } else { "no" }.into(),
+                if c.lease_holder.is_empty() {
+                    "-".into()
+                } else {
+                    c.lease_holder.clone()
+                },
+                if c.led_by_this_replica {
+                    c.epoch.to_string()
+                } else {
+                    "-".into()
+                },
+                c.microservices.to_string(),
+                if c.reason.is_empty() {
+                    c.source.clone()
+                } else {
+                    c.reason.clone()
+                },
+            ]
+        })
+        .collect();
+    format!(
+        "{}(answered by {})\n",
+        table(
+            &[
+                "CLUSTER",
+                "REACHABILITY",
+                "SYNCED",
+                "LEADER",
+                "EPOCH",
+                "MICROSERVICES",
+                "SOURCE / REASON"
+            ],
+            &rows
+        ),
+        r.replica_id
+    )
+}
+
+fn ready(e: &pb::ClusterEntry) -> String {
+    e.replicas
+        .as_ref()
+        .map_or("-".into(), |r| format!("{}/{}", r.available, r.desired))
+}
+
+fn entry_rows(entries: &[pb::ClusterEntry]) -> Vec<Vec<String>> {
+    entries
+        .iter()
+        .map(|e| {
+            vec![
+                e.cluster.clone(),
+                state(e.state).into(),
+                format!("{}/{}", e.observed_generation, e.generation),
+                e.image.clone(),
+                ready(e),
+                if e.reason.is_empty() {
+                    "-".into()
+                } else {
+                    e.reason.clone()
+                },
+            ]
+        })
+        .collect()
+}
+
+const ENTRY_HEADER: [&str; 6] = [
+    "CLUSTER",
+    "STATE",
+    "OBSERVED/GEN",
+    "IMAGE",
+    "AVAILABLE",
+    "REASON",
+];
+
+pub fn microservice_table(m: &pb::Microservice) -> String {
+    let summary = m.aggregate.as_ref().map_or("", |a| a.summary.as_str());
+    format!(
+        "{}/{}: {summary}\n{}",
+        m.namespace,
+        m.name,
+        table(&ENTRY_HEADER, &entry_rows(&m.clusters))
+    )
+}
+
+pub fn list_table(items: &[pb::Microservice]) -> String {
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|m| {
+            let a = m.aggregate.clone().unwrap_or_default();
+            vec![
+                m.namespace.clone(),
+                m.name.clone(),
+                format!("{}/{}", a.done, a.clusters),
+                a.summary,
+            ]
+        })
+        .collect();
+    table(&["NAMESPACE", "NAME", "DONE", "SUMMARY"], &rows)
+}
+
+pub fn progress_text(p: &pb::RolloutProgress, elapsed_secs: f64) -> String {
+    let mut out = format!(
+        "[{elapsed_secs:6.1}s] {}: {}\n",
+        result(p.result),
+        p.summary
+    );
+    for row in entry_rows(&p.clusters) {
+        out.push_str(&format!("           {}\n", row.join("  ")));
+    }
+    out
+}
+
+pub fn cluster_json(c: &pb::Cluster) -> Value {
+    json!({
+        "name": c.name, "source": c.source, "reachability": reach(c.reachability),
+        "reason": c.reason, "lastSeen": time(&c.last_seen), "leaseHolder": c.lease_holder,
+        "epoch": c.epoch, "ledByThisReplica": c.led_by_this_replica,
+        "microservices": c.microservices, "synced": c.synced,
+    })
+}
+
+fn entry_json(e: &pb::ClusterEntry) -> Value {
+    json!({
+        "cluster": e.cluster, "state": state(e.state), "generation": e.generation,
+        "observedGeneration": e.observed_generation, "image": e.image, "phase": e.phase,
+        "replicas": e.replicas.as_ref().map(|r| json!({
+            "desired": r.desired, "updated": r.updated, "ready": r.ready, "available": r.available,
+        })),
+        "reachability": reach(e.reachability), "lastSeen": time(&e.last_seen),
+        "reason": e.reason, "message": e.message, "labels": e.labels,
+        "conditions": e.conditions.iter().map(|c| json!({
+            "type": c.r#type, "status": c.status, "reason": c.reason, "message": c.message,
+            "observedGeneration": c.observed_generation,
+            "lastTransitionTime": time(&c.last_transition_time),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn aggregate_json(a: &Option<pb::Aggregate>) -> Value {
+    let a = a.clone().unwrap_or_default();
+    json!({
+        "clusters": a.clusters, "done": a.done, "progressing": a.progressing,
+        "failed": a.failed, "unknown": a.unknown, "allDone": a.all_done, "summary": a.summary,
+    })
+}
+
+pub fn microservice_json(m: &pb::Microservice) -> Value {
+    json!({
+        "namespace": m.namespace, "name": m.name, "revision": m.revision,
+        "clusters": m.clusters.iter().map(entry_json).collect::<Vec<_>>(),
+        "aggregate": aggregate_json(&m.aggregate),
+    })
+}
+
+pub fn progress_json(p: &pb::RolloutProgress) -> Value {
+    json!({
+        "result": result(p.result), "summary": p.summary, "revision": p.revision,
+        "failedClusters": p.failed_clusters,
+        "clusters": p.clusters.iter().map(entry_json).collect::<Vec<_>>(),
+        "aggregate": aggregate_json(&p.aggregate),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(cluster: &str, st: pb::EntryState) -> pb::ClusterEntry {
+        pb::ClusterEntry {
+            cluster: cluster.into(),
+            state: st as i32,
+            generation: 2,
+            observed_generation: 1,
+            image: "ghcr.io/acme/todo:2".into(),
+            replicas: Some(pb::ReplicaCounts {
+                desired: 2,
+                updated: 1,
+                ready: 1,
+                available: 1,
+            }),
+            reason: "GenerationNotObserved".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(&["A", "LONGER"], &[vec!["wide-cell".into(), "x".into()]]);
+        assert_eq!(t, "A          LONGER\nwide-cell  x\n");
+    }
+
+    #[test]
+    fn a_microservice_prints_its_summary_and_one_row_per_cluster() {
+        let m = pb::Microservice {
+            namespace: "shop".into(),
+            name: "todo-api".into(),
+            clusters: vec![entry("member-1", pb::EntryState::Progressing)],
+            aggregate: Some(pb::Aggregate {
+                summary: "Available in 0/1 clusters at their current generation".into(),
+                ..Default::default()
+            }),
+            revision: 3,
+        };
+        let text = microservice_table(&m);
+        assert!(
+            text.starts_with("shop/todo-api: Available in 0/1"),
+            "{text}"
+        );
+        assert!(text.contains("member-1  Progressing  1/2"), "{text}");
+        assert!(text.contains("ghcr.io/acme/todo:2  1/2"), "{text}");
+        let j = microservice_json(&m);
+        assert_eq!(j["clusters"][0]["state"], "Progressing");
+        assert_eq!(j["clusters"][0]["replicas"]["available"], 1);
+    }
+
+    #[test]
+    fn rollout_progress_names_the_result() {
+        let p = pb::RolloutProgress {
+            result: pb::RolloutResult::Failed as i32,
+            failed_clusters: vec!["member-2".into()],
+            summary: "failed in member-2".into(),
+            clusters: vec![entry("member-2", pb::EntryState::Failed)],
+            ..Default::default()
+        };
+        assert!(progress_text(&p, 1.5).contains("Failed: failed in member-2"));
+        assert_eq!(progress_json(&p)["result"], "Failed");
+    }
+}

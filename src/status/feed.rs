@@ -1,0 +1,117 @@
+//! Read-only watches of one member cluster's Microservices and managed
+//! Deployments, folded into the hub. Every replica runs one per cluster,
+//! whether it leads the cluster or not, so any replica answers for all.
+
+use std::sync::Arc;
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Api, Client, ResourceExt};
+
+use super::hub::Hub;
+use super::index::Key;
+use super::view::{Facts, Replicas};
+use crate::crd::Microservice;
+use crate::domain::conditions;
+use crate::domain::desired::{LABEL_MANAGED_BY, MANAGED_BY};
+
+pub fn facts(ms: &Microservice) -> Facts {
+    let status = ms.status.clone().unwrap_or_default();
+    Facts {
+        generation: ms.metadata.generation.unwrap_or(0),
+        observed_generation: status.observed_generation.unwrap_or(0),
+        image: ms.spec.image.clone(),
+        labels: ms.labels().clone(),
+        phase: status
+            .phase
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_else(|| conditions::phase(&status.conditions).as_str().to_string()),
+        conditions: status.conditions,
+    }
+}
+
+pub fn replicas(d: &Deployment) -> Replicas {
+    let s = d.status.clone().unwrap_or_default();
+    Replicas {
+        desired: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        updated: s.updated_replicas.unwrap_or(0),
+        ready: s.ready_replicas.unwrap_or(0),
+        available: s.available_replicas.unwrap_or(0),
+    }
+}
+
+fn key<K: ResourceExt>(o: &K) -> Key {
+    (o.namespace().unwrap_or_default(), o.name_any())
+}
+
+enum Item {
+    Ms(Box<Event<Microservice>>),
+    Dep(Box<Event<Deployment>>),
+}
+
+/// Runs until dropped. Relists replace the cluster's entries, so nothing
+/// deleted while a watch was down lingers.
+pub async fn run(client: Client, cluster: String, namespace: Option<String>, hub: Arc<Hub>) {
+    let (ms_api, dep_api): (Api<Microservice>, Api<Deployment>) = match &namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client, ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client)),
+    };
+    let managed = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    let ms = watcher(ms_api, watcher::Config::default())
+        .default_backoff()
+        .map(|e| e.map(|m| Item::Ms(Box::new(m))));
+    let deps = watcher(dep_api, managed)
+        .default_backoff()
+        .map(|e| e.map(|d| Item::Dep(Box::new(d))));
+    let mut events = std::pin::pin!(stream::select(ms, deps));
+    let (mut ms_init, mut dep_init) = (Vec::new(), Vec::new());
+    let (mut ms_synced, mut dep_synced, mut announced) = (false, false, false);
+    while let Some(event) = events.next().await {
+        let item = match event {
+            Ok(item) => item,
+            Err(e) => {
+                // Reachability is judged by the elector's Lease reads; the
+                // watcher retries on its own backoff.
+                tracing::debug!(k8s.cluster.name = %cluster, error = %e, "status watch error");
+                continue;
+            }
+        };
+        match item {
+            Item::Ms(event) => match *event {
+                Event::Init => ms_init.clear(),
+                Event::InitApply(o) => ms_init.push((key(&o), facts(&o))),
+                Event::InitDone => {
+                    let items = std::mem::take(&mut ms_init);
+                    hub.update(|ix| ix.replace_microservices(&cluster, items));
+                    ms_synced = true;
+                }
+                Event::Apply(o) => {
+                    hub.update(|ix| ix.upsert_microservice(&cluster, key(&o), facts(&o)))
+                }
+                Event::Delete(o) => hub.update(|ix| ix.delete_microservice(&cluster, &key(&o))),
+            },
+            Item::Dep(event) => match *event {
+                Event::Init => dep_init.clear(),
+                Event::InitApply(o) => dep_init.push((key(&o), replicas(&o))),
+                Event::InitDone => {
+                    let items = std::mem::take(&mut dep_init);
+                    hub.update(|ix| ix.replace_replicas(&cluster, items));
+                    dep_synced = true;
+                }
+                Event::Apply(o) => {
+                    hub.update(|ix| ix.upsert_replicas(&cluster, key(&o), replicas(&o)))
+                }
+                Event::Delete(o) => hub.update(|ix| ix.delete_replicas(&cluster, &key(&o))),
+            },
+        }
+        if ms_synced && dep_synced && !announced {
+            hub.update(|ix| ix.update_cluster(&cluster, "", |c| c.synced = true));
+            announced = true;
+        }
+    }
+}

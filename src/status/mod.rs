@@ -1,0 +1,9 @@
+//! The fleet-wide status every replica serves: a pure index of all member
+//! clusters' Microservices (`index`, `view`, `selector`), the hub that shares
+//! it between tasks, and the read-only watches that feed it (`feed`).
+
+pub mod feed;
+pub mod hub;
+pub mod index;
+pub mod selector;
+pub mod view;

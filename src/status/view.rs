@@ -1,0 +1,429 @@
+//! What the fleet knows about one Microservice, and the verdicts drawn from
+//! it: per-cluster state, the aggregate, and rollout progress. All pure.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+use crate::domain::conditions::{self, AVAILABLE, RECONCILED};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    Connecting,
+    Reachable,
+    Unreachable,
+    Invalid,
+}
+
+/// A member cluster as this replica sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterInfo {
+    pub source: String,
+    pub reach: Reach,
+    pub reason: String,
+    pub last_seen: Option<SystemTime>,
+    pub holder: Option<String>,
+    pub epoch: Option<i32>,
+    pub led_here: bool,
+    /// The status caches completed their first listing.
+    pub synced: bool,
+}
+
+impl ClusterInfo {
+    pub fn new(source: &str) -> Self {
+        ClusterInfo {
+            source: source.to_string(),
+            reach: Reach::Connecting,
+            reason: String::new(),
+            last_seen: None,
+            holder: None,
+            epoch: None,
+            led_here: false,
+            synced: false,
+        }
+    }
+
+    /// Settled for readiness: its caches are current, or it cannot have any.
+    pub fn settled(&self) -> bool {
+        self.synced || matches!(self.reach, Reach::Unreachable | Reach::Invalid)
+    }
+}
+
+/// A Microservice in one cluster, from its spec, metadata and status.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Facts {
+    pub generation: i64,
+    pub observed_generation: i64,
+    pub image: String,
+    pub labels: BTreeMap<String, String>,
+    pub conditions: Vec<Condition>,
+    pub phase: String,
+}
+
+/// The Deployment's replica counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replicas {
+    pub desired: i32,
+    pub updated: i32,
+    pub ready: i32,
+    pub available: i32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum EntryState {
+    Done,
+    Progressing,
+    Failed,
+    Unknown,
+}
+
+/// One cluster's entry, with the cluster's reachability folded in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub cluster: String,
+    pub facts: Facts,
+    pub replicas: Option<Replicas>,
+    pub reach: Reach,
+    pub last_seen: Option<SystemTime>,
+    pub state: EntryState,
+    pub reason: String,
+    pub message: String,
+}
+
+/// A permanent failure at the current generation: no retry fixes it.
+fn failure(f: &Facts) -> Option<&Condition> {
+    conditions::find(&f.conditions, RECONCILED).filter(|c| {
+        c.status == "False"
+            && conditions::is_permanent_reason(&c.reason)
+            && f.observed_generation == f.generation
+    })
+}
+
+/// Done means the current generation is observed and Available=True; a
+/// True carried over from an older generation does not count.
+pub fn entry_state(f: &Facts, reach: Reach) -> (EntryState, String, String) {
+    if reach != Reach::Reachable {
+        return (
+            EntryState::Unknown,
+            "ClusterUnreachable".into(),
+            "the cluster is not answering; this is its last known state".into(),
+        );
+    }
+    if let Some(c) = failure(f) {
+        return (EntryState::Failed, c.reason.clone(), c.message.clone());
+    }
+    if f.observed_generation != f.generation {
+        return (
+            EntryState::Progressing,
+            "GenerationNotObserved".into(),
+            format!(
+                "generation {} is not yet observed (status is for {})",
+                f.generation, f.observed_generation
+            ),
+        );
+    }
+    match conditions::find(&f.conditions, AVAILABLE) {
+        Some(c) if c.status == "True" => (EntryState::Done, c.reason.clone(), c.message.clone()),
+        Some(c) => (EntryState::Progressing, c.reason.clone(), c.message.clone()),
+        None => (
+            EntryState::Progressing,
+            "AvailabilityUnknown".into(),
+            "no Available condition yet".into(),
+        ),
+    }
+}
+
+pub fn entry(
+    cluster: &str,
+    facts: &Facts,
+    replicas: Option<Replicas>,
+    info: Option<&ClusterInfo>,
+) -> Entry {
+    let reach = info.map_or(Reach::Connecting, |i| i.reach);
+    let (state, reason, message) = entry_state(facts, reach);
+    Entry {
+        cluster: cluster.to_string(),
+        facts: facts.clone(),
+        replicas,
+        reach,
+        last_seen: info.and_then(|i| i.last_seen),
+        state,
+        reason,
+        message,
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Aggregate {
+    pub clusters: u32,
+    pub done: u32,
+    pub progressing: u32,
+    pub failed: u32,
+    pub unknown: u32,
+    pub all_done: bool,
+    pub summary: String,
+}
+
+fn names(entries: &[Entry], state: EntryState) -> String {
+    entries
+        .iter()
+        .filter(|e| e.state == state)
+        .map(|e| e.cluster.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn aggregate(entries: &[Entry]) -> Aggregate {
+    let count = |s: EntryState| entries.iter().filter(|e| e.state == s).count() as u32;
+    let (done, progressing, failed, unknown) = (
+        count(EntryState::Done),
+        count(EntryState::Progressing),
+        count(EntryState::Failed),
+        count(EntryState::Unknown),
+    );
+    let clusters = entries.len() as u32;
+    let mut summary =
+        format!("Available in {done}/{clusters} clusters at their current generation");
+    for (n, state, word) in [
+        (failed, EntryState::Failed, "failed"),
+        (progressing, EntryState::Progressing, "progressing"),
+        (unknown, EntryState::Unknown, "unknown"),
+    ] {
+        if n > 0 {
+            summary.push_str(&format!("; {word}: {}", names(entries, state)));
+        }
+    }
+    Aggregate {
+        clusters,
+        done,
+        progressing,
+        failed,
+        unknown,
+        all_done: clusters > 0 && done == clusters,
+        summary,
+    }
+}
+
+/// What a rollout waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Image(String),
+    Generation(i64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RolloutResult {
+    InProgress,
+    Succeeded,
+    Failed(Vec<String>),
+}
+
+/// One cluster's entry judged against the rollout's target: a cluster is
+/// done only when the target is in its spec and that generation is done.
+pub fn rollout_entry(target: &Target, e: &Entry) -> Entry {
+    let mut e = e.clone();
+    if e.state == EntryState::Unknown {
+        return e;
+    }
+    let behind = match target {
+        Target::Image(image) if e.facts.image != *image => Some((
+            "ImageNotInSpec",
+            format!("the spec has image {}, not {image}", e.facts.image),
+        )),
+        Target::Generation(g) if e.facts.generation < *g => Some((
+            "GenerationNotReached",
+            format!(
+                "the spec is at generation {}, not yet {g}",
+                e.facts.generation
+            ),
+        )),
+        _ => None,
+    };
+    if let Some((reason, message)) = behind {
+        e.state = EntryState::Progressing;
+        e.reason = reason.into();
+        e.message = message;
+    }
+    e
+}
+
+/// A missing cluster the rollout must wait for.
+pub fn absent_entry(cluster: &str, info: Option<&ClusterInfo>) -> Entry {
+    let mut e = entry(cluster, &Facts::default(), None, info);
+    if e.state != EntryState::Unknown {
+        e.state = EntryState::Progressing;
+        e.reason = "NotFound".into();
+        e.message = "the Microservice is not in this cluster".into();
+    }
+    e
+}
+
+pub fn rollout_result(entries: &[Entry]) -> RolloutResult {
+    let failed: Vec<String> = entries
+        .iter()
+        .filter(|e| e.state == EntryState::Failed)
+        .map(|e| e.cluster.clone())
+        .collect();
+    if !failed.is_empty() {
+        RolloutResult::Failed(failed)
+    } else if !entries.is_empty() && entries.iter().all(|e| e.state == EntryState::Done) {
+        RolloutResult::Succeeded
+    } else {
+        RolloutResult::InProgress
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cond(type_: &str, status: &str, reason: &str, generation: i64) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: format!("{type_} is {status}"),
+            observed_generation: Some(generation),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::UNIX_EPOCH,
+            ),
+        }
+    }
+
+    fn facts(generation: i64, observed: i64, image: &str, available: &str) -> Facts {
+        Facts {
+            generation,
+            observed_generation: observed,
+            image: image.into(),
+            conditions: vec![
+                cond(RECONCILED, "True", "Applied", observed),
+                cond(AVAILABLE, available, "MinimumReplicasAvailable", observed),
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn reachable() -> ClusterInfo {
+        ClusterInfo {
+            reach: Reach::Reachable,
+            ..ClusterInfo::new("file m")
+        }
+    }
+
+    #[test]
+    fn a_stale_available_from_an_older_generation_is_not_done() {
+        let (state, reason, _) = entry_state(&facts(7, 6, "a:2", "True"), Reach::Reachable);
+        assert_eq!(state, EntryState::Progressing);
+        assert_eq!(reason, "GenerationNotObserved");
+        let (state, ..) = entry_state(&facts(7, 7, "a:2", "True"), Reach::Reachable);
+        assert_eq!(state, EntryState::Done);
+        let (state, ..) = entry_state(&facts(7, 7, "a:2", "False"), Reach::Reachable);
+        assert_eq!(state, EntryState::Progressing);
+    }
+
+    #[test]
+    fn an_unreachable_cluster_is_unknown_whatever_it_last_said() {
+        for reach in [Reach::Unreachable, Reach::Connecting, Reach::Invalid] {
+            let (state, reason, _) = entry_state(&facts(1, 1, "a:1", "True"), reach);
+            assert_eq!(state, EntryState::Unknown);
+            assert_eq!(reason, "ClusterUnreachable");
+        }
+    }
+
+    #[test]
+    fn a_permanent_failure_counts_only_at_the_current_generation() {
+        let mut f = facts(3, 3, "a:1", "False");
+        f.conditions[0] = cond(RECONCILED, "False", "OwnershipConflict", 3);
+        assert_eq!(entry_state(&f, Reach::Reachable).0, EntryState::Failed);
+        // The spec moved on since: the old failure says nothing about it.
+        f.generation = 4;
+        assert_eq!(entry_state(&f, Reach::Reachable).0, EntryState::Progressing);
+        // A transient API error is not a failure.
+        let mut g = facts(3, 3, "a:1", "False");
+        g.conditions[0] = cond(RECONCILED, "False", "ApiError", 3);
+        assert_eq!(entry_state(&g, Reach::Reachable).0, EntryState::Progressing);
+    }
+
+    #[test]
+    fn the_aggregate_counts_and_names_clusters() {
+        let info = reachable();
+        let down = ClusterInfo {
+            reach: Reach::Unreachable,
+            ..ClusterInfo::new("file m3")
+        };
+        let entries = vec![
+            entry("m1", &facts(2, 2, "a:2", "True"), None, Some(&info)),
+            entry("m2", &facts(2, 1, "a:2", "True"), None, Some(&info)),
+            entry("m3", &facts(2, 2, "a:2", "True"), None, Some(&down)),
+        ];
+        let a = aggregate(&entries);
+        assert_eq!((a.clusters, a.done, a.progressing, a.unknown), (3, 1, 1, 1));
+        assert!(!a.all_done);
+        assert_eq!(
+            a.summary,
+            "Available in 1/3 clusters at their current generation; progressing: m2; unknown: m3"
+        );
+        let all = aggregate(&entries[..1]);
+        assert!(all.all_done);
+        assert_eq!(
+            all.summary,
+            "Available in 1/1 clusters at their current generation"
+        );
+        assert!(!aggregate(&[]).all_done);
+    }
+
+    #[test]
+    fn a_rollout_waits_for_the_target_in_the_spec_and_fails_on_a_permanent_error() {
+        let info = reachable();
+        let old = entry("m1", &facts(1, 1, "a:1", "True"), None, Some(&info));
+        let image = Target::Image("a:2".into());
+        let judged = rollout_entry(&image, &old);
+        assert_eq!(judged.state, EntryState::Progressing);
+        assert_eq!(judged.reason, "ImageNotInSpec");
+        // The new spec is there but not observed: the old True must not end it.
+        let pending = entry("m1", &facts(2, 1, "a:2", "True"), None, Some(&info));
+        assert_eq!(
+            rollout_result(&[rollout_entry(&image, &pending)]),
+            RolloutResult::InProgress
+        );
+        let done = entry("m1", &facts(2, 2, "a:2", "True"), None, Some(&info));
+        let mut failed_facts = facts(2, 2, "a:2", "False");
+        failed_facts.conditions[0] = cond(RECONCILED, "False", "OwnershipConflict", 2);
+        let failed = entry("m2", &failed_facts, None, Some(&info));
+        assert_eq!(
+            rollout_result(&[rollout_entry(&image, &done)]),
+            RolloutResult::Succeeded
+        );
+        assert_eq!(
+            rollout_result(&[rollout_entry(&image, &done), rollout_entry(&image, &failed)]),
+            RolloutResult::Failed(vec!["m2".into()])
+        );
+        let by_generation = Target::Generation(3);
+        assert_eq!(
+            rollout_entry(&by_generation, &done).reason,
+            "GenerationNotReached"
+        );
+        let absent = absent_entry("m9", Some(&info));
+        assert_eq!(
+            (absent.state, absent.reason.as_str()),
+            (EntryState::Progressing, "NotFound")
+        );
+        assert_eq!(rollout_result(&[]), RolloutResult::InProgress);
+    }
+
+    #[test]
+    fn readiness_waits_for_synced_or_unreachable_clusters() {
+        let mut c = ClusterInfo::new("file m");
+        assert!(!c.settled());
+        c.reach = Reach::Reachable;
+        assert!(!c.settled());
+        c.synced = true;
+        assert!(c.settled());
+        let down = ClusterInfo {
+            reach: Reach::Unreachable,
+            ..ClusterInfo::new("file m")
+        };
+        assert!(down.settled());
+    }
+}
