@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -58,3 +58,8 @@ bench-reconcile: toolchain
 bench-failover: toolchain
 	integration/fleet up
 	cargo bench --locked --bench failover
+
+# Convergence, memory, idle CPU and gRPC latency with 3 members x 500 Microservices.
+bench-fleet: toolchain
+	integration/fleet up
+	cargo bench --locked --bench fleet_scale
