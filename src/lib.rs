@@ -8,3 +8,4 @@ pub mod domain;
 pub mod fleet;
 pub mod reconciler;
 pub mod status;
+pub mod telemetry;

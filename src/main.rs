@@ -19,6 +19,7 @@ use flotilla::fleet::election::Timings;
 use flotilla::fleet::runtime::FleetOptions;
 use flotilla::reconciler::{self, Hooks, Settings, WriterIdentity};
 use flotilla::status::hub::Hub;
+use flotilla::telemetry;
 
 #[derive(Parser)]
 #[command(
@@ -218,21 +219,12 @@ struct RunArgs {
     /// The longest a WaitForRollout call may run.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_WAIT", default_value = "1h", value_parser = parse_duration)]
     grpc_max_wait: Duration,
+    /// Fleet mode: where /metrics, /healthz and /readyz are served.
+    #[arg(long, env = "FLOTILLA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: std::net::SocketAddr,
     /// This replica's identity, stamped on every write.
     #[arg(long, env = "FLOTILLA_REPLICA_ID")]
     replica_id: Option<String>,
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }
 
 async fn client_for(kubeconfig: Option<&PathBuf>) -> Result<Client, String> {
@@ -290,6 +282,9 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let listener = flotilla::api::server::bind(&grpc)
         .await
         .map_err(|e| e.to_string())?;
+    let metrics_listener = telemetry::http::bind(args.metrics_addr)
+        .await
+        .map_err(|e| e.to_string())?;
     let home = client_for(args.home_kubeconfig.as_ref()).await?;
     let hub = Hub::new(&replica_id);
     let options = FleetOptions {
@@ -322,6 +317,11 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         rx.wait_for(|s| *s).await.ok();
     };
+    let http = tokio::spawn(telemetry::http::serve(
+        metrics_listener,
+        hub.readiness(),
+        stopped(stop_rx.clone()),
+    ));
     let server = tokio::spawn(flotilla::api::server::serve(
         hub,
         grpc,
@@ -333,6 +333,11 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "gRPC server failed"),
         Err(e) => tracing::error!(error = %e, "gRPC server task failed"),
+    }
+    match http.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "metrics endpoint failed"),
+        Err(e) => tracing::error!(error = %e, "metrics endpoint task failed"),
     }
     tracing::info!("stopped");
     Ok(())
@@ -433,11 +438,14 @@ async fn remote(command: Command) -> u8 {
     })
 }
 
-async fn run(args: RunArgs) -> Result<(), String> {
-    let holder = args
-        .replica_id
+fn replica_id(args: &RunArgs) -> String {
+    args.replica_id
         .clone()
-        .unwrap_or_else(|| format!("flotilla-{}", std::process::id()));
+        .unwrap_or_else(|| format!("flotilla-{}", std::process::id()))
+}
+
+async fn run(args: RunArgs) -> Result<(), String> {
+    let holder = replica_id(&args);
     if args.kubeconfig_dir.is_some() || args.fleet {
         let dir = args.kubeconfig_dir.clone();
         return run_fleet(args, dir, holder).await;
@@ -486,7 +494,6 @@ fn main() -> ExitCode {
             ExitCode::from(runtime.block_on(remote(command)))
         }
         Command::Run(args) => {
-            init_logging(cli.log_format);
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {
@@ -494,7 +501,25 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(run(*args)) {
+            let format = match cli.log_format {
+                LogFormat::Text => telemetry::LogFormat::Text,
+                LogFormat::Json => telemetry::LogFormat::Json,
+            };
+            let outcome = runtime.block_on(async move {
+                let fleet_mode = args.kubeconfig_dir.is_some() || args.fleet;
+                let who = telemetry::Identity {
+                    replica_id: replica_id(&args),
+                    fleet_name: fleet_mode.then(|| args.fleet_name.clone()),
+                };
+                let telemetry = telemetry::init(format, &who).map_err(|e| e.to_string())?;
+                let result = run(*args).await;
+                // Flushing blocks on the exporter, which needs the runtime's other workers.
+                tokio::task::spawn_blocking(move || telemetry.shutdown())
+                    .await
+                    .ok();
+                result
+            });
+            match outcome {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -341,9 +341,10 @@ async fn each_member_client_is_held_to_its_request_budget() {
         qps: 10.0,
         burst: 5,
     };
-    let limited = flotilla::fleet::cluster::client_for(kubeconfig, "budget-test", budget)
-        .await
-        .unwrap();
+    let limited =
+        flotilla::fleet::cluster::client_for("member-1", kubeconfig, "budget-test", budget)
+            .await
+            .unwrap();
     let leases: Api<Lease> = Api::namespaced(limited, "kube-system");
     let start = Instant::now();
     for _ in 0..20 {

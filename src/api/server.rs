@@ -17,6 +17,7 @@ use super::pb::fleet_status_server::FleetStatusServer;
 use super::service::FleetStatusService;
 use super::{ApiError, pb};
 use crate::status::hub::Hub;
+use crate::telemetry::grpc_layer::GrpcTelemetryLayer;
 
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
@@ -177,6 +178,7 @@ pub async fn serve(
             .map_err(|e| ApiError::Config(format!("TLS: {e}")))?;
     }
     let result = builder
+        .layer(GrpcTelemetryLayer)
         .layer(tower::util::MapResponseLayer::new(
             oversized_is_resource_exhausted,
         ))

@@ -22,6 +22,8 @@ use crate::domain::desired::PlatformDefaults;
 use crate::reconciler::{self, Hooks, Settings, WriterIdentity};
 use crate::status::hub::Hub;
 use crate::status::view::Reach;
+use crate::telemetry::kube_layer::ApiMetricsLayer;
+use crate::telemetry::metrics::METRICS;
 
 /// What this replica knows about a cluster, for logs and the status API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +45,9 @@ pub enum ClusterState {
         epoch: i32,
     },
 }
+
+/// How long the first contact with a cluster may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every cluster task of one replica shares.
 #[derive(Clone, Debug)]
@@ -99,6 +104,21 @@ fn set_state(hub: &Hub, cluster: &str, me: &str, state: ClusterState) {
             if *info != before {
                 tracing::info!(k8s.cluster.name = cluster, state = ?state, "cluster state");
             }
+            if info.led_here != before.led_here {
+                METRICS.lease_transitions_total.inc(&[cluster]);
+                if info.led_here {
+                    tracing::info!(k8s.cluster.name = cluster, epoch = ?info.epoch, "leadership acquired");
+                } else {
+                    tracing::info!(k8s.cluster.name = cluster, "leadership lost");
+                }
+            }
+            METRICS
+                .cluster_leader
+                .set(&[cluster], if info.led_here { 1.0 } else { 0.0 });
+            METRICS.cluster_reachable.set(
+                &[cluster],
+                if info.reach == Reach::Reachable { 1.0 } else { 0.0 },
+            );
         })
     });
 }
@@ -106,6 +126,7 @@ fn set_state(hub: &Hub, cluster: &str, me: &str, state: ClusterState) {
 /// A client with this replica's user agent, so audit logs name the writer.
 /// Its requests are held to the cluster's own budget.
 pub async fn client_for(
+    cluster: &str,
     kubeconfig: Kubeconfig,
     replica_id: &str,
     budget: Budget,
@@ -119,7 +140,10 @@ pub async fn client_for(
     config.headers.push((http::header::USER_AGENT, value));
     let builder = ClientBuilder::try_from(config)
         .map_err(|e| format!("client: {}", redact(&e.to_string())))?;
-    Ok(builder.with_layer(&budget.layer()).build())
+    Ok(builder
+        .with_layer(&budget.layer())
+        .with_layer(&ApiMetricsLayer::new(cluster))
+        .build())
 }
 
 /// Keeps error messages about kubeconfigs short and free of embedded data.
@@ -159,7 +183,7 @@ pub async fn run(
     hub: Arc<Hub>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let client = match client_for(kubeconfig, &settings.replica_id, settings.budget).await {
+    let client = match client_for(&name, kubeconfig, &settings.replica_id, settings.budget).await {
         Ok(c) => c,
         Err(reason) => {
             set_state(
@@ -174,18 +198,30 @@ pub async fn run(
     // Reachability, with backoff; nothing else waits on this cluster.
     let mut delay = Duration::from_millis(200);
     loop {
-        match client.apiserver_version().await {
-            Ok(_) => {
+        // A server that accepts connections and never answers must neither
+        // hold this task past shutdown nor stay "connecting" for ever.
+        let probe = tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version());
+        let answer = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            answer = probe => answer,
+        };
+        let failure = match answer {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(redact(&e.to_string())),
+            Err(_) => Some(format!("no answer within {PROBE_TIMEOUT:?}")),
+        };
+        match failure {
+            None => {
                 set_state(&hub, &name, &settings.replica_id, ClusterState::Reachable);
                 break;
             }
-            Err(e) => {
+            Some(reason) => {
                 set_state(
                     &hub,
                     &name,
                     &settings.replica_id,
                     ClusterState::Unreachable {
-                        reason: redact(&e.to_string()),
+                        reason,
                         last_seen: None,
                     },
                 );

@@ -19,6 +19,7 @@ use super::replicas;
 use super::shard::assign;
 use crate::status::hub::Hub;
 use crate::status::view::Reach;
+use crate::telemetry::metrics::METRICS;
 
 pub struct FleetOptions {
     pub home: Client,
@@ -163,10 +164,20 @@ pub async fn run(opts: FleetOptions, shutdown: impl std::future::Future<Output =
                 stop_cluster(&name, old).await;
             }
         }
-        hub.update(|ix| {
+        let forgotten = hub.update(|ix| {
+            let gone: Vec<String> = ix
+                .clusters()
+                .keys()
+                .filter(|c| !found.contains_key(*c))
+                .cloned()
+                .collect();
             ix.retain_clusters(&found.keys().cloned().collect());
             ix.registry_read();
+            gone
         });
+        for cluster in forgotten {
+            METRICS.forget_cluster(&cluster);
+        }
 
         // The assignment follows the live replicas and the valid clusters.
         let live = live_rx.borrow_and_update().clone();

@@ -23,6 +23,7 @@ use crate::domain::ownership::{Ownership, ownership};
 use crate::domain::status::{Outcome, RolloutFacts, ready_endpoints};
 use crate::domain::update::{deployment_update, service_update};
 use crate::domain::{DomainError, OwnerIdentity};
+use crate::telemetry::metrics::METRICS;
 
 const CACHES_WARMING: &str = "CachesWarming";
 
@@ -40,12 +41,18 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
         outcome = field::Empty,
     );
     async move {
+        let started = tokio::time::Instant::now();
         let result = reconcile_inner(&ms, &ctx).await;
         let outcome = match &result {
             Ok(label) => *label,
             Err(e) => e.category(),
         };
         tracing::Span::current().record("outcome", outcome);
+        let cluster = ctx.settings.cluster.as_str();
+        METRICS.reconcile_total.inc(&[cluster, outcome]);
+        METRICS
+            .reconcile_duration
+            .observe(&[cluster], started.elapsed().as_secs_f64());
         match result {
             Ok(label) => {
                 if let Ok(mut b) = ctx.backoff.lock() {

@@ -25,6 +25,10 @@ pub struct Replicas {
     pub grpc_args: Vec<String>,
     /// Each running replica's gRPC port.
     pub grpc_ports: BTreeMap<String, u16>,
+    /// Each running replica's /metrics, /healthz and /readyz port.
+    pub metrics_ports: BTreeMap<String, u16>,
+    /// Extra environment, e.g. OTEL_* variables.
+    pub env: Vec<(String, String)>,
     children: BTreeMap<String, Child>,
 }
 
@@ -47,6 +51,8 @@ impl Replicas {
             namespace: namespace.to_string(),
             grpc_args: vec!["--grpc-insecure".into()],
             grpc_ports: BTreeMap::new(),
+            metrics_ports: BTreeMap::new(),
+            env: Vec::new(),
             children: BTreeMap::new(),
         };
         for m in members {
@@ -70,6 +76,8 @@ impl Replicas {
         let out = std::fs::File::create(&log).expect("replica log");
         let port = free_port();
         self.grpc_ports.insert(id.to_string(), port);
+        let metrics_port = free_port();
+        self.metrics_ports.insert(id.to_string(), metrics_port);
         let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .args(["run", "--kubeconfig-dir"])
             .arg(&self.dir)
@@ -97,6 +105,9 @@ impl Replicas {
             .arg("--grpc-addr")
             .arg(format!("127.0.0.1:{port}"))
             .args(&self.grpc_args)
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{metrics_port}"))
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("RUST_LOG", "info,kube=warn")
             .stdout(Stdio::null())
             .stderr(out)
@@ -129,6 +140,11 @@ impl Replicas {
     /// The replica's plaintext gRPC address.
     pub fn grpc_url(&self, id: &str) -> String {
         format!("http://127.0.0.1:{}", self.grpc_ports[id])
+    }
+
+    /// The replica's metrics and health endpoint.
+    pub fn metrics_url(&self, id: &str) -> String {
+        format!("http://127.0.0.1:{}", self.metrics_ports[id])
     }
 
     pub fn lease_name(&self) -> String {
