@@ -45,9 +45,9 @@ unit:
 demo: toolchain
 	integration/demo
 
-# deploy/crd.yaml is generated from the Rust types; a unit test fails on drift.
+# deploy/member/crd.yaml is generated from the Rust types; a unit test fails on drift.
 crd:
-	cargo run --quiet -- crd > deploy/crd.yaml
+	cargo run --quiet -- crd > deploy/member/crd.yaml
 
 # Reconcile throughput, API cost and memory on member-3 of a running fleet.
 bench-reconcile: toolchain

@@ -97,7 +97,7 @@ pub struct ManagedResources {
     pub service: Option<String>,
 }
 
-/// The CRD as YAML, exactly as `flotilla crd` prints it and `deploy/crd.yaml` holds it.
+/// The CRD as YAML, exactly as `flotilla crd` prints it and `deploy/member/crd.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     serde_yaml::to_string(&Microservice::crd())
 }
@@ -109,10 +109,10 @@ mod tests {
     #[test]
     fn deploy_crd_matches_the_types() {
         let generated = crd_yaml().expect("serialize CRD");
-        let committed = include_str!("../deploy/crd.yaml");
+        let committed = include_str!("../deploy/member/crd.yaml");
         assert!(
             generated == committed,
-            "deploy/crd.yaml is stale: run `make crd` (cargo run -- crd > deploy/crd.yaml)"
+            "deploy/member/crd.yaml is stale: run `make crd` (cargo run -- crd > deploy/member/crd.yaml)"
         );
     }
 

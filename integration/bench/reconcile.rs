@@ -12,17 +12,28 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use kube::api::PostParams;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde_json::json;
 use support::{
     Operator, RequestCounter, TestNamespace, client, counting_client, ensure_crd, eventually,
     from_json, settings, wait_all_true,
 };
+use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -157,25 +168,127 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Whether spans go to the OTLP exporter right now (tracing comparison only).
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+static EXPORTED: AtomicU64 = AtomicU64::new(0);
+
+/// An OTLP trace receiver that counts what it is sent.
+struct CountingReceiver;
+
+#[tonic::async_trait]
+impl TraceService for CountingReceiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let spans: usize = request
+            .into_inner()
+            .resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .map(|s| s.spans.len())
+            .sum();
+        EXPORTED.fetch_add(spans as u64, Ordering::Relaxed);
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// A receiver on a local port, and a tracer provider exporting to it in batches.
+async fn otlp_pipeline() -> SdkTracerProvider {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(CountingReceiver))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(format!("http://127.0.0.1:{port}"))
+        .build()
+        .expect("exporter");
+    SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .build()
+}
+
 fn main() {
-    let subscriber = tracing_subscriber::registry().with(ReconcileCounter);
-    tracing::subscriber::set_global_default(subscriber).expect("subscriber");
     let n = env_usize("FLOTILLA_BENCH_N", 500);
     let runs = env_usize("FLOTILLA_BENCH_RUNS", 3);
+    // FLOTILLA_BENCH_TRACING=compare alternates runs without and with the
+    // OTLP exporter (a real receiver in this process), in one fleet, one run.
+    let compare = std::env::var("FLOTILLA_BENCH_TRACING").is_ok_and(|v| v == "compare");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let provider = compare.then(|| rt.block_on(otlp_pipeline()));
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("bench"))
+            // The operator's own default levels, as `flotilla run` exports them.
+            .with_filter(EnvFilter::new("info,kube=warn"))
+            .with_filter(filter_fn(|_| EXPORTING.load(Ordering::Relaxed)))
+    });
+    let subscriber = tracing_subscriber::registry()
+        .with(ReconcileCounter)
+        .with(otel);
+    tracing::subscriber::set_global_default(subscriber).expect("subscriber");
+    let mut modes: Vec<bool> = Vec::new();
     let results: Vec<Run> = rt.block_on(async {
         let client = client(CLUSTER).await;
         ensure_crd(&client).await;
         // The operator's own client, whose requests are counted (watches excluded).
         let (op_client, requests) = counting_client(CLUSTER).await;
         let mut results = Vec::new();
-        for i in 0..runs {
+        let total = if compare { 2 * runs } else { runs };
+        for i in 0..total {
+            let exporting = compare && i % 2 == 1;
+            EXPORTING.store(exporting, Ordering::Relaxed);
             let r = one_run(&client, &op_client, &requests, n).await;
-            eprintln!("run {}: {r:?}", i + 1);
+            eprintln!(
+                "run {} (exporter {}): {r:?}",
+                i + 1,
+                if exporting { "on" } else { "off" }
+            );
+            modes.push(exporting);
             results.push(r);
         }
         results
     });
+    if let Some(p) = provider {
+        p.shutdown().ok();
+        let pick = |on: bool, f: fn(&Run) -> f64| {
+            median(
+                results
+                    .iter()
+                    .zip(&modes)
+                    .filter(|(_, m)| **m == on)
+                    .map(|(r, _)| f(r))
+                    .collect(),
+            )
+        };
+        println!(
+            "tracing overhead: {n} Microservices on {CLUSTER}, {runs} runs each, alternating (median)"
+        );
+        println!("  {:<40} {:>10} {:>10}", "", "off", "on");
+        type Col = (&'static str, fn(&Run) -> f64);
+        let cols: [Col; 2] = [
+            ("changed: Microservices/s", |r| r.changed_per_second),
+            ("in sync: reconciles/s", |r| r.in_sync_per_second),
+        ];
+        for (label, f) in cols {
+            println!(
+                "  {label:<40} {:>10.1} {:>10.1}",
+                pick(false, f),
+                pick(true, f)
+            );
+        }
+        println!(
+            "  spans received by the OTLP receiver: {}",
+            EXPORTED.load(Ordering::Relaxed)
+        );
+        return;
+    }
     let col = |f: fn(&Run) -> f64| {
         let v: Vec<f64> = results.iter().map(f).collect();
         let (lo, hi) = v

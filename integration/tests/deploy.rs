@@ -1,0 +1,326 @@
+//! The manifests in `deploy/` against real apiservers: server-side dry-run,
+//! then for real; RBAC that grants what the operator needs and nothing
+//! broad; and a replica running on exactly those credentials.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::PostParams;
+use support::replicas::free_port;
+use support::{
+    TestNamespace, client, fleet_dir, kubeconfig_path, kubectl, microservice, wait_all_true,
+};
+
+use flotilla::crd::Microservice;
+
+const SA: &str = "system:serviceaccount:flotilla-system:flotilla";
+
+fn deploy_dir(sub: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(sub)
+}
+
+/// kubectl against a cluster of the fleet: exit status and output.
+fn k(cluster: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(kubeconfig_path(cluster))
+        .args(args)
+        .output()
+        .expect("kubectl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn apply(cluster: &str, dir: &str) {
+    // A server-side dry-run of namespaced objects needs their namespace.
+    let ns = deploy_dir(dir).join("namespace.yaml").display().to_string();
+    let (ok, out) = k(cluster, &["apply", "--server-side", "-f", &ns]);
+    assert!(ok, "namespace on {cluster}: {out}");
+    let path = deploy_dir(dir).display().to_string();
+    for dry in [true, false] {
+        let mut args = vec!["apply", "--server-side", "--force-conflicts", "-k", &path];
+        if dry {
+            args.push("--dry-run=server");
+        }
+        let (ok, out) = k(cluster, &args);
+        assert!(ok, "kubectl {args:?} on {cluster}: {out}");
+    }
+}
+
+/// `kubectl auth can-i` as the operator's ServiceAccount: a
+/// SubjectAccessReview answered by the apiserver's RBAC authorizer.
+fn can(cluster: &str, args: &[&str]) -> bool {
+    let mut all = vec!["auth", "can-i"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--as", SA]);
+    let (_, out) = k(cluster, &all);
+    match out.trim() {
+        "yes" => true,
+        s if s.starts_with("no") => false,
+        other => panic!("kubectl auth can-i {args:?}: {other}"),
+    }
+}
+
+#[test]
+fn rbac_manifests_name_no_wildcards_and_no_cluster_wide_secrets() {
+    for file in ["home/rbac.yaml", "member/rbac.yaml"] {
+        let text = std::fs::read_to_string(deploy_dir(file)).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = serde_yaml::Value::deserialize(doc).unwrap();
+            let kind = v["kind"].as_str().unwrap_or_default().to_string();
+            for rule in v["rules"].as_sequence().into_iter().flatten() {
+                for key in ["verbs", "resources", "apiGroups"] {
+                    for item in rule[key].as_sequence().into_iter().flatten() {
+                        assert_ne!(item.as_str(), Some("*"), "{file}: a wildcard in {key}");
+                    }
+                }
+                let resources: Vec<&str> = rule["resources"]
+                    .as_sequence()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r.as_str())
+                    .collect();
+                if kind == "ClusterRole" {
+                    assert!(
+                        !resources.contains(&"secrets"),
+                        "{file}: cluster-wide Secrets"
+                    );
+                }
+            }
+        }
+    }
+}
+
+use serde::Deserialize;
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
+    }
+}
+
+/// A kubeconfig for `cluster` that authenticates with a ServiceAccount token.
+fn token_kubeconfig(cluster: &str, dir: &Path) -> PathBuf {
+    let (ok, token) = k(
+        cluster,
+        &[
+            "create",
+            "token",
+            "flotilla",
+            "-n",
+            "flotilla-system",
+            "--duration",
+            "1h",
+        ],
+    );
+    assert!(ok, "token for {cluster}: {token}");
+    let admin: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig_path(cluster)).unwrap()).unwrap();
+    let c = &admin["clusters"][0]["cluster"];
+    let kubeconfig = serde_json::json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": cluster, "cluster": {
+            "server": c["server"].as_str().unwrap(),
+            "certificate-authority-data": c["certificate-authority-data"].as_str().unwrap(),
+        }}],
+        "users": [{"name": "flotilla", "user": {"token": token.trim()}}],
+        "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": "flotilla"}}],
+        "current-context": cluster,
+    });
+    let path = dir.join(format!("{cluster}.yaml"));
+    std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
+    apply("home", "home");
+    apply("member-1", "member");
+    let (ok, out) = k(
+        "home",
+        &[
+            "-n",
+            "flotilla-system",
+            "get",
+            "deployment",
+            "flotilla",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ],
+    );
+    assert!(ok && out.trim() == "3", "{out}");
+    let (ok, out) = k(
+        "home",
+        &["-n", "flotilla-system", "get", "pdb,svc", "-o", "name"],
+    );
+    assert!(
+        ok && out.contains("flotilla-grpc") && out.contains("poddisruptionbudget"),
+        "{out}"
+    );
+
+    // Home: its own namespace's Secrets and Leases, nothing else.
+    for (args, want) in [
+        (&["list", "secrets", "-n", "flotilla-system"][..], true),
+        (&["watch", "secrets", "-n", "flotilla-system"][..], true),
+        (
+            &[
+                "create",
+                "leases.coordination.k8s.io",
+                "-n",
+                "flotilla-system",
+            ][..],
+            true,
+        ),
+        (
+            &[
+                "delete",
+                "leases.coordination.k8s.io",
+                "-n",
+                "flotilla-system",
+            ][..],
+            true,
+        ),
+        (&["list", "secrets", "-A"][..], false),
+        (&["get", "secrets", "-n", "default"][..], false),
+        (&["create", "secrets", "-n", "flotilla-system"][..], false),
+        (
+            &["create", "deployments.apps", "-n", "flotilla-system"][..],
+            false,
+        ),
+        (&["*", "*"][..], false),
+    ] {
+        assert_eq!(can("home", args), want, "home: can-i {args:?}");
+    }
+    // Member: Microservices, their status and children; Leases only in flotilla-system.
+    for (args, want) in [
+        (
+            &["watch", "microservices.platform.example.io", "-A"][..],
+            true,
+        ),
+        (
+            &[
+                "update",
+                "microservices.platform.example.io",
+                "--subresource=status",
+                "-n",
+                "default",
+            ][..],
+            true,
+        ),
+        (
+            &[
+                "update",
+                "microservices.platform.example.io",
+                "-n",
+                "default",
+            ][..],
+            false,
+        ),
+        (&["create", "deployments.apps", "-n", "default"][..], true),
+        (&["update", "services", "-n", "default"][..], true),
+        (&["delete", "deployments.apps", "-n", "default"][..], false),
+        (&["list", "endpointslices.discovery.k8s.io", "-A"][..], true),
+        (
+            &["create", "endpointslices.discovery.k8s.io", "-n", "default"][..],
+            false,
+        ),
+        (
+            &["create", "events.events.k8s.io", "-n", "default"][..],
+            true,
+        ),
+        (
+            &[
+                "update",
+                "leases.coordination.k8s.io",
+                "-n",
+                "flotilla-system",
+            ][..],
+            true,
+        ),
+        (
+            &["update", "leases.coordination.k8s.io", "-n", "kube-system"][..],
+            false,
+        ),
+        (&["list", "secrets", "-A"][..], false),
+        (&["get", "secrets", "-n", "flotilla-system"][..], false),
+        (&["*", "*"][..], false),
+    ] {
+        assert_eq!(can("member-1", args), want, "member-1: can-i {args:?}");
+    }
+
+    // A replica on exactly those credentials reconciles member-1.
+    let admin = client("member-1").await;
+    let ns = TestNamespace::create(&admin, "member-1", "deploy-sa").await;
+    let dir = fleet_dir()
+        .join("test-kubeconfigs")
+        .join(format!("deploy-{}", ns.name));
+    let members = dir.join("members");
+    std::fs::create_dir_all(&members).unwrap();
+    let home = token_kubeconfig("home", &dir);
+    token_kubeconfig("member-1", &members);
+    let log_path = fleet_dir()
+        .join("logs")
+        .join(format!("test-deploy-{}.log", ns.name));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let fleet_name = format!("sa{}", &ns.name[ns.name.len().saturating_sub(6)..]);
+    let _operator = Running(
+        Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["run", "--kubeconfig-dir"])
+            .arg(&members)
+            .arg("--home-kubeconfig")
+            .arg(&home)
+            .args([
+                "--home-namespace",
+                "flotilla-system",
+                "--fleet-name",
+                &fleet_name,
+            ])
+            .args(["--replica-id", "sa-replica", "--namespace", &ns.name])
+            .args([
+                "--lease-duration",
+                "2s",
+                "--renew-deadline",
+                "1500ms",
+                "--retry-period",
+                "300ms",
+            ])
+            .args([
+                "--grpc-insecure",
+                "--grpc-addr",
+                &format!("127.0.0.1:{}", free_port()),
+            ])
+            .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start the operator"),
+    );
+    let api: Api<Microservice> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &microservice("least", "ghcr.io/acme/least:1", 8080, Some(1)),
+    )
+    .await
+    .expect("create");
+    wait_all_true(&api, 1, "Available", Duration::from_secs(90)).await;
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "the operator hit RBAC denials:\n{log}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
