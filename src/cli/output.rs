@@ -186,6 +186,19 @@ pub fn progress_text(p: &pb::RolloutProgress, elapsed_secs: f64) -> String {
     out
 }
 
+/// What a person watching a rollout cares about: the result, and each
+/// cluster's state, reason and generations.
+pub fn progress_signature(p: &pb::RolloutProgress) -> Vec<String> {
+    let mut sig = vec![result(p.result).to_string()];
+    sig.extend(p.clusters.iter().map(|e| {
+        format!(
+            "{} {} {} {}/{}",
+            e.cluster, e.state, e.reason, e.observed_generation, e.generation
+        )
+    }));
+    sig
+}
+
 pub fn cluster_json(c: &pb::Cluster) -> Value {
     json!({
         "name": c.name, "source": c.source, "reachability": reach(c.reachability),
@@ -299,6 +312,12 @@ mod tests {
             ..Default::default()
         };
         assert!(progress_text(&p, 1.5).contains("Failed: failed in member-2"));
+        // Replica counts alone do not make a new line for people.
+        let mut q = p.clone();
+        q.clusters[0].replicas = None;
+        assert_eq!(progress_signature(&p), progress_signature(&q));
+        q.clusters[0].observed_generation = 2;
+        assert_ne!(progress_signature(&p), progress_signature(&q));
         assert_eq!(progress_json(&p)["result"], "Failed");
     }
 }

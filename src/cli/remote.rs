@@ -143,6 +143,7 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
         .map_err(status_error)?
         .into_inner();
     let mut last = None;
+    let mut printed = None;
     while let Some(item) = stream.next().await {
         let p = match item {
             Ok(p) => p,
@@ -150,10 +151,17 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
             Err(s) => return Err(status_error(s)),
         };
         match format {
-            Format::Table => print!(
-                "{}",
-                output::progress_text(&p, started.elapsed().as_secs_f64())
-            ),
+            // People see a line per change of state, not per replica count.
+            Format::Table => {
+                let now = output::progress_signature(&p);
+                if printed.as_ref() != Some(&now) {
+                    print!(
+                        "{}",
+                        output::progress_text(&p, started.elapsed().as_secs_f64())
+                    );
+                    printed = Some(now);
+                }
+            }
             Format::Json => println!("{}", output::progress_json(&p)),
         }
         last = pb::RolloutResult::try_from(p.result).ok();
