@@ -235,6 +235,63 @@ async fn reconcile_and_grpc_spans_reach_a_real_otlp_receiver() {
     assert_eq!(a["rpc.service"], "flotilla.v1.FleetStatus");
     assert_eq!(a["rpc.method"], "GetMicroservice");
     assert_eq!(a["rpc.grpc.status_code"], "0");
+
+    // WaitForRollout links its span to the reconcile that concluded the
+    // cluster, since this replica ran it.
+    let wait_trace = "5bf92f3577b34da6a3ce929d0e0e4737";
+    let mut request = tonic::Request::new(pb::WaitForRolloutRequest {
+        namespace: ns.clone(),
+        name: "traced".into(),
+        target: Some(pb::wait_for_rollout_request::Target::Image(
+            "ghcr.io/acme/t:1".into(),
+        )),
+        ..Default::default()
+    });
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{wait_trace}-{parent_id}-01").parse().unwrap(),
+    );
+    let mut stream = client
+        .wait_for_rollout(request)
+        .await
+        .expect("wait")
+        .into_inner();
+    let mut last = None;
+    while let Some(p) = futures::StreamExt::next(&mut stream).await {
+        last = Some(p.expect("progress"));
+    }
+    assert_eq!(last.unwrap().result, pb::RolloutResult::Succeeded as i32);
+    eventually(
+        "the wait span links to a reconcile of traced",
+        Duration::from_secs(30),
+        || async {
+            let spans = receiver.spans();
+            let wait = spans.iter().find(|r| {
+                r.span.name == "flotilla.wait_for_rollout" && hex(&r.span.trace_id) == wait_trace
+            })?;
+            let reconciles: Vec<&Span> = spans
+                .iter()
+                .map(|r| &r.span)
+                .filter(|s| {
+                    s.name == "reconcile"
+                        && attributes(&s.attributes)
+                            .get("flotilla.microservice")
+                            .map(String::as_str)
+                            == Some("traced")
+                })
+                .collect();
+            wait.span
+                .links
+                .iter()
+                .any(|l| {
+                    reconciles
+                        .iter()
+                        .any(|r| r.span_id == l.span_id && r.trace_id == l.trace_id)
+                })
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 /// Every sample line of a Prometheus text page: (name, labels, value).

@@ -16,6 +16,8 @@ use super::{ApiError, convert, pb};
 use crate::status::hub::Hub;
 use crate::status::index::{Filter, Key, MicroserviceView};
 use crate::status::view::{self, Entry, RolloutResult, Target};
+use crate::telemetry::links;
+use tracing::Instrument;
 
 pub type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -281,37 +283,78 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let mut changed = hub.subscribe();
         let until = tokio::time::Instant::now() + wait;
-        tokio::spawn(async move {
-            let mut last_sent: Option<pb::RolloutProgress> = None;
-            loop {
-                let (v, revision) = hub.read(|ix| (ix.view(&key, None), ix.revision()));
-                let (entries, result) = progress(v.as_ref(), &required, &target, &hub);
-                let msg = progress_message(&entries, &result, revision);
-                let same = last_sent
-                    .as_ref()
-                    .is_some_and(|p| p.clusters == msg.clusters && p.result == msg.result);
-                if !same {
-                    if tx.send(Ok(msg.clone())).await.is_err() {
+        // Outlives the call's server span: the stream runs on after the response starts.
+        let span = tracing::info_span!(
+            "flotilla.wait_for_rollout",
+            k8s.namespace.name = %key.0,
+            flotilla.microservice = %key.1,
+            result = tracing::field::Empty,
+        );
+        let task_span = span.clone();
+        tokio::spawn(
+            async move {
+                let mut last_sent: Option<pb::RolloutProgress> = None;
+                let mut linked: BTreeSet<String> = BTreeSet::new();
+                loop {
+                    let (v, revision) = hub.read(|ix| (ix.view(&key, None), ix.revision()));
+                    let (entries, result) = progress(v.as_ref(), &required, &target, &hub);
+                    link_reconciles(&span, &key, &entries, &mut linked);
+                    let msg = progress_message(&entries, &result, revision);
+                    let same = last_sent
+                        .as_ref()
+                        .is_some_and(|p| p.clusters == msg.clusters && p.result == msg.result);
+                    if !same {
+                        if tx.send(Ok(msg.clone())).await.is_err() {
+                            return;
+                        }
+                        last_sent = Some(msg.clone());
+                    }
+                    if result != RolloutResult::InProgress {
+                        span.record(
+                            "result",
+                            pb::RolloutResult::try_from(msg.result)
+                                .map(|r| r.as_str_name())
+                                .unwrap_or("UNKNOWN"),
+                        );
                         return;
                     }
-                    last_sent = Some(msg.clone());
-                }
-                if result != RolloutResult::InProgress {
-                    return;
-                }
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    c = changed.changed() => if c.is_err() { return },
-                    _ = tokio::time::sleep_until(until) => {
-                        let mut end = msg;
-                        end.result = pb::RolloutResult::DeadlineExceeded as i32;
-                        end.summary = format!("deadline of {wait:?} exceeded: {}", end.summary);
-                        let _ = tx.send(Ok(end)).await;
-                        return;
+                    tokio::select! {
+                        _ = tx.closed() => return,
+                        c = changed.changed() => if c.is_err() { return },
+                        _ = tokio::time::sleep_until(until) => {
+                            let mut end = msg;
+                            end.result = pb::RolloutResult::DeadlineExceeded as i32;
+                            end.summary = format!("deadline of {wait:?} exceeded: {}", end.summary);
+                            span.record("result", "DEADLINE_EXCEEDED");
+                            let _ = tx.send(Ok(end)).await;
+                            return;
+                        }
                     }
                 }
             }
-        });
+            .instrument(task_span),
+        );
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Links the wait to the reconcile that concluded each cluster, when this
+/// replica ran it (it leads that cluster).
+fn link_reconciles(
+    span: &tracing::Span,
+    key: &Key,
+    entries: &[Entry],
+    linked: &mut BTreeSet<String>,
+) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    for e in entries {
+        let concluded = matches!(e.state, view::EntryState::Done | view::EntryState::Failed);
+        if concluded
+            && !linked.contains(&e.cluster)
+            && let Some(ctx) = links::last(&e.cluster, &key.0, &key.1)
+        {
+            span.add_link(ctx);
+            linked.insert(e.cluster.clone());
+        }
     }
 }

@@ -23,6 +23,7 @@ use crate::domain::ownership::{Ownership, ownership};
 use crate::domain::status::{Outcome, RolloutFacts, ready_endpoints};
 use crate::domain::update::{deployment_update, service_update};
 use crate::domain::{DomainError, OwnerIdentity};
+use crate::telemetry::links;
 use crate::telemetry::metrics::METRICS;
 
 const CACHES_WARMING: &str = "CachesWarming";
@@ -49,6 +50,17 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
         };
         tracing::Span::current().record("outcome", outcome);
         let cluster = ctx.settings.cluster.as_str();
+        {
+            use opentelemetry::trace::TraceContextExt;
+            use tracing_opentelemetry::OpenTelemetrySpanExt;
+            let span = tracing::Span::current().context().span().span_context().clone();
+            links::record(
+                cluster,
+                ms.metadata.namespace.as_deref().unwrap_or_default(),
+                ms.metadata.name.as_deref().unwrap_or_default(),
+                span,
+            );
+        }
         METRICS.reconcile_total.inc(&[cluster, outcome]);
         METRICS
             .reconcile_duration

@@ -6,6 +6,7 @@
 pub mod grpc_layer;
 pub mod http;
 pub mod kube_layer;
+pub mod links;
 pub mod metrics;
 
 use opentelemetry::KeyValue;
