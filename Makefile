@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -63,3 +63,10 @@ bench-failover: toolchain
 bench-fleet: toolchain
 	integration/fleet up
 	cargo bench --locked --bench fleet_scale
+
+# Flotilla against client-go's sample-controller on the same member, alternating.
+# FLOTILLA_BENCH_N (500), FLOTILLA_BENCH_TRIALS (3), FLOTILLA_BENCH_EQUAL=1 adds equal QPS limits.
+bench: toolchain
+	integration/bench/build-sample-controller.sh >/dev/null
+	integration/fleet up
+	cargo bench --locked --bench side_by_side

@@ -375,6 +375,12 @@ pub fn audited_writes(cluster: &str, namespace: &str) -> Vec<AuditedWrite> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|e| e["objectRef"]["namespace"] == namespace)
         .filter(|e| {
+            matches!(
+                e["verb"].as_str(),
+                Some("create" | "update" | "patch" | "delete")
+            )
+        })
+        .filter(|e| {
             e["responseStatus"]["code"]
                 .as_u64()
                 .is_some_and(|c| c < 300)
