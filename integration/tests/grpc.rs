@@ -178,6 +178,15 @@ async fn a_replica_that_leads_nothing_answers_like_a_leader() {
         assert!(c.synced, "{c:?}");
         assert!(!c.led_by_this_replica, "{c:?}");
         assert_eq!(c.lease_holder, held[&c.name], "{c:?}");
+        let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            clients[c.name.as_str()].clone(),
+            LEASE_NAMESPACE,
+        )
+        .get(&replicas.lease_name())
+        .await
+        .expect("lease");
+        let transitions = lease.spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+        assert_eq!(c.epoch, transitions, "{c:?}");
         assert_eq!(c.microservices, 1, "{c:?}");
         assert!(c.source.starts_with("file "), "{c:?}");
     }

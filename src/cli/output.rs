@@ -81,10 +81,10 @@ pub fn clusters_table(r: &pb::ListClustersResponse) -> String {
                 } else {
                     c.lease_holder.clone()
                 },
-                if c.led_by_this_replica {
-                    c.epoch.to_string()
-                } else {
+                if c.lease_holder.is_empty() {
                     "-".into()
+                } else {
+                    c.epoch.to_string()
                 },
                 c.microservices.to_string(),
                 if c.reason.is_empty() {

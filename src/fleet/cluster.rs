@@ -40,6 +40,7 @@ pub enum ClusterState {
     Reachable,
     Following {
         holder: Option<String>,
+        epoch: Option<i32>,
     },
     Leading {
         epoch: i32,
@@ -86,11 +87,11 @@ fn set_state(hub: &Hub, cluster: &str, me: &str, state: ClusterState) {
                     info.reach = Reach::Reachable;
                     info.reason.clear();
                 }
-                ClusterState::Following { holder } => {
+                ClusterState::Following { holder, epoch } => {
                     info.reach = Reach::Reachable;
                     info.reason.clear();
                     info.holder = holder.clone();
-                    info.epoch = None;
+                    info.epoch = *epoch;
                     info.led_here = false;
                 }
                 ClusterState::Leading { epoch } => {
@@ -346,12 +347,12 @@ pub async fn run(
                 }
                 tracing::info!(k8s.cluster.name = %name, epoch, "leadership term over; writers stopped");
             }
-            Leadership::Following { holder, .. } => {
+            Leadership::Following { holder, epoch, .. } => {
                 set_state(
                     &hub,
                     &name,
                     &settings.replica_id,
-                    ClusterState::Following { holder },
+                    ClusterState::Following { holder, epoch },
                 );
             }
             Leadership::Leading { .. } => {}

@@ -15,6 +15,8 @@ use super::lease_store::{LeaseError, LeaseStore, Versioned};
 pub enum Leadership {
     Following {
         holder: Option<String>,
+        /// The Lease's `leaseTransitions` as last read, while someone holds it.
+        epoch: Option<i32>,
         since: Instant,
     },
     /// `until` is the renew deadline: past it, this candidate must not write,
@@ -61,6 +63,7 @@ impl<S: LeaseStore> Elector<S> {
         let origin = Instant::now();
         let (state, rx) = watch::channel(Leadership::Following {
             holder: None,
+            epoch: None,
             since: origin,
         });
         let elector = Elector {
@@ -173,9 +176,17 @@ impl<S: LeaseStore> Elector<S> {
         self.state.send_if_modified(|cur| {
             let same = match (&*cur, &next) {
                 (
-                    Leadership::Following { holder: a, .. },
-                    Leadership::Following { holder: b, .. },
-                ) => a == b,
+                    Leadership::Following {
+                        holder: a,
+                        epoch: x,
+                        ..
+                    },
+                    Leadership::Following {
+                        holder: b,
+                        epoch: y,
+                        ..
+                    },
+                ) => a == b && x == y,
                 (Leadership::Leading { epoch: a, .. }, Leadership::Leading { epoch: b, .. }) => {
                     a == b
                 }
@@ -215,6 +226,10 @@ impl<S: LeaseStore> Elector<S> {
         }
     }
 
+    fn epoch_seen(&self) -> Option<i32> {
+        self.observed.as_ref().map(|o| o.record.transitions)
+    }
+
     fn holder(&self) -> Option<String> {
         self.observed
             .as_ref()
@@ -252,6 +267,7 @@ impl<S: LeaseStore> Elector<S> {
                     }
                     self.publish(Leadership::Following {
                         holder: self.holder(),
+                        epoch: self.holder().and_then(|_| self.epoch_seen()),
                         since,
                     });
                 }
@@ -267,6 +283,7 @@ impl<S: LeaseStore> Elector<S> {
                     self.renewed_at = None;
                     self.publish(Leadership::Following {
                         holder: None,
+                        epoch: None,
                         since: self.at(renewed + self.timings.renew_deadline),
                     });
                 } else {
@@ -285,6 +302,7 @@ impl<S: LeaseStore> Elector<S> {
         let since = self.stop_leading_now();
         self.publish(Leadership::Following {
             holder: None,
+            epoch: None,
             since,
         });
         let held = if leading { self.read.take() } else { None };
