@@ -32,12 +32,21 @@ pub struct Replicas {
     children: BTreeMap<String, Child>,
 }
 
-/// A port nothing listens on right now.
+/// A port nothing listens on right now, and never handed out before in
+/// this process: a replica binds it only once it has started, and the
+/// kernel may offer a just-released port again to the next caller.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 impl Replicas {
