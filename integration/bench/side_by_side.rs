@@ -10,7 +10,8 @@
 //! reads and writes (by user agent) until it has been quiet for a while.
 //!
 //! QPS limits: each controller's defaults (sample-controller: client-go's
-//! 5/10; Flotilla: 100/200), and with FLOTILLA_BENCH_EQUAL=1 also both at 5/10.
+//! 5/10; Flotilla: 100/200), and with FLOTILLA_BENCH_EQUAL=1 also both at 5/10
+//! (FLOTILLA_BENCH_EQUAL=only: just that).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -349,7 +350,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let equal_too = std::env::var("FLOTILLA_BENCH_EQUAL").is_ok_and(|v| v == "1");
+    let equal = std::env::var("FLOTILLA_BENCH_EQUAL").unwrap_or_default();
     let sample = sample_dir();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let results: Vec<Trial> = rt.block_on(async {
@@ -373,10 +374,10 @@ fn main() {
             .ok();
         tokio::time::sleep(Duration::from_secs(2)).await;
         let mut out = Vec::new();
-        let modes: Vec<bool> = if equal_too {
-            vec![false, true]
-        } else {
-            vec![false]
+        let modes: Vec<bool> = match equal.as_str() {
+            "1" => vec![false, true],
+            "only" => vec![true],
+            _ => vec![false],
         };
         for equal in modes {
             for t in 0..trials {

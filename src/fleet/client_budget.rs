@@ -24,6 +24,12 @@ impl Default for Budget {
 }
 
 impl Budget {
+    /// For the Lease alone: a read and a write per retry period, with room.
+    pub const ELECTION: Budget = Budget {
+        qps: 20.0,
+        burst: 20,
+    };
+
     pub fn validate(&self) -> Result<(), String> {
         if !(self.qps.is_finite() && self.qps > 0.0) {
             return Err(format!("--cluster-qps must be above 0, got {}", self.qps));

@@ -184,7 +184,22 @@ pub async fn run(
     hub: Arc<Hub>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let client = match client_for(&name, kubeconfig, &settings.replica_id, settings.budget).await {
+    // The Lease gets a client of its own: renewals must never queue behind
+    // a reconcile backlog that has used up the cluster's request budget.
+    let clients = match client_for(
+        &name,
+        kubeconfig.clone(),
+        &settings.replica_id,
+        settings.budget,
+    )
+    .await
+    {
+        Ok(c) => client_for(&name, kubeconfig, &settings.replica_id, Budget::ELECTION)
+            .await
+            .map(|lease| (c, lease)),
+        Err(e) => Err(e),
+    };
+    let (client, lease_client) = match clients {
         Ok(c) => c,
         Err(reason) => {
             set_state(
@@ -244,7 +259,7 @@ pub async fn run(
     ));
 
     let store = KubeLeaseStore::new(
-        client.clone(),
+        lease_client,
         &settings.lease_namespace,
         &format!("flotilla-{}", settings.fleet_name),
     );
