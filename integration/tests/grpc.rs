@@ -60,6 +60,15 @@ fn cli(args: &[&str]) -> (i32, String) {
     )
 }
 
+/// The message a rollout stream ends with.
+async fn last_progress(mut stream: tonic::Streaming<pb::RolloutProgress>) -> pb::RolloutProgress {
+    let mut last = None;
+    while let Some(p) = stream.next().await {
+        last = Some(p.expect("progress"));
+    }
+    last.expect("a final message")
+}
+
 async fn create_everywhere(fleet: &ThreeReplicaFleet, name: &str, image: &str) {
     for c in fleet.clients.values() {
         let api = Api::<Microservice>::namespaced(c.clone(), &fleet.namespace);
@@ -340,7 +349,7 @@ async fn a_permanent_failure_ends_the_wait_failed_and_a_deadline_ends_it_exceede
     create_everywhere(&fleet, "clash", "ghcr.io/acme/clash:1").await;
     let url = fleet.replicas.grpc_url("r1");
     let mut client = grpc(&url).await;
-    let mut stream = client
+    let stream = client
         .wait_for_rollout(pb::WaitForRolloutRequest {
             namespace: ns.clone(),
             name: "clash".into(),
@@ -354,11 +363,7 @@ async fn a_permanent_failure_ends_the_wait_failed_and_a_deadline_ends_it_exceede
         .await
         .expect("wait")
         .into_inner();
-    let mut last = None;
-    while let Some(p) = stream.next().await {
-        last = Some(p.expect("progress"));
-    }
-    let last = last.expect("a final message");
+    let last = last_progress(stream).await;
     assert_eq!(last.result, pb::RolloutResult::Failed as i32, "{last:?}");
     assert_eq!(last.failed_clusters, ["member-2"]);
     let m2 = last
@@ -384,7 +389,7 @@ async fn a_permanent_failure_ends_the_wait_failed_and_a_deadline_ends_it_exceede
 
     // Nobody will ever run :9, so only the deadline ends this.
     let started = Instant::now();
-    let mut stream = client
+    let stream = client
         .wait_for_rollout(pb::WaitForRolloutRequest {
             namespace: ns.clone(),
             name: "clash".into(),
@@ -398,11 +403,7 @@ async fn a_permanent_failure_ends_the_wait_failed_and_a_deadline_ends_it_exceede
         .await
         .expect("wait")
         .into_inner();
-    let mut last = None;
-    while let Some(p) = stream.next().await {
-        last = Some(p.expect("progress"));
-    }
-    let last = last.unwrap();
+    let last = last_progress(stream).await;
     assert_eq!(
         last.result,
         pb::RolloutResult::DeadlineExceeded as i32,
