@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use support::replicas::free_port;
+use support::replicas::{FAST_ELECTION, local_server_args};
 use support::{client, ensure_crd, fleet_dir, kubeconfig_path, kubectl, microservice};
 use tokio::time::Instant;
 
@@ -124,21 +124,9 @@ fn start(who: Who, ns: &str, equal_limits: bool, sample: &Path, tag: &str) -> Pr
                     &format!("bench{tag}"),
                 ])
                 .args(["--replica-id", "bench", "--namespace", ns])
-                .args([
-                    "--lease-duration",
-                    "2s",
-                    "--renew-deadline",
-                    "1500ms",
-                    "--retry-period",
-                    "300ms",
-                ])
+                .args(FAST_ELECTION)
                 .args(["--cluster-qps", qps, "--cluster-burst", burst])
-                .args([
-                    "--grpc-insecure",
-                    "--grpc-addr",
-                    &format!("127.0.0.1:{}", free_port()),
-                ])
-                .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
+                .args(local_server_args())
                 .env("RUST_LOG", "warn")
                 .stdout(Stdio::null())
                 .stderr(log)

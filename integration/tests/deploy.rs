@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kube::Api;
 use kube::api::PostParams;
-use support::replicas::free_port;
+use support::replicas::{FAST_ELECTION, local_server_args};
 use support::{
     TestNamespace, client, fleet_dir, kubeconfig_path, kubectl, microservice, wait_all_true,
 };
@@ -289,20 +289,8 @@ async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
                 &fleet_name,
             ])
             .args(["--replica-id", "sa-replica", "--namespace", &ns.name])
-            .args([
-                "--lease-duration",
-                "2s",
-                "--renew-deadline",
-                "1500ms",
-                "--retry-period",
-                "300ms",
-            ])
-            .args([
-                "--grpc-insecure",
-                "--grpc-addr",
-                &format!("127.0.0.1:{}", free_port()),
-            ])
-            .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
+            .args(FAST_ELECTION)
+            .args(local_server_args())
             .env("RUST_LOG", "info,kube=warn")
             .stdout(Stdio::null())
             .stderr(log)

@@ -32,6 +32,27 @@ pub struct Replicas {
     children: BTreeMap<String, Child>,
 }
 
+/// Lease timings short enough for tests: LeaseDuration + 2 x RetryPeriod < 3 s.
+pub const FAST_ELECTION: [&str; 6] = [
+    "--lease-duration",
+    "2s",
+    "--renew-deadline",
+    "1500ms",
+    "--retry-period",
+    "300ms",
+];
+
+/// Plaintext gRPC and metrics on ports of their own.
+pub fn local_server_args() -> Vec<String> {
+    vec![
+        "--grpc-insecure".into(),
+        "--grpc-addr".into(),
+        format!("127.0.0.1:{}", free_port()),
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{}", free_port()),
+    ]
+}
+
 /// A port nothing listens on right now, and never handed out before in
 /// this process: a replica binds it only once it has started, and the
 /// kernel may offer a just-released port again to the next caller.
@@ -102,14 +123,7 @@ impl Replicas {
             ])
             // Heartbeats and member Secrets of this test only.
             .args(["--home-namespace", &self.namespace])
-            .args([
-                "--lease-duration",
-                "2s",
-                "--renew-deadline",
-                "1500ms",
-                "--retry-period",
-                "300ms",
-            ])
+            .args(FAST_ELECTION)
             .args(["--takeover-grace", "3s", "--resync", "30s"])
             .arg("--grpc-addr")
             .arg(format!("127.0.0.1:{port}"))
