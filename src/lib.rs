@@ -9,3 +9,4 @@ pub mod fleet;
 pub mod reconciler;
 pub mod status;
 pub mod telemetry;
+pub mod watching;

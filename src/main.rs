@@ -190,6 +190,10 @@ struct RunArgs {
         default_value = "http://otel-collector.observability.svc:4317"
     )]
     workload_otlp_endpoint: String,
+    /// Start watches with streaming lists (WatchList, Kubernetes 1.32+), so
+    /// starting or restarting sends no LIST requests. Set false for older clusters.
+    #[arg(long, env = "FLOTILLA_STREAMING_LISTS", default_value_t = true, action = clap::ArgAction::Set)]
+    streaming_lists: bool,
     /// Fleet mode: average requests per second to each member cluster.
     #[arg(long, env = "FLOTILLA_CLUSTER_QPS", default_value_t = Budget::default().qps)]
     cluster_qps: f64,
@@ -300,6 +304,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             resync: args.resync,
             namespace: args.namespace.clone(),
             budget,
+            streaming_lists: args.streaming_lists,
             defaults: PlatformDefaults {
                 otlp_endpoint: args.workload_otlp_endpoint,
                 ..PlatformDefaults::default()
@@ -460,6 +465,7 @@ async fn run(args: RunArgs) -> Result<(), String> {
     );
     settings.namespace = args.namespace;
     settings.resync = args.resync;
+    settings.streaming_lists = args.streaming_lists;
     settings.defaults = PlatformDefaults {
         otlp_endpoint: args.workload_otlp_endpoint,
         ..PlatformDefaults::default()

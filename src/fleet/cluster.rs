@@ -66,6 +66,8 @@ pub struct ReplicaSettings {
     pub namespace: Option<String>,
     /// Every member cluster's client gets a budget of this size.
     pub budget: Budget,
+    /// Start watches with streaming lists rather than LIST requests.
+    pub streaming_lists: bool,
 }
 
 fn set_state(hub: &Hub, cluster: &str, me: &str, state: ClusterState) {
@@ -255,6 +257,7 @@ pub async fn run(
         client.clone(),
         name.clone(),
         settings.namespace.clone(),
+        settings.streaming_lists,
         hub.clone(),
     ));
 
@@ -334,6 +337,7 @@ pub async fn run(
                 );
                 s.resync = settings.resync;
                 s.namespace = settings.namespace.clone();
+                s.streaming_lists = settings.streaming_lists;
                 s.defaults = settings.defaults.clone();
                 s.leadership = Some(leadership.clone());
                 // The term ends when leadership changes or on shutdown.

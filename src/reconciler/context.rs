@@ -55,6 +55,8 @@ pub struct Settings {
     /// When set, every write first checks that this replica still leads the
     /// cluster (within its renew deadline); otherwise the write is refused.
     pub leadership: Option<tokio::sync::watch::Receiver<crate::fleet::elector::Leadership>>,
+    /// Start watches with streaming lists rather than LIST requests.
+    pub streaming_lists: bool,
 }
 
 impl Settings {
@@ -66,6 +68,7 @@ impl Settings {
             resync: Duration::from_secs(300),
             writer,
             concurrency: 16,
+            streaming_lists: true,
             leadership: None,
         }
     }

@@ -44,7 +44,10 @@ pub async fn run(
     let ns = settings.namespace.clone();
     // Children carry our managed-by label; watching only those keeps the
     // caches small. EndpointSlices inherit the Service's labels.
-    let managed = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    let base = crate::watching::config(settings.streaming_lists);
+    let managed = base
+        .clone()
+        .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
 
     let (deployments, dep_writer) = reflector::store();
     let dep_stream = watcher(
@@ -67,14 +70,11 @@ pub async fn run(
 
     let (ms_reader, ms_writer) = reflector::store();
     // Only spec changes (generation) trigger: our own status writes do not loop.
-    let ms_stream = watcher(
-        scoped::<Microservice>(&client, ns.as_deref()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(ms_writer)
-    .applied_objects()
-    .predicate_filter(predicates::generation, Default::default());
+    let ms_stream = watcher(scoped::<Microservice>(&client, ns.as_deref()), base)
+        .default_backoff()
+        .reflect(ms_writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
 
     let recorder = Recorder::new(
         client.clone(),

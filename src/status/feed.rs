@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::watcher::{Event, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use super::hub::Hub;
@@ -53,7 +53,13 @@ enum Item {
 
 /// Runs until dropped. Relists replace the cluster's entries, so nothing
 /// deleted while a watch was down lingers.
-pub async fn run(client: Client, cluster: String, namespace: Option<String>, hub: Arc<Hub>) {
+pub async fn run(
+    client: Client,
+    cluster: String,
+    namespace: Option<String>,
+    streaming_lists: bool,
+    hub: Arc<Hub>,
+) {
     let (ms_api, dep_api): (Api<Microservice>, Api<Deployment>) = match &namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
@@ -61,8 +67,11 @@ pub async fn run(client: Client, cluster: String, namespace: Option<String>, hub
         ),
         None => (Api::all(client.clone()), Api::all(client)),
     };
-    let managed = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
-    let ms = watcher(ms_api, watcher::Config::default())
+    let base = crate::watching::config(streaming_lists);
+    let managed = base
+        .clone()
+        .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    let ms = watcher(ms_api, base)
         .default_backoff()
         .map(|e| e.map(|m| Item::Ms(Box::new(m))));
     let deps = watcher(dep_api, managed)
