@@ -1,5 +1,6 @@
 //! Concluding a reconcile: write status only when it changed, and never stamp
-//! a result on a generation it was not computed for.
+//! a result on a generation it was not computed for. Writes are conditional
+//! on a resourceVersion, so the common case needs no read.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
@@ -40,8 +41,6 @@ pub async fn conclude(ctx: &Context, ms: &Microservice, outcome: &Outcome) -> Re
     if ms.status.as_ref() == Some(&cached) {
         return Ok(Concluded::Unchanged);
     }
-
-    // Re-read: the cache may lag, and the spec may have changed while we worked.
     let (Some(ns), Some(name)) = (
         ms.metadata.namespace.as_deref(),
         ms.metadata.name.as_deref(),
@@ -49,6 +48,21 @@ pub async fn conclude(ctx: &Context, ms: &Microservice, outcome: &Outcome) -> Re
         return Ok(Concluded::Dropped);
     };
     let api = Api::<Microservice>::namespaced(ctx.client.clone(), ns);
+
+    // First against the cached copy: its resourceVersion makes the replace
+    // conditional, so if anything changed since (a new spec, a deletion, a
+    // status from elsewhere) it fails with 409 and nothing stale lands.
+    let mut attempt = ms.clone();
+    attempt.status = Some(cached);
+    ctx.ensure_leading()?;
+    match write(&api, name, &attempt).await {
+        Ok(()) => return Ok(Concluded::Written),
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(ReconcileError::api("update_status", "Microservice", e)),
+    }
+
+    // The cache lagged: re-read, and write only if the result is still
+    // about the object as it now is.
     let Some(mut fresh) = api
         .get_opt(name)
         .await
@@ -74,18 +88,24 @@ pub async fn conclude(ctx: &Context, ms: &Microservice, outcome: &Outcome) -> Re
     }
     fresh.status = Some(next);
     ctx.ensure_leading()?;
-    // A replace carries the fresh resourceVersion: a concurrent change is a 409.
+    write(&api, name, &fresh)
+        .await
+        .map_err(|e| ReconcileError::api("update_status", "Microservice", e))?;
+    Ok(Concluded::Written)
+}
+
+/// Replaces the status, conditional on `ms`'s resourceVersion.
+async fn write(api: &Api<Microservice>, name: &str, ms: &Microservice) -> kube::Result<()> {
     let pp = PostParams {
         dry_run: false,
         field_manager: Some(FIELD_MANAGER.into()),
     };
-    api.replace_status(name, &pp, &fresh)
+    api.replace_status(name, &pp, ms)
         .instrument(tracing::info_span!(
             "k8s.write",
             verb = "update_status",
             kind = "Microservice"
         ))
         .await
-        .map_err(|e| ReconcileError::api("update_status", "Microservice", e))?;
-    Ok(Concluded::Written)
+        .map(|_| ())
 }
