@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -54,19 +54,21 @@ bench-reconcile: toolchain
 	integration/fleet up
 	cargo bench --locked --bench reconcile
 
-# Failover times, Lease write rate and replica memory on a running fleet.
+# One scenario at a time, on a running fleet (`integration/fleet up`).
 bench-failover: toolchain
 	integration/fleet up
 	cargo bench --locked --bench failover
 
-# Convergence, memory, idle CPU and gRPC latency with 3 members x 500 Microservices.
 bench-fleet: toolchain
 	integration/fleet up
 	cargo bench --locked --bench fleet_scale
 
-# Flotilla against client-go's sample-controller on the same member, alternating.
-# FLOTILLA_BENCH_N (500), FLOTILLA_BENCH_TRIALS (3), FLOTILLA_BENCH_EQUAL=1 adds equal QPS limits.
-bench: toolchain
-	integration/bench/build-sample-controller.sh >/dev/null
+bench-latency: toolchain
 	integration/fleet up
-	cargo bench --locked --bench side_by_side
+	cargo bench --locked --bench latency
+
+# Every scenario, Flotilla beside client-go's sample-controller where both
+# apply, then one table (.fleet/bench/summary.md). About 90 minutes on two
+# cores; knobs are listed in integration/bench/run.
+bench: toolchain
+	integration/bench/run

@@ -1,15 +1,21 @@
-//! Failover figures (`make bench-failover`, fleet up): three release-built
-//! replicas over three members, with LeaseDuration 2s, RenewDeadline 1.5s
-//! and RetryPeriod 300ms. Each trial kills (SIGKILL, or SIGTERM) the replica
-//! that leads member-1 right after changing a Microservice there, and times:
-//! - until member-1's Lease names another holder;
-//! - until the change reaches the Deployment (the next successful write).
+//! Failover drills (`make bench`, fleet up): three release-built replicas
+//! over three members, with LeaseDuration 2s, RenewDeadline 1.5s and
+//! RetryPeriod 300ms, FLOTILLA_BENCH_FAILOVER_TRIALS (10) trials of each:
+//! - SIGKILL, then SIGTERM, of the replica that leads member-1, right after a
+//!   Microservice there changed: time until member-1's Lease names another
+//!   holder, and until the change reaches the Deployment (the next write);
+//! - member-2's apiserver stopped: change-to-applied latency in member-1 and
+//!   member-3 (5 changes/s for 10 s) during the outage, against the same
+//!   measure taken just before it.
 //!
 //! It also counts Lease writes per member from the audit log, and reads the
 //! replicas' resident memory.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+#[path = "common/mod.rs"]
+mod common;
 
 use std::time::Duration;
 
@@ -18,27 +24,18 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::replicas::*;
-use support::{eventually, fleet_dir, from_json, wait_all_true};
+use support::{StoppedMember, eventually, fleet_dir, from_json, microservice, wait_all_true};
 use tokio::time::Instant;
 
+use common::latency::{Latency, Observed, Target, drive, no_pods, settle};
+use common::sample::microservice_resource;
+use common::{Spread, env_usize, rss_mib, write_json};
 use flotilla::crd::Microservice;
 
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
-}
+/// Objects changed per healthy member in the outage drill.
+const OUTAGE_OBJECTS: usize = 5;
+const OUTAGE_RATE: f64 = 5.0;
+const OUTAGE_WINDOW: Duration = Duration::from_secs(10);
 
 fn lease_writes(cluster: &str, lease: &str) -> usize {
     let path = fleet_dir()
@@ -54,20 +51,17 @@ fn lease_writes(cluster: &str, lease: &str) -> usize {
 }
 
 fn main() {
-    let trials: usize = std::env::var("FLOTILLA_BENCH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let trials = env_usize("FLOTILLA_BENCH_FAILOVER_TRIALS", 10);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async move {
         let clients = member_clients().await;
         let (ns, _guards) = namespaces(&clients, "bench-failover").await;
         let mut replicas = Replicas::new(&ns, &MEMBERS);
-        for id in ["r1", "r2", "r3"] {
+        for id in REPLICA_IDS {
             replicas.start(id);
         }
         let lease = replicas.lease_name();
-        balanced(&clients, &lease, &["r1", "r2", "r3"]).await;
+        balanced(&clients, &lease, &REPLICA_IDS).await;
         let m1 = clients["member-1"].clone();
         let api = Api::<Microservice>::namespaced(m1.clone(), &ns);
         let deployments = Api::<Deployment>::namespaced(m1.clone(), &ns);
@@ -84,12 +78,12 @@ fn main() {
         let lease_rate = (lease_writes("member-1", &lease) - before) as f64 / 10.0;
         let rss: Vec<f64> = replicas.pids().into_iter().map(rss_mib).collect();
 
-        let mut results: Vec<(&str, Vec<f64>, Vec<f64>)> = Vec::new();
+        let mut kills = Vec::new();
         let mut tag = 0;
         for kind in ["SIGKILL", "SIGTERM"] {
             let (mut to_leader, mut to_write) = (Vec::new(), Vec::new());
             for _ in 0..trials {
-                let held = balanced(&clients, &lease, &["r1", "r2", "r3"]).await;
+                let held = balanced(&clients, &lease, &REPLICA_IDS).await;
                 let victim = held["member-1"].clone();
                 tag += 1;
                 let image = format!("ghcr.io/acme/probe:{tag}");
@@ -118,26 +112,71 @@ fn main() {
                 replicas.start(&victim);
             }
             eprintln!("{kind}: to leader {to_leader:?}, to write {to_write:?}");
-            results.push((kind, to_leader, to_write));
+            kills.push((kind, to_leader, to_write));
         }
 
-        println!("failover benchmark: 3 replicas, 3 members, LeaseDuration 2s, RenewDeadline 1.5s, RetryPeriod 300ms, {trials} trials each (median [min, max], seconds)");
-        for (kind, leader, write) in &results {
-            let (m, lo, hi) = median(leader.clone());
-            println!("  {kind:<8} new leader of member-1      {m:>6.2}  [{lo:.2}, {hi:.2}]");
-            let (m, lo, hi) = median(write.clone());
-            println!("  {kind:<8} next successful write       {m:>6.2}  [{lo:.2}, {hi:.2}]");
+        // Member outage: the healthy members' latency, before and during.
+        let healthy = ["member-1", "member-3"];
+        let mut targets = Vec::new();
+        for m in healthy {
+            no_pods(&clients[m], &ns).await;
+            let objects = Api::<Microservice>::namespaced(clients[m].clone(), &ns);
+            for i in 0..OUTAGE_OBJECTS {
+                let name = format!("lat-{i}");
+                objects
+                    .create(&PostParams::default(), &microservice(&name, "ghcr.io/acme/lat:1", 8080, Some(1)))
+                    .await
+                    .expect("create");
+                targets.push(Target {
+                    cluster: m.to_string(),
+                    api: Api::namespaced_with(clients[m].clone(), &ns, &microservice_resource()),
+                    name,
+                });
+            }
+            wait_all_true(&objects, OUTAGE_OBJECTS + usize::from(m == "member-1"), "Reconciled", Duration::from_secs(60)).await;
         }
+        let members: Vec<(String, kube::Client)> =
+            healthy.iter().map(|m| (m.to_string(), clients[m].clone())).collect();
+        let observed = Observed::start(&members, &ns).await;
+        let mut values = vec![1i64; targets.len()];
+        let (mut baseline, mut outage): (Vec<Latency>, Vec<Latency>) = (Vec::new(), Vec::new());
+        for t in 0..trials {
+            balanced(&clients, &lease, &REPLICA_IDS).await;
+            let (changes, refused) = drive(&targets, &mut values, OUTAGE_RATE, OUTAGE_WINDOW).await;
+            baseline.push(settle(&observed, &changes, refused, Duration::from_secs(60)).await);
+            let stopped = StoppedMember::stop("member-2");
+            let (changes, refused) = drive(&targets, &mut values, OUTAGE_RATE, OUTAGE_WINDOW).await;
+            outage.push(settle(&observed, &changes, refused, Duration::from_secs(60)).await);
+            drop(stopped);
+            eprintln!("outage {t}: before {:?}, during {:?}", baseline[t], outage[t]);
+        }
+
+        println!("failover drills: 3 replicas, 3 members, LeaseDuration 2s, RenewDeadline 1.5s, RetryPeriod 300ms, {trials} trials each (median [min, max])");
+        let mut kill_json = Vec::new();
+        for (kind, leader, write) in &kills {
+            let (l, w) = (Spread::of(leader), Spread::of(write));
+            println!("  {kind:<8} new leader of member-1 (s)           {l:.2}");
+            println!("  {kind:<8} next successful write (s)            {w:.2}");
+            kill_json.push(json!({"kind": kind, "to_leader_s": l, "to_write_s": w, "to_leader": leader, "to_write": write}));
+        }
+        let p99 = |v: &[Latency]| Spread::of(&v.iter().map(|l| l.p99_ms).collect::<Vec<_>>());
+        let p50 = |v: &[Latency]| Spread::of(&v.iter().map(|l| l.p50_ms).collect::<Vec<_>>());
+        let applied = |v: &[Latency]| format!("{}/{}", v.iter().map(|l| l.applied).sum::<usize>(), v.iter().map(|l| l.changes).sum::<usize>());
+        println!("  member-2 down: member-1 and member-3 change-to-applied, {OUTAGE_RATE} changes/s for {}s per phase", OUTAGE_WINDOW.as_secs());
+        println!("    baseline  p50 (ms) {:.0}   p99 (ms) {:.0}   applied {}", p50(&baseline), p99(&baseline), applied(&baseline));
+        println!("    outage    p50 (ms) {:.0}   p99 (ms) {:.0}   applied {}", p50(&outage), p99(&outage), applied(&outage));
         println!("  Lease writes per member per second (steady)  {lease_rate:.2}");
         println!("  replica RSS at idle (MiB)                    {rss:.1?}");
-        let out = fleet_dir().join("bench");
-        std::fs::create_dir_all(&out).expect("bench dir");
-        let json = json!({
+        write_json("failover", &json!({
             "trials": trials,
-            "results": results.iter().map(|(k, l, w)| json!({"kind": k, "to_leader": l, "to_write": w})).collect::<Vec<_>>(),
+            "kills": kill_json,
+            "outage": {
+                "baseline_p50_ms": p50(&baseline), "baseline_p99_ms": p99(&baseline),
+                "outage_p50_ms": p50(&outage), "outage_p99_ms": p99(&outage),
+                "baseline": baseline, "during": outage,
+            },
             "lease_writes_per_second": lease_rate,
             "replica_rss_mib": rss,
-        });
-        std::fs::write(out.join("failover.json"), serde_json::to_vec_pretty(&json).expect("json")).expect("write");
+        }));
     });
 }

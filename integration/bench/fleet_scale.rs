@@ -11,6 +11,9 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
@@ -18,39 +21,14 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::replicas::*;
-use support::{eventually, fleet_dir, microservice};
+use support::{eventually, microservice};
+
+use common::{Spread, cpu_seconds, env_usize, percentile, rss_mib, write_json};
 use tokio::time::Instant;
 
 use flotilla::api::client::{Client as GrpcClient, ClientOptions, connect};
 use flotilla::api::pb;
 use flotilla::crd::Microservice;
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn proc_status(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
-}
-
-/// utime + stime, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    ticks / 100.0
-}
 
 async fn done_count(client: &mut GrpcClient, ns: &str) -> (usize, usize) {
     let (mut done, mut total, mut token) = (0, 0, String::new());
@@ -110,13 +88,9 @@ where
     (all, rate)
 }
 
-fn main() {
-    let n: usize = std::env::var("FLOTILLA_BENCH_OBJECTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(async move {
+/// One run: a fresh namespace in every member, four replicas, N objects each.
+async fn run(n: usize) -> serde_json::Value {
+    {
         let clients = member_clients().await;
         let (ns, _guards) = namespaces(&clients, "bench-fleet").await;
         let mut replicas = Replicas::new(&ns, &MEMBERS);
@@ -125,7 +99,11 @@ fn main() {
             replicas.start(id);
         }
         let held = balanced(&clients, &replicas.lease_name(), &ids).await;
-        let idle = ids.iter().find(|id| !held.values().any(|h| h == *id)).unwrap().to_string();
+        let idle = ids
+            .iter()
+            .find(|id| !held.values().any(|h| h == *id))
+            .unwrap()
+            .to_string();
         let pids: Vec<(String, u32)> = ids
             .iter()
             .map(|id| id.to_string())
@@ -133,11 +111,16 @@ fn main() {
             .collect();
         let url = replicas.grpc_url(&idle);
         let mut client = eventually("gRPC up", Duration::from_secs(30), || async {
-            connect(&ClientOptions { server: url.clone(), ..Default::default() }).await.ok()
+            connect(&ClientOptions {
+                server: url.clone(),
+                ..Default::default()
+            })
+            .await
+            .ok()
         })
         .await;
         let idle_pid = pids.iter().find(|(id, _)| *id == idle).unwrap().1;
-        let rss_empty = proc_status(idle_pid, "VmRSS:");
+        let rss_empty = rss_mib(idle_pid);
 
         // Convergence.
         let t0 = Instant::now();
@@ -162,7 +145,10 @@ fn main() {
             if done == want && total == want {
                 break;
             }
-            assert!(t0.elapsed() < Duration::from_secs(900), "not converged: {done}/{want}");
+            assert!(
+                t0.elapsed() < Duration::from_secs(900),
+                "not converged: {done}/{want}"
+            );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let converged = t0.elapsed().as_secs_f64();
@@ -177,12 +163,15 @@ fn main() {
             .zip(cpu0)
             .map(|((_, p), c)| (cpu_seconds(*p) - c) / 20.0 * 100.0)
             .collect();
-        let rss: Vec<(String, f64)> = pids.iter().map(|(id, p)| (id.clone(), proc_status(*p, "VmRSS:"))).collect();
-        let rss_full = proc_status(idle_pid, "VmRSS:");
+        let rss: Vec<(String, f64)> = pids
+            .iter()
+            .map(|(id, p)| (id.clone(), rss_mib(*p)))
+            .collect();
+        let rss_full = rss_mib(idle_pid);
 
         // Unary latency and throughput.
         let ns_get = ns.clone();
-        let (mut get_lat, get_rate) = hammer(&client, Duration::from_secs(10), move |mut c, i| {
+        let (get_lat, get_rate) = hammer(&client, Duration::from_secs(10), move |mut c, i| {
             let ns = ns_get.clone();
             async move {
                 c.get_microservice(pb::GetMicroserviceRequest {
@@ -195,7 +184,7 @@ fn main() {
         })
         .await;
         let ns_list = ns.clone();
-        let (mut list_lat, list_rate) = hammer(&client, Duration::from_secs(10), move |mut c, _| {
+        let (list_lat, list_rate) = hammer(&client, Duration::from_secs(10), move |mut c, _| {
             let ns = ns_list.clone();
             async move {
                 c.list_microservices(pb::ListMicroservicesRequest {
@@ -211,7 +200,10 @@ fn main() {
 
         // Change-to-Watch-event latency.
         let mut watch = client
-            .watch_microservices(pb::WatchMicroservicesRequest { namespace: ns.clone(), ..Default::default() })
+            .watch_microservices(pb::WatchMicroservicesRequest {
+                namespace: ns.clone(),
+                ..Default::default()
+            })
             .await
             .expect("watch")
             .into_inner();
@@ -223,13 +215,17 @@ fn main() {
         let mut watch_lat = Vec::new();
         for k in 0..60 {
             let m = MEMBERS[k % 3];
-            let name = format!("svc-{:04}", k);
+            let name = format!("svc-{:04}", k % n);
             let image = format!("ghcr.io/acme/svc:w{k}");
             let api = Api::<Microservice>::namespaced(clients[m].clone(), &ns);
             let t = Instant::now();
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"image": image}})))
-                .await
-                .expect("patch");
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"image": image}})),
+            )
+            .await
+            .expect("patch");
             loop {
                 let e = tokio::time::timeout(Duration::from_secs(30), watch.next())
                     .await
@@ -237,7 +233,11 @@ fn main() {
                     .expect("open")
                     .expect("event");
                 let hit = e.microservice.is_some_and(|ms| {
-                    ms.name == name && ms.clusters.iter().any(|c| c.cluster == m && c.image == image)
+                    ms.name == name
+                        && ms
+                            .clusters
+                            .iter()
+                            .any(|c| c.cluster == m && c.image == image)
                 });
                 if hit {
                     watch_lat.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -248,29 +248,117 @@ fn main() {
         }
 
         let index_mib = rss_full - rss_empty;
-        println!("fleet-scale benchmark: 4 replicas (release), 3 members x {n} Microservices, 1 pod each");
-        println!("  created {want} in {created:.1}s; all done (observed + Available) after {converged:.1}s");
-        for (id, mib) in &rss {
-            let role = if *id == idle { "leads nothing" } else { "leads one member" };
-            println!("  RSS {id} ({role}): {mib:.1} MiB");
-        }
-        println!("  idle CPU per replica (% of one core): {idle_cpu:.2?}");
-        println!("  index + feeds on the idle replica: {index_mib:.1} MiB for {want} entries ({:.1} KiB each)", index_mib * 1024.0 / want as f64);
-        let (g50, g99) = (percentile(&mut get_lat, 0.5), percentile(&mut get_lat, 0.99));
-        let (l50, l99) = (percentile(&mut list_lat, 0.5), percentile(&mut list_lat, 0.99));
-        let (w50, w99) = (percentile(&mut watch_lat, 0.5), percentile(&mut watch_lat, 0.99));
-        println!("  GetMicroservice, 16 clients: p50 {g50:.2} ms, p99 {g99:.2} ms, {get_rate:.0} req/s");
-        println!("  ListMicroservices (page 100), 16 clients: p50 {l50:.2} ms, p99 {l99:.2} ms, {list_rate:.0} req/s");
-        println!("  change in a member to Watch event: p50 {w50:.1} ms, p99 {w99:.1} ms ({} changes)", watch_lat.len());
-        let out = fleet_dir().join("bench");
-        std::fs::create_dir_all(&out).expect("bench dir");
-        let json = json!({
+        let leaders: Vec<f64> = rss
+            .iter()
+            .filter(|(id, _)| *id != idle)
+            .map(|(_, m)| *m)
+            .collect();
+        let idle_rss = rss
+            .iter()
+            .find(|(id, _)| *id == idle)
+            .map(|(_, m)| *m)
+            .unwrap_or(f64::NAN);
+        let leader_cpu: Vec<f64> = pids
+            .iter()
+            .zip(&idle_cpu)
+            .filter(|((id, _), _)| *id != idle)
+            .map(|(_, c)| *c)
+            .collect();
+        let run = json!({
             "objects_per_member": n, "created_s": created, "converged_s": converged,
-            "rss_mib": rss, "idle_cpu_percent": idle_cpu, "index_mib": index_mib,
-            "get": {"p50_ms": g50, "p99_ms": g99, "rps": get_rate},
-            "list": {"p50_ms": l50, "p99_ms": l99, "rps": list_rate},
-            "watch": {"p50_ms": w50, "p99_ms": w99},
+            "leader_rss_mib": leaders, "idle_replica_rss_mib": idle_rss,
+            "leader_idle_cpu_percent": leader_cpu, "index_mib": index_mib,
+            "index_kib_per_entry": index_mib * 1024.0 / want as f64,
+            "get": {"p50_ms": percentile(&get_lat, 0.5), "p99_ms": percentile(&get_lat, 0.99), "rps": get_rate},
+            "list": {"p50_ms": percentile(&list_lat, 0.5), "p99_ms": percentile(&list_lat, 0.99), "rps": list_rate},
+            "watch": {"p50_ms": percentile(&watch_lat, 0.5), "p99_ms": percentile(&watch_lat, 0.99), "changes": watch_lat.len()},
         });
-        std::fs::write(out.join("fleet_scale.json"), serde_json::to_vec_pretty(&json).expect("json")).expect("write");
+        eprintln!("{run}");
+        run
+    }
+}
+
+fn main() {
+    let n = env_usize("FLOTILLA_BENCH_OBJECTS", 500);
+    let runs = env_usize("FLOTILLA_BENCH_FLEET_RUNS", 2);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let results: Vec<serde_json::Value> = rt.block_on(async {
+        let mut out = Vec::new();
+        for _ in 0..runs {
+            out.push(run(n).await);
+        }
+        out
     });
+    let col = |f: &dyn Fn(&serde_json::Value) -> Vec<f64>| {
+        Spread::of(&results.iter().flat_map(f).collect::<Vec<_>>())
+    };
+    let one = |path: &'static str| {
+        move |r: &serde_json::Value| {
+            vec![r.pointer(path).and_then(|v| v.as_f64()).unwrap_or(f64::NAN)]
+        }
+    };
+    let many = |key: &'static str| {
+        move |r: &serde_json::Value| {
+            r[key]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
+                .unwrap_or_default()
+        }
+    };
+    let summary = json!({
+        "converged_s": col(&one("/converged_s")),
+        "leader_rss_mib": col(&many("leader_rss_mib")),
+        "idle_replica_rss_mib": col(&one("/idle_replica_rss_mib")),
+        "leader_idle_cpu_percent": col(&many("leader_idle_cpu_percent")),
+        "index_kib_per_entry": col(&one("/index_kib_per_entry")),
+        "get_p50_ms": col(&one("/get/p50_ms")), "get_p99_ms": col(&one("/get/p99_ms")), "get_rps": col(&one("/get/rps")),
+        "list_p50_ms": col(&one("/list/p50_ms")), "list_p99_ms": col(&one("/list/p99_ms")), "list_rps": col(&one("/list/rps")),
+        "watch_p50_ms": col(&one("/watch/p50_ms")), "watch_p99_ms": col(&one("/watch/p99_ms")),
+    });
+    let get = |k: &str| -> Spread { serde_json::from_value(summary[k].clone()).expect("spread") };
+    println!(
+        "fleet scale: 4 replicas (release; 3 lead a member, 1 leads none), 3 members x {n} Microservices, 1 pod each, {runs} runs (median [min, max])"
+    );
+    println!(
+        "  all {} observed and Available (s)        {:.1}",
+        3 * n,
+        get("converged_s")
+    );
+    println!(
+        "  RSS of a replica leading a member (MiB)   {:.1}",
+        get("leader_rss_mib")
+    );
+    println!(
+        "  RSS of the replica leading none (MiB)     {:.1}",
+        get("idle_replica_rss_mib")
+    );
+    println!(
+        "  idle CPU of a leader (% of a core)        {:.2}",
+        get("leader_idle_cpu_percent")
+    );
+    println!(
+        "  status index per entry (KiB)              {:.1}",
+        get("index_kib_per_entry")
+    );
+    println!(
+        "  GetMicroservice, 16 clients   p50 (ms) {:.1}  p99 (ms) {:.1}  req/s {:.0}",
+        get("get_p50_ms"),
+        get("get_p99_ms"),
+        get("get_rps")
+    );
+    println!(
+        "  ListMicroservices (page 100)  p50 (ms) {:.1}  p99 (ms) {:.1}  req/s {:.0}",
+        get("list_p50_ms"),
+        get("list_p99_ms"),
+        get("list_rps")
+    );
+    println!(
+        "  change in a member to Watch   p50 (ms) {:.1}  p99 (ms) {:.1}",
+        get("watch_p50_ms"),
+        get("watch_p99_ms")
+    );
+    write_json(
+        "fleet_scale",
+        &json!({"objects_per_member": n, "runs": results, "summary": summary}),
+    );
 }

@@ -16,8 +16,11 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
@@ -26,80 +29,30 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use support::replicas::{FAST_ELECTION, local_server_args};
-use support::{client, ensure_crd, fleet_dir, kubeconfig_path, kubectl, microservice};
+use support::replicas::local_server_args;
+use support::{client, ensure_crd, fleet_dir, kubeconfig_path, microservice};
+
+use common::sample::{Proc, Who, create_foo, install_foo_crd, sample_dir, start_sample};
+use common::{Spread, env_usize, write_json};
 use tokio::time::Instant;
 
 use flotilla::crd::Microservice;
 
 const CLUSTER: &str = "member-3";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Who {
-    Flotilla,
-    Sample,
-}
-
-impl Who {
-    fn name(self) -> &'static str {
-        match self {
-            Who::Flotilla => "flotilla",
-            Who::Sample => "sample-controller",
-        }
-    }
-    fn user_agent(self) -> &'static str {
-        match self {
-            Who::Flotilla => "flotilla/",
-            Who::Sample => "sample-controller/",
-        }
-    }
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SIGTERM first, so Flotilla releases its Lease; then make sure.
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        for _ in 0..50 {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        self.0.kill().ok();
-        self.0.wait().ok();
-    }
-}
-
-fn sample_dir() -> PathBuf {
-    let out = Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/integration/bench/build-sample-controller.sh"
-    ))
-    .output()
-    .expect("build sample-controller");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
+/// The restart's requests are counted for at most this long: four of
+/// sample-controller's 30 s resyncs.
+const RESYNC_WINDOW: Duration = Duration::from_secs(120);
 
 fn start(who: Who, ns: &str, equal_limits: bool, sample: &Path, tag: &str) -> Proc {
-    let logs = fleet_dir().join("logs");
-    let log = std::fs::File::create(logs.join(format!("bench-{}-{tag}.log", who.name()))).unwrap();
-    let child = match who {
-        Who::Sample => Command::new(sample.join("sample-controller"))
-            .arg("-kubeconfig")
-            .arg(kubeconfig_path(CLUSTER))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn(),
+    match who {
+        Who::Sample => start_sample(sample, CLUSTER, tag),
         Who::Flotilla => {
+            let log = std::fs::File::create(
+                fleet_dir()
+                    .join("logs")
+                    .join(format!("bench-flotilla-{tag}.log")),
+            )
+            .unwrap();
             let dir = fleet_dir().join("bench").join(format!("members-{tag}"));
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::copy(
@@ -124,25 +77,16 @@ fn start(who: Who, ns: &str, equal_limits: bool, sample: &Path, tag: &str) -> Pr
                     &format!("bench{tag}"),
                 ])
                 .args(["--replica-id", "bench", "--namespace", ns])
-                .args(FAST_ELECTION)
+                // Default Lease timings, as users run it.
                 .args(["--cluster-qps", qps, "--cluster-burst", burst])
                 .args(local_server_args())
                 .env("RUST_LOG", "warn")
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
+                .map(Proc)
+                .expect("start flotilla")
         }
-    };
-    Proc(child.expect("start controller"))
-}
-
-fn foo_resource() -> kube::api::ApiResource {
-    kube::api::ApiResource {
-        group: "samplecontroller.k8s.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "samplecontroller.k8s.io/v1alpha1".into(),
-        kind: "Foo".into(),
-        plural: "foos".into(),
     }
 }
 
@@ -162,15 +106,7 @@ async fn create_objects(c: &Client, who: Who, ns: &str, n: usize) {
                             .await
                             .expect("create Microservice");
                     }
-                    Who::Sample => {
-                        let object = kube::api::DynamicObject::new(&name, &foo_resource())
-                            .data(json!({"spec": {"deploymentName": name, "replicas": 1}}));
-                        let api: Api<kube::api::DynamicObject> =
-                            Api::namespaced_with(c, ns, &foo_resource());
-                        api.create(&PostParams::default(), &object)
-                            .await
-                            .expect("create Foo");
-                    }
+                    Who::Sample => create_foo(c, ns, &name, 1).await,
                 }
             }
         })
@@ -290,7 +226,7 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
     drop(proc.take());
     let from = audit_lines().len();
     let restarted = start(who, &ns_name, equal, sample, &format!("{tag}r"));
-    // Counted until the controller has been quiet for 5 s (at most 3 min).
+    // Counted until the controller has been quiet for 5 s (at most RESYNC_WINDOW).
     let (mut last, mut quiet_since, started) = ((0, 0), Instant::now(), Instant::now());
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -301,7 +237,7 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
         }
         if (quiet_since.elapsed() > Duration::from_secs(5)
             && started.elapsed() > Duration::from_secs(10))
-            || started.elapsed() > Duration::from_secs(180)
+            || started.elapsed() > RESYNC_WINDOW
         {
             break;
         }
@@ -323,36 +259,18 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
     }
 }
 
-fn stats(v: &[f64]) -> (f64, f64, f64) {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
 fn main() {
-    let n: usize = std::env::var("FLOTILLA_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
-    let trials: usize = std::env::var("FLOTILLA_BENCH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let n = env_usize("FLOTILLA_BENCH_N", 500);
+    let trials = env_usize("FLOTILLA_BENCH_TRIALS", 3);
+    // At 5 qps, Flotilla needs about 20 minutes for 500 objects: one trial.
+    let equal_trials = env_usize("FLOTILLA_BENCH_EQUAL_TRIALS", 1);
     let equal = std::env::var("FLOTILLA_BENCH_EQUAL").unwrap_or_default();
     let sample = sample_dir();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let results: Vec<Trial> = rt.block_on(async {
         let c = client(CLUSTER).await;
         ensure_crd(&c).await;
-        let status = Command::new(kubectl())
-            .arg("--kubeconfig")
-            .arg(kubeconfig_path(CLUSTER))
-            .args(["apply", "--server-side", "-f"])
-            .arg(sample.join("crd.yaml"))
-            .stdout(Stdio::null())
-            .status()
-            .expect("kubectl");
-        assert!(status.success(), "Foo CRD");
+        install_foo_crd(&sample, CLUSTER);
         let home = client("home").await;
         let ns: Namespace =
             serde_json::from_value(json!({"metadata": {"name": "flotilla-bench"}})).unwrap();
@@ -368,7 +286,7 @@ fn main() {
             _ => vec![false],
         };
         for equal in modes {
-            for t in 0..trials {
+            for t in 0..(if equal { equal_trials } else { trials }) {
                 // Alternate which controller goes first.
                 let order = if t % 2 == 0 {
                     [Who::Flotilla, Who::Sample]
@@ -391,7 +309,7 @@ fn main() {
     });
 
     println!(
-        "side by side on {CLUSTER}: {n} objects, {trials} trials each, alternating (median [min, max])"
+        "side by side on {CLUSTER}: {n} objects, {trials} trials each at default limits, {equal_trials} at equal limits, alternating (median [min, max])"
     );
     println!(
         "  {:<18} {:<10} {:>24} {:>24} {:>14} {:>14}",
@@ -403,29 +321,35 @@ fn main() {
         "resync writes"
     );
     let mut keys: Vec<(&str, &str)> = results.iter().map(|r| (r.controller, r.limits)).collect();
-    keys.dedup();
     keys.sort();
     keys.dedup();
+    let mut summary = Vec::new();
     for (who, limits) in keys {
         let rs: Vec<&Trial> = results
             .iter()
             .filter(|r| r.controller == who && r.limits == limits)
             .collect();
-        let col = |f: fn(&Trial) -> f64| stats(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
-        let fmt = |(m, lo, hi): (f64, f64, f64)| format!("{m:.1} [{lo:.1}, {hi:.1}]");
+        let col = |f: fn(&Trial) -> f64| Spread::of(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
+        let (children, converged) = (col(|r| r.children_s), col(|r| r.converged_s));
+        let (reads, writes) = (
+            col(|r| r.resync_reads as f64),
+            col(|r| r.resync_writes as f64),
+        );
         println!(
             "  {who:<18} {limits:<10} {:>24} {:>24} {:>14} {:>14}",
-            fmt(col(|r| r.children_s)),
-            fmt(col(|r| r.converged_s)),
-            fmt(col(|r| r.resync_reads as f64)),
-            fmt(col(|r| r.resync_writes as f64)),
+            format!("{children:.1}"),
+            format!("{converged:.1}"),
+            format!("{reads:.0}"),
+            format!("{writes:.0}"),
         );
+        summary.push(json!({
+            "controller": who, "limits": limits, "trials": rs.len(),
+            "children_s": children, "converged_s": converged,
+            "resync_reads": reads, "resync_writes": writes,
+        }));
     }
-    let dir = fleet_dir().join("bench");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("side_by_side.json"),
-        serde_json::to_vec_pretty(&json!({"n": n, "trials": results})).unwrap(),
-    )
-    .unwrap();
+    write_json(
+        "side_by_side",
+        &json!({"n": n, "resync_window_s": RESYNC_WINDOW.as_secs(), "summary": summary, "trials": results}),
+    );
 }

@@ -29,6 +29,8 @@ pub struct Replicas {
     pub metrics_ports: BTreeMap<String, u16>,
     /// Extra environment, e.g. OTEL_* variables.
     pub env: Vec<(String, String)>,
+    /// Lease timings: FAST_ELECTION unless a caller wants the defaults.
+    pub election: Vec<String>,
     children: BTreeMap<String, Child>,
 }
 
@@ -83,6 +85,7 @@ impl Replicas {
             grpc_ports: BTreeMap::new(),
             metrics_ports: BTreeMap::new(),
             env: Vec::new(),
+            election: FAST_ELECTION.iter().map(|a| a.to_string()).collect(),
             children: BTreeMap::new(),
         };
         for m in members {
@@ -123,7 +126,7 @@ impl Replicas {
             ])
             // Heartbeats and member Secrets of this test only.
             .args(["--home-namespace", &self.namespace])
-            .args(FAST_ELECTION)
+            .args(&self.election)
             .args(["--takeover-grace", "3s", "--resync", "30s"])
             .arg("--grpc-addr")
             .arg(format!("127.0.0.1:{port}"))
