@@ -358,3 +358,64 @@ async fn each_member_client_is_held_to_its_request_budget() {
         "20 requests under 10 qps / burst 5 finished in {took:?}"
     );
 }
+
+/// A reconcile backlog that uses up a member's whole request budget must not
+/// cost the leader its Lease: renewals go through a client of their own.
+/// Sharing the budget, they queued behind the backlog, missed the 1.5 s renew
+/// deadline, and the replica stepped down again and again.
+#[tokio::test]
+async fn a_starved_request_budget_never_costs_the_lease() {
+    let member = "member-1";
+    let c = client(member).await;
+    support::ensure_crd(&c).await;
+    let (ns, _guards) = namespaces(&BTreeMap::from([(member, c.clone())]), "starved").await;
+    let api = Api::<Microservice>::namespaced(c.clone(), &ns);
+    for i in 0..20 {
+        api.create(
+            &PostParams::default(),
+            &microservice(&format!("svc-{i:02}"), "ghcr.io/acme/s:1", 8080, Some(0)),
+        )
+        .await
+        .expect("create");
+    }
+    let mut replicas = Replicas::new(&ns, &[member]);
+    replicas.extra_args = ["--cluster-qps", "1", "--cluster-burst", "1"]
+        .map(String::from)
+        .to_vec();
+    replicas.start("r1");
+    let lease = replicas.lease_name();
+    eventually("r1 leads", Duration::from_secs(30), || async {
+        (holder(&c, &lease).await.as_deref() == Some("r1")).then_some(())
+    })
+    .await;
+
+    // Seven Lease durations with the backlog pending.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(14) {
+        assert_eq!(
+            holder(&c, &lease).await.as_deref(),
+            Some("r1"),
+            "the Lease changed hands under a starved budget"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let log = replicas.log("r1");
+    assert!(!log.contains("stepping down"), "r1 stepped down:\n{log}");
+    // The budget really was the bottleneck: at 1 request/s the 20 objects
+    // (about six requests each) cannot all be reconciled yet.
+    let reconciled = api
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .iter()
+        .filter(|m| {
+            m.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Reconciled" && c.status == "True")
+            })
+        })
+        .count();
+    assert!(reconciled < 20, "the budget did not hold the backlog back");
+}

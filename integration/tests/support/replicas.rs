@@ -31,6 +31,8 @@ pub struct Replicas {
     pub env: Vec<(String, String)>,
     /// Lease timings: FAST_ELECTION unless a caller wants the defaults.
     pub election: Vec<String>,
+    /// Any further `run` flags, e.g. a request budget.
+    pub extra_args: Vec<String>,
     children: BTreeMap<String, Child>,
 }
 
@@ -86,6 +88,7 @@ impl Replicas {
             metrics_ports: BTreeMap::new(),
             env: Vec::new(),
             election: FAST_ELECTION.iter().map(|a| a.to_string()).collect(),
+            extra_args: Vec::new(),
             children: BTreeMap::new(),
         };
         for m in members {
@@ -127,6 +130,7 @@ impl Replicas {
             // Heartbeats and member Secrets of this test only.
             .args(["--home-namespace", &self.namespace])
             .args(&self.election)
+            .args(&self.extra_args)
             .args(["--takeover-grace", "3s", "--resync", "30s"])
             .arg("--grpc-addr")
             .arg(format!("127.0.0.1:{port}"))
