@@ -23,7 +23,7 @@ use serde_json::json;
 use support::replicas::*;
 use support::{eventually, microservice};
 
-use common::{Spread, cpu_seconds, env_usize, percentile, rss_mib, write_json};
+use common::{Spread, cpu_seconds, env_usize, namespace_gone, percentile, rss_mib, write_json};
 use tokio::time::Instant;
 
 use flotilla::api::client::{Client as GrpcClient, ClientOptions, connect};
@@ -92,7 +92,7 @@ where
 async fn run(n: usize) -> serde_json::Value {
     {
         let clients = member_clients().await;
-        let (ns, _guards) = namespaces(&clients, "bench-fleet").await;
+        let (ns, guards) = namespaces(&clients, "bench-fleet").await;
         let mut replicas = Replicas::new(&ns, &MEMBERS);
         let ids = ["r1", "r2", "r3", "r4"];
         for id in ids {
@@ -274,6 +274,11 @@ async fn run(n: usize) -> serde_json::Value {
             "watch": {"p50_ms": percentile(&watch_lat, 0.5), "p99_ms": percentile(&watch_lat, 0.99), "changes": watch_lat.len()},
         });
         eprintln!("{run}");
+        drop(replicas);
+        drop(guards);
+        for c in clients.values() {
+            namespace_gone(c, &ns).await;
+        }
         run
     }
 }

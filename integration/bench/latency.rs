@@ -47,7 +47,7 @@ const MAX_FOO_REPLICAS: i64 = 10;
 /// The running controller(s) of one trial, held only to be stopped when dropped.
 #[allow(dead_code)]
 enum Running {
-    Flotilla(Replicas),
+    Flotilla(Box<Replicas>),
     Sample(Vec<Proc>),
 }
 
@@ -94,7 +94,7 @@ async fn start(
                 replicas.start(id);
             }
             balanced(clients, &replicas.lease_name(), &REPLICA_IDS).await;
-            Running::Flotilla(replicas)
+            Running::Flotilla(Box::new(replicas))
         }
         Who::Sample => Running::Sample(
             MEMBERS

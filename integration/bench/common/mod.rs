@@ -38,8 +38,14 @@ impl Spread {
         }
         let mut v = values.to_vec();
         v.sort_by(f64::total_cmp);
+        let mid = v.len() / 2;
         Spread {
-            median: v[v.len() / 2],
+            // Of an even count, the mean of the middle two.
+            median: if v.len().is_multiple_of(2) {
+                (v[mid - 1] + v[mid]) / 2.0
+            } else {
+                v[mid]
+            },
             min: v[0],
             max: v[v.len() - 1],
         }
@@ -92,6 +98,17 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
         + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     ticks / 100.0
+}
+
+/// Waits (up to 10 minutes) until namespace `name` is gone, so that the next
+/// run does not share the CPU with its garbage collection.
+pub async fn namespace_gone(client: &kube::Client, name: &str) {
+    let api = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(600);
+    while api.get_opt(name).await.ok().flatten().is_some() && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 /// Where results go: `.fleet/bench/`.
