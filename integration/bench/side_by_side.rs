@@ -33,7 +33,7 @@ use support::replicas::local_server_args;
 use support::{client, ensure_crd, fleet_dir, kubeconfig_path, microservice};
 
 use common::sample::{Proc, Who, create_foo, install_foo_crd, sample_dir, start_sample};
-use common::{Spread, env_usize, write_json};
+use common::{Spread, env_usize, namespace_gone, write_json};
 use tokio::time::Instant;
 
 use flotilla::crd::Microservice;
@@ -244,11 +244,8 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
     }
     drop(restarted);
     namespaces.delete(&ns_name, &Default::default()).await.ok();
-    // The next trial starts on a clean cluster: wait until the namespace is gone.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while namespaces.get_opt(&ns_name).await.ok().flatten().is_some() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    // The next trial starts on a clean cluster.
+    namespace_gone(c, &ns_name).await;
     Trial {
         controller: who.name(),
         limits: if equal { "5/10 both" } else { "defaults" },

@@ -188,19 +188,13 @@ pub async fn run(
 ) {
     // The Lease gets a client of its own: renewals must never queue behind
     // a reconcile backlog that has used up the cluster's request budget.
-    let clients = match client_for(
-        &name,
-        kubeconfig.clone(),
-        &settings.replica_id,
-        settings.budget,
-    )
-    .await
-    {
-        Ok(c) => client_for(&name, kubeconfig, &settings.replica_id, Budget::ELECTION)
-            .await
-            .map(|lease| (c, lease)),
-        Err(e) => Err(e),
-    };
+    let clients = async {
+        let id = &settings.replica_id;
+        let budgeted = client_for(&name, kubeconfig.clone(), id, settings.budget).await?;
+        let lease = client_for(&name, kubeconfig, id, Budget::ELECTION).await?;
+        Ok::<_, String>((budgeted, lease))
+    }
+    .await;
     let (client, lease_client) = match clients {
         Ok(c) => c,
         Err(reason) => {

@@ -18,7 +18,6 @@ use super::Backoff;
 use super::context::{Context, Hooks, Settings};
 use super::reconcile::{error_policy, reconcile};
 use crate::crd::Microservice;
-use crate::domain::desired::{LABEL_MANAGED_BY, MANAGED_BY};
 
 const BACKOFF_BASE: Duration = Duration::from_millis(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
@@ -45,9 +44,7 @@ pub async fn run(
     // Children carry our managed-by label; watching only those keeps the
     // caches small. EndpointSlices inherit the Service's labels.
     let base = crate::watching::config(settings.streaming_lists);
-    let managed = base
-        .clone()
-        .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    let managed = crate::watching::managed(settings.streaming_lists);
 
     let (deployments, dep_writer) = reflector::store();
     let dep_stream = watcher(

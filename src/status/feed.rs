@@ -15,7 +15,6 @@ use super::index::Key;
 use super::view::{Facts, Replicas};
 use crate::crd::Microservice;
 use crate::domain::conditions;
-use crate::domain::desired::{LABEL_MANAGED_BY, MANAGED_BY};
 
 pub fn facts(ms: &Microservice) -> Facts {
     let status = ms.status.clone().unwrap_or_default();
@@ -68,9 +67,7 @@ pub async fn run(
         None => (Api::all(client.clone()), Api::all(client)),
     };
     let base = crate::watching::config(streaming_lists);
-    let managed = base
-        .clone()
-        .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    let managed = crate::watching::managed(streaming_lists);
     let ms = watcher(ms_api, base)
         .default_backoff()
         .map(|e| e.map(|m| Item::Ms(Box::new(m))));
