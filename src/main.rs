@@ -4,13 +4,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use flotilla::api::client::ClientOptions;
 use flotilla::api::server::{ServerOptions, TlsFiles};
-use flotilla::cli::parse_duration;
+use flotilla::cli::args::{self, Cli, Command, LogFormat, OutputFormat, RemoteArgs, RunArgs};
 use flotilla::cli::remote::{self, Format};
 use flotilla::domain::desired::PlatformDefaults;
 use flotilla::fleet::client_budget::Budget;
@@ -20,216 +20,6 @@ use flotilla::fleet::runtime::FleetOptions;
 use flotilla::reconciler::{self, Hooks, Settings, WriterIdentity};
 use flotilla::status::hub::Hub;
 use flotilla::telemetry;
-
-#[derive(Parser)]
-#[command(
-    name = "flotilla",
-    version,
-    about = "Multi-cluster fleet operator for Microservices"
-)]
-struct Cli {
-    /// Log format.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "text",
-        env = "FLOTILLA_LOG_FORMAT",
-        global = true
-    )]
-    log_format: LogFormat,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Print the Microservice CRD as YAML.
-    Crd,
-    /// Run the operator.
-    Run(Box<RunArgs>),
-    /// List the member clusters, as a replica sees them.
-    Clusters(RemoteArgs),
-    /// Show Microservices across the fleet: one (NAMESPACE/NAME) or all.
-    Status(StatusArgs),
-    /// Wait until a rollout is done in every cluster. Exit codes: 0 done,
-    /// 1 failed in some cluster, 2 timed out, 3 could not ask.
-    Wait(WaitArgs),
-}
-
-#[derive(clap::Args)]
-struct RemoteArgs {
-    /// A replica's gRPC address: http://HOST:PORT (plaintext) or https://HOST:PORT.
-    #[arg(
-        long,
-        env = "FLOTILLA_SERVER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    server: String,
-    /// CA that signed the server's certificate (https).
-    #[arg(long, env = "FLOTILLA_CA")]
-    ca: Option<PathBuf>,
-    /// Client certificate and key, for servers that require mTLS.
-    #[arg(long, env = "FLOTILLA_CERT", requires = "key")]
-    cert: Option<PathBuf>,
-    #[arg(long, env = "FLOTILLA_KEY", requires = "cert")]
-    key: Option<PathBuf>,
-    /// The name the server certificate carries, when it is not the host.
-    #[arg(long, env = "FLOTILLA_TLS_SERVER_NAME")]
-    tls_server_name: Option<String>,
-    /// A file holding the bearer token.
-    #[arg(long, env = "FLOTILLA_TOKEN_FILE")]
-    token_file: Option<PathBuf>,
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value = "table")]
-    output: OutputFormat,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum OutputFormat {
-    Table,
-    Json,
-}
-
-#[derive(clap::Args)]
-struct StatusArgs {
-    /// NAMESPACE/NAME; all Microservices when omitted.
-    target: Option<String>,
-    /// Only this namespace (when listing).
-    #[arg(short = 'n', long)]
-    namespace: Option<String>,
-    /// Only Microservices matching this label selector (when listing).
-    #[arg(short = 'l', long)]
-    selector: Option<String>,
-    #[command(flatten)]
-    remote: RemoteArgs,
-}
-
-#[derive(clap::Args)]
-struct WaitArgs {
-    /// NAMESPACE/NAME
-    target: String,
-    /// Done when this image is in the spec and that generation is Available.
-    #[arg(
-        long,
-        conflicts_with = "generation",
-        required_unless_present = "generation"
-    )]
-    image: Option<String>,
-    /// Done when the generation is at least this, observed and Available.
-    #[arg(long)]
-    generation: Option<i64>,
-    /// Only these clusters (repeatable); every cluster that has it by default.
-    #[arg(long = "cluster")]
-    clusters: Vec<String>,
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
-    timeout: Duration,
-    #[command(flatten)]
-    remote: RemoteArgs,
-}
-
-#[derive(clap::Args)]
-struct RunArgs {
-    /// Fleet mode with member clusters from labelled Secrets only (no directory).
-    #[arg(long, env = "FLOTILLA_FLEET")]
-    fleet: bool,
-    /// Fleet mode: a directory of member kubeconfigs, one file per cluster, watched live.
-    /// Secrets labelled platform.example.io/member-cluster=true in the home namespace are read too.
-    #[arg(long, env = "FLOTILLA_KUBECONFIG_DIR", conflicts_with = "kubeconfig")]
-    kubeconfig_dir: Option<PathBuf>,
-    /// Fleet mode: kubeconfig of the home cluster (heartbeats); in-cluster or $KUBECONFIG when omitted.
-    #[arg(long, env = "FLOTILLA_HOME_KUBECONFIG")]
-    home_kubeconfig: Option<PathBuf>,
-    /// Fleet mode: the operator's namespace in the home cluster.
-    #[arg(
-        long,
-        env = "FLOTILLA_HOME_NAMESPACE",
-        default_value = "flotilla-system"
-    )]
-    home_namespace: String,
-    /// Fleet mode: names the per-cluster Lease `flotilla-<fleet-name>`.
-    #[arg(long, env = "FLOTILLA_FLEET_NAME", default_value = "default")]
-    fleet_name: String,
-    /// Fleet mode: where each member cluster's Lease lives.
-    #[arg(
-        long,
-        env = "FLOTILLA_LEASE_NAMESPACE",
-        default_value = "flotilla-system"
-    )]
-    lease_namespace: String,
-    #[arg(long, env = "FLOTILLA_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
-    lease_duration: Duration,
-    #[arg(long, env = "FLOTILLA_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
-    renew_deadline: Duration,
-    #[arg(long, env = "FLOTILLA_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
-    retry_period: Duration,
-    /// A replica that does not own a cluster contests it once its Lease has been free this long.
-    #[arg(long, env = "FLOTILLA_TAKEOVER_GRACE", default_value = "5s", value_parser = parse_duration)]
-    takeover_grace: Duration,
-    /// Single-cluster mode: kubeconfig of the cluster to reconcile; in-cluster or $KUBECONFIG when omitted.
-    #[arg(long, env = "FLOTILLA_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-    /// Name of the cluster, for logs and spans.
-    #[arg(long, env = "FLOTILLA_CLUSTER_NAME", default_value = "default")]
-    cluster_name: String,
-    /// Reconcile one namespace only.
-    #[arg(long, env = "FLOTILLA_NAMESPACE")]
-    namespace: Option<String>,
-    /// Safety-net resync period; watches repair drift long before it.
-    #[arg(long, env = "FLOTILLA_RESYNC", default_value = "5m", value_parser = parse_duration)]
-    resync: Duration,
-    /// The platform's OTLP collector, set on every workload.
-    #[arg(
-        long,
-        env = "FLOTILLA_WORKLOAD_OTLP_ENDPOINT",
-        default_value = "http://otel-collector.observability.svc:4317"
-    )]
-    workload_otlp_endpoint: String,
-    /// Start watches with streaming lists (WatchList, Kubernetes 1.32+), so
-    /// starting or restarting sends no LIST requests. Set false for older clusters.
-    #[arg(long, env = "FLOTILLA_STREAMING_LISTS", default_value_t = true, action = clap::ArgAction::Set)]
-    streaming_lists: bool,
-    /// Fleet mode: average requests per second to each member cluster.
-    #[arg(long, env = "FLOTILLA_CLUSTER_QPS", default_value_t = Budget::default().qps)]
-    cluster_qps: f64,
-    /// Fleet mode: requests each member cluster may get at once after a quiet spell.
-    #[arg(long, env = "FLOTILLA_CLUSTER_BURST", default_value_t = Budget::default().burst)]
-    cluster_burst: u32,
-    /// Fleet mode: where the gRPC status API listens.
-    #[arg(long, env = "FLOTILLA_GRPC_ADDR", default_value = "0.0.0.0:50051")]
-    grpc_addr: std::net::SocketAddr,
-    /// The server certificate and key (PEM) for gRPC over TLS.
-    #[arg(long, env = "FLOTILLA_GRPC_TLS_CERT", requires = "grpc_tls_key")]
-    grpc_tls_cert: Option<PathBuf>,
-    #[arg(long, env = "FLOTILLA_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
-    grpc_tls_key: Option<PathBuf>,
-    /// Require client certificates signed by this CA (mTLS).
-    #[arg(long, env = "FLOTILLA_GRPC_CLIENT_CA", requires = "grpc_tls_cert")]
-    grpc_client_ca: Option<PathBuf>,
-    /// Require `authorization: Bearer <token>` with the token in this file.
-    #[arg(long, env = "FLOTILLA_GRPC_TOKEN_FILE")]
-    grpc_token_file: Option<PathBuf>,
-    /// Serve gRPC in plaintext (local development only).
-    #[arg(long, env = "FLOTILLA_GRPC_INSECURE")]
-    grpc_insecure: bool,
-    /// Serve gRPC server reflection.
-    #[arg(long, env = "FLOTILLA_GRPC_REFLECTION")]
-    grpc_reflection: bool,
-    /// The longest a WaitForRollout call may run.
-    #[arg(long, env = "FLOTILLA_GRPC_MAX_WAIT", default_value = "1h", value_parser = parse_duration)]
-    grpc_max_wait: Duration,
-    /// Fleet mode: where /metrics, /healthz and /readyz are served.
-    #[arg(long, env = "FLOTILLA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
-    metrics_addr: std::net::SocketAddr,
-    /// This replica's identity, stamped on every write.
-    #[arg(long, env = "FLOTILLA_REPLICA_ID")]
-    replica_id: Option<String>,
-}
 
 async fn client_for(kubeconfig: Option<&PathBuf>) -> Result<Client, String> {
     let config = match kubeconfig {
@@ -295,6 +85,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         home,
         home_namespace: args.home_namespace,
         kubeconfig_dir: dir,
+        allow_exec_kubeconfigs: args.allow_exec_kubeconfigs,
         replica: ReplicaSettings {
             replica_id,
             fleet_name: args.fleet_name,
@@ -367,6 +158,7 @@ fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
         Some(p) => Some(read_token(p, "--grpc-token-file")?),
         None => None,
     };
+    o.token_file = args.grpc_token_file.clone();
     if let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) {
         o.tls = Some(TlsFiles {
             cert: cert.clone(),
@@ -443,15 +235,8 @@ async fn remote(command: Command) -> u8 {
     })
 }
 
-fn replica_id(args: &RunArgs) -> String {
-    args.replica_id
-        .clone()
-        .unwrap_or_else(|| format!("flotilla-{}", std::process::id()))
-}
-
-async fn run(args: RunArgs) -> Result<(), String> {
-    let holder = replica_id(&args);
-    if args.kubeconfig_dir.is_some() || args.fleet {
+async fn run(args: RunArgs, holder: String) -> Result<(), String> {
+    if args.fleet_mode() {
         let dir = args.kubeconfig_dir.clone();
         return run_fleet(args, dir, holder).await;
     }
@@ -512,13 +297,20 @@ fn main() -> ExitCode {
                 LogFormat::Json => telemetry::LogFormat::Json,
             };
             let outcome = runtime.block_on(async move {
-                let fleet_mode = args.kubeconfig_dir.is_some() || args.fleet;
+                let fleet_mode = args.fleet_mode();
+                let pod_name = std::env::var("POD_NAME").ok();
+                let id = args::replica_id(
+                    args.replica_id.as_deref(),
+                    pod_name.as_deref(),
+                    fleet_mode,
+                    std::process::id(),
+                )?;
                 let who = telemetry::Identity {
-                    replica_id: replica_id(&args),
+                    replica_id: id.clone(),
                     fleet_name: fleet_mode.then(|| args.fleet_name.clone()),
                 };
                 let telemetry = telemetry::init(format, &who).map_err(|e| e.to_string())?;
-                let result = run(*args).await;
+                let result = run(*args, id).await;
                 // Flushing blocks on the exporter, which needs the runtime's other workers.
                 tokio::task::spawn_blocking(move || telemetry.shutdown())
                     .await

@@ -341,10 +341,17 @@ async fn each_member_client_is_held_to_its_request_budget() {
         qps: 10.0,
         burst: 5,
     };
-    let limited =
-        flotilla::fleet::cluster::client_for("member-1", kubeconfig, "budget-test", budget)
-            .await
-            .unwrap();
+    let trust = flotilla::fleet::credentials::Trust::File { allow_exec: false };
+    let limited = flotilla::fleet::cluster::client_for(
+        "member-1",
+        kubeconfig,
+        trust,
+        "budget-test",
+        budget,
+        None,
+    )
+    .await
+    .unwrap();
     let leases: Api<Lease> = Api::namespaced(limited, "kube-system");
     let start = Instant::now();
     for _ in 0..20 {

@@ -1,6 +1,7 @@
 //! Command-line helpers: duration parsing, and the status commands'
 //! output (`output`, pure) and calls (`remote`).
 
+pub mod args;
 pub mod output;
 pub mod remote;
 

@@ -14,10 +14,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::client_budget::Budget;
-use super::election::Timings;
+use super::credentials::{self, Trust};
+use super::election::{Ownership, Timings};
 use super::elector::{Elector, Leadership, release};
+use super::fence::Fence;
 use super::lease_store::KubeLeaseStore;
-use super::shard::should_contest;
 use crate::domain::desired::PlatformDefaults;
 use crate::reconciler::{self, Hooks, Settings, WriterIdentity};
 use crate::status::hub::Hub;
@@ -127,35 +128,66 @@ fn set_state(hub: &Hub, cluster: &str, me: &str, state: ClusterState) {
 }
 
 /// A client with this replica's user agent, so audit logs name the writer.
-/// Its requests are held to the cluster's own budget.
+/// Its requests are held to the cluster's own budget; with a fence, every
+/// write is checked against leadership as it leaves that budget's queue.
 pub async fn client_for(
     cluster: &str,
     kubeconfig: Kubeconfig,
+    trust: Trust,
     replica_id: &str,
     budget: Budget,
+    fence: Option<&Fence>,
 ) -> Result<Client, String> {
+    // Refused before kube-rs sees it: it would run commands and read files.
+    credentials::check(&kubeconfig, trust).map_err(|e| e.to_string())?;
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| format!("kubeconfig is not usable: {}", redact(&e.to_string())))?;
-    let agent = format!("flotilla/{replica_id}");
-    let value = http::HeaderValue::from_str(&agent)
-        .map_err(|_| format!("replica id {replica_id:?} is not a valid header value"))?;
-    config.headers.push((http::header::USER_AGENT, value));
+        .map_err(|e| format!("kubeconfig is not usable: {}", credentials::describe(&e)))?;
+    config
+        .headers
+        .push((http::header::USER_AGENT, user_agent(replica_id)?));
     let builder = ClientBuilder::try_from(config)
-        .map_err(|e| format!("client: {}", redact(&e.to_string())))?;
+        .map_err(|e| format!("client: {}", credentials::describe(&e)))?;
     Ok(builder
+        .with_layer(&tower::util::option_layer(fence.map(Fence::layer)))
         .with_layer(&budget.layer())
         .with_layer(&ApiMetricsLayer::new(cluster))
         .build())
 }
 
-/// Keeps error messages about kubeconfigs short and free of embedded data.
+/// `flotilla/<replica-id>`, the user agent every request of this replica carries.
+pub fn user_agent(replica_id: &str) -> Result<http::HeaderValue, String> {
+    http::HeaderValue::from_str(&format!("flotilla/{replica_id}"))
+        .map_err(|_| format!("replica id {replica_id:?} is not a valid header value"))
+}
+
+/// Why a cluster did not answer, in words that never quote server output.
 fn redact(message: &str) -> String {
     message
         .chars()
         .take(160)
         .filter(|c| !c.is_control())
         .collect()
+}
+
+/// Resolves when the term at `epoch` is over: leadership moved on, or its
+/// deadline passed without a renewal (even if the elector is stuck).
+pub async fn term_over(mut leadership: watch::Receiver<Leadership>, epoch: i32) {
+    loop {
+        let until = match &*leadership.borrow_and_update() {
+            Leadership::Leading {
+                epoch: e, until, ..
+            } if *e == epoch => *until,
+            _ => return,
+        };
+        if Instant::now() >= until {
+            return;
+        }
+        tokio::select! {
+            changed = leadership.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep_until(until) => {}
+        }
+    }
 }
 
 pub async fn ensure_namespace(client: &Client, namespace: &str) {
@@ -181,6 +213,7 @@ pub async fn ensure_namespace(client: &Client, namespace: &str) {
 pub async fn run(
     name: String,
     kubeconfig: Kubeconfig,
+    trust: Trust,
     settings: ReplicaSettings,
     assignment: watch::Receiver<BTreeMap<String, String>>,
     hub: Arc<Hub>,
@@ -188,11 +221,34 @@ pub async fn run(
 ) {
     // The Lease gets a client of its own: renewals must never queue behind
     // a reconcile backlog that has used up the cluster's request budget.
+    let id = settings.replica_id.clone();
+    let lease_client = client_for(
+        &name,
+        kubeconfig.clone(),
+        trust,
+        &id,
+        Budget::ELECTION,
+        None,
+    )
+    .await;
+    let store = lease_client.as_ref().ok().map(|c| {
+        KubeLeaseStore::new(
+            c.clone(),
+            &settings.lease_namespace,
+            &format!("flotilla-{}", settings.fleet_name),
+        )
+    });
+    let Some(store) = store else {
+        let reason = lease_client.err().unwrap_or_default();
+        set_state(&hub, &name, &id, ClusterState::Invalid { reason });
+        return;
+    };
+    let (elector, mut leadership) = Elector::new(id.clone(), settings.timings, store);
+    let fence = Fence::new(&name, leadership.clone());
     let clients = async {
-        let id = &settings.replica_id;
-        let budgeted = client_for(&name, kubeconfig.clone(), id, settings.budget).await?;
-        let lease = client_for(&name, kubeconfig, id, Budget::ELECTION).await?;
-        Ok::<_, String>((budgeted, lease))
+        let budgeted =
+            client_for(&name, kubeconfig, trust, &id, settings.budget, Some(&fence)).await?;
+        Ok::<_, String>((budgeted, lease_client?))
     }
     .await;
     let (client, lease_client) = match clients {
@@ -245,7 +301,13 @@ pub async fn run(
             }
         }
     }
-    ensure_namespace(&client, &settings.lease_namespace).await;
+    let created = ensure_namespace(&lease_client, &settings.lease_namespace);
+    if tokio::time::timeout(settings.timings.renew_deadline, created)
+        .await
+        .is_err()
+    {
+        tracing::warn!(k8s.cluster.name = %name, "creating the lease namespace timed out");
+    }
     // The read-only status feed runs whether or not this replica leads.
     let feed = tokio::spawn(crate::status::feed::run(
         client.clone(),
@@ -255,26 +317,17 @@ pub async fn run(
         hub.clone(),
     ));
 
-    let store = KubeLeaseStore::new(
-        lease_client,
-        &settings.lease_namespace,
-        &format!("flotilla-{}", settings.fleet_name),
-    );
-    let (elector, mut leadership) =
-        Elector::new(settings.replica_id.clone(), settings.timings, store);
-    let (me, cluster, grace) = (
-        settings.replica_id.clone(),
-        name.clone(),
-        settings.takeover_grace,
-    );
-    let elector = elector.with_contest(Box::new(move |expired| {
-        let owners = assignment.borrow();
-        let view: BTreeMap<String, &str> = owners
-            .iter()
-            .map(|(c, r)| (c.clone(), r.as_str()))
-            .collect();
-        should_contest(&me, &cluster, &view, expired, grace)
-    }));
+    let (cluster, grace) = (name.clone(), settings.takeover_grace);
+    let drain_fence = fence.clone();
+    let elector = elector
+        .with_ownership(Box::new(move || Ownership::Assigned {
+            owner: assignment.borrow().get(&cluster).cloned(),
+            grace,
+        }))
+        .with_drain(Box::new(move || {
+            let f = drain_fence.clone();
+            Box::pin(async move { f.drained().await })
+        }));
     // Reachability: a cluster whose Lease could not be read for a lease
     // duration is Unreachable, with the last time it answered.
     let contact = elector.last_contact();
@@ -334,30 +387,40 @@ pub async fn run(
                 s.streaming_lists = settings.streaming_lists;
                 s.defaults = settings.defaults.clone();
                 s.leadership = Some(leadership.clone());
-                // The term ends when leadership changes or on shutdown.
-                let mut term = leadership.clone();
+                // Writes of this term, and only this term, pass the fence.
+                fence.arm(Some(epoch));
                 let mut stop = shutdown.clone();
+                let over = term_over(leadership.clone(), epoch);
                 let end = async move {
                     tokio::select! {
-                        _ = term.wait_for(|l| !matches!(l, Leadership::Leading { epoch: e, .. } if *e == epoch)) => {}
+                        _ = over => {}
                         _ = stop.wait_for(|s| *s) => {}
                     }
                 };
-                // Once the term is over, the controller gets a renew deadline to
-                // finish in-flight reconciles; then it is dropped, which aborts them.
-                let (mut term_over, mut stopping) = (leadership.clone(), shutdown.clone());
+                // A lost term aborts the controller at once (the fence already
+                // refuses its writes). On shutdown, while still leading, it gets
+                // a renew deadline to finish in-flight reconciles.
+                let (over, mut stopping) = (term_over(leadership.clone(), epoch), shutdown.clone());
                 let cutoff = settings.timings.renew_deadline;
-                let overdue = async move {
+                let aborted = async move {
+                    tokio::pin!(over);
+                    let stop_asked = async move {
+                        stopping.wait_for(|s| *s).await.ok();
+                    };
                     tokio::select! {
-                        _ = term_over.wait_for(|l| !matches!(l, Leadership::Leading { epoch: e, .. } if *e == epoch)) => {}
-                        _ = stopping.wait_for(|s| *s) => {}
+                        _ = &mut over => return "term over",
+                        _ = stop_asked => {}
                     }
-                    tokio::time::sleep(cutoff).await;
+                    tokio::select! {
+                        _ = &mut over => "term over",
+                        _ = tokio::time::sleep(cutoff) => "did not stop in time",
+                    }
                 };
                 tokio::select! {
                     _ = reconciler::run(client.clone(), s, Hooks::default(), end) => {}
-                    _ = overdue => tracing::warn!(k8s.cluster.name = %name, epoch, "controller did not stop in time; aborted"),
+                    why = aborted => tracing::info!(k8s.cluster.name = %name, epoch, why, "controller aborted"),
                 }
+                fence.arm(None);
                 tracing::info!(k8s.cluster.name = %name, epoch, "leadership term over; writers stopped");
             }
             Leadership::Following { holder, epoch, .. } => {
@@ -383,9 +446,14 @@ pub async fn run(
     feed.abort();
     stop_elector_tx.send(true).ok();
     if let Ok((store, Some(held))) = elector_task.await {
-        match release(&store, &held).await {
-            Ok(()) => tracing::info!(k8s.cluster.name = %name, "lease released"),
-            Err(e) => tracing::warn!(k8s.cluster.name = %name, error = %e, "lease release failed"),
+        let released =
+            tokio::time::timeout(settings.timings.renew_deadline, release(&store, &held));
+        match released.await {
+            Ok(Ok(())) => tracing::info!(k8s.cluster.name = %name, "lease released"),
+            Ok(Err(e)) => {
+                tracing::warn!(k8s.cluster.name = %name, error = %e, "lease release failed")
+            }
+            Err(_) => tracing::warn!(k8s.cluster.name = %name, "lease release timed out"),
         }
     }
 }

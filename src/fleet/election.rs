@@ -37,10 +37,16 @@ impl Default for Timings {
 /// client-go's jitter factor: RenewDeadline must exceed 1.2 × RetryPeriod.
 const JITTER_FACTOR: f64 = 1.2;
 
+/// The longest lease we accept: far beyond any sensible failover time, and
+/// far inside `leaseDurationSeconds`' i32.
+pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(3600);
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TimingsError {
     #[error("lease duration ({0:?}) must be a whole number of seconds, at least 1s")]
     LeaseDurationNotWholeSeconds(Duration),
+    #[error("lease duration ({0:?}) must be at most {MAX_LEASE_DURATION:?}")]
+    LeaseDurationTooLong(Duration),
     #[error("lease duration ({lease:?}) must be greater than renew deadline ({renew:?})")]
     LeaseNotAboveRenew { lease: Duration, renew: Duration },
     #[error("renew deadline ({renew:?}) must be greater than 1.2 × retry period ({retry:?})")]
@@ -56,6 +62,9 @@ impl Timings {
             return Err(TimingsError::LeaseDurationNotWholeSeconds(
                 self.lease_duration,
             ));
+        }
+        if self.lease_duration > MAX_LEASE_DURATION {
+            return Err(TimingsError::LeaseDurationTooLong(self.lease_duration));
         }
         if self.retry_period.is_zero() {
             return Err(TimingsError::ZeroRetry);
@@ -74,6 +83,11 @@ impl Timings {
         }
         Ok(*self)
     }
+
+    /// `leaseDurationSeconds`; validation keeps it in range.
+    pub fn lease_seconds(&self) -> i32 {
+        i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
+    }
 }
 
 /// The parts of a Lease that election reads and writes. Wall-clock times are
@@ -85,88 +99,169 @@ pub struct LeaseRecord {
     pub lease_duration_seconds: i32,
     /// `leaseTransitions`: the leadership epoch.
     pub transitions: i32,
-    /// `renewTime` exactly as written, used only to notice that the holder
-    /// renewed (the record changed); never compared with our clock.
-    pub renew_marker: Option<String>,
+    /// The replica that owns the cluster by assignment and asks the holder
+    /// to hand it over (an annotation on the Lease).
+    pub handoff_to: Option<String>,
 }
 
 /// What this candidate last saw, and when (on its own clock) it first saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observed {
     pub record: LeaseRecord,
+    /// The Lease's resourceVersion: any write at all changes it.
+    pub version: String,
     pub since: Instant,
 }
 
 /// Folds a fresh read into the observation: the clock restarts only when the
-/// record changed.
-pub fn observe(previous: Option<&Observed>, record: LeaseRecord, now: Instant) -> Observed {
+/// Lease was written since (a new resourceVersion).
+pub fn observe(
+    previous: Option<&Observed>,
+    record: LeaseRecord,
+    version: &str,
+    now: Instant,
+) -> Observed {
     match previous {
-        Some(p) if p.record == record => p.clone(),
-        _ => Observed { record, since: now },
+        Some(p) if p.version == version => Observed {
+            record,
+            ..p.clone()
+        },
+        _ => Observed {
+            record,
+            version: version.to_string(),
+            since: now,
+        },
     }
+}
+
+/// What the shard assignment says about this cluster, as the candidate sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    /// No sharding: every candidate contests.
+    Unsharded,
+    /// The replica the assignment names, if any; a Lease free for longer
+    /// than `grace` may be taken by anyone, so no cluster stays unled.
+    Assigned {
+        owner: Option<String>,
+        grace: Duration,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Someone else holds an unexpired Lease: keep watching.
-    Follow {
-        holder: String,
-        expires_in: Duration,
-    },
+    /// Leave the Lease as it is.
+    Follow,
     /// Write this record, conditioned on the resourceVersion that was read.
     /// `acquired` is true when leadership changes hands (a new epoch).
     Write { record: LeaseRecord, acquired: bool },
+    /// The owner by assignment asks the live holder to hand over.
+    RequestHandoff { record: LeaseRecord },
+    /// The holder's owner asked for the cluster: stop writing, wait for
+    /// admitted writes, then write this released record.
+    Yield { record: LeaseRecord },
 }
 
 /// What to do with the Lease as observed, for candidate `me` at `now`.
-pub fn decide(me: &str, timings: &Timings, observed: &Observed, now: Instant) -> Decision {
+/// `floor` is the highest epoch this candidate has ever seen for the Lease,
+/// so that an epoch never repeats even if the Lease is deleted.
+pub fn decide(
+    me: &str,
+    timings: &Timings,
+    observed: &Observed,
+    ownership: &Ownership,
+    floor: Option<i32>,
+    now: Instant,
+) -> Decision {
     let current = &observed.record;
-    let held_by_other = !current.holder.is_empty() && current.holder != me;
-    if held_by_other {
+    // Unsharded candidates never ask for a handoff: nobody owns anything.
+    let (owner, sharded): (Option<&str>, bool) = match ownership {
+        Ownership::Unsharded => (Some(me), false),
+        Ownership::Assigned { owner, .. } => (owner.as_deref(), true),
+    };
+    let mine = owner == Some(me);
+    if current.holder == me {
+        // A holder keeps its cluster until the owner is actually there to take it.
+        return match owner {
+            Some(o) if o != me && current.handoff_to.as_deref() == Some(o) => Decision::Yield {
+                record: released(current),
+            },
+            _ => Decision::Write {
+                record: LeaseRecord {
+                    holder: me.to_string(),
+                    lease_duration_seconds: timings.lease_seconds(),
+                    transitions: current.transitions,
+                    handoff_to: current.handoff_to.clone().filter(|h| h != me),
+                },
+                acquired: false,
+            },
+        };
+    }
+    let free_for = if current.holder.is_empty() {
+        now.saturating_sub(observed.since)
+    } else {
         let duration = Duration::from_secs(current.lease_duration_seconds.max(0) as u64);
         let expires_at = observed.since + duration;
         if expires_at > now {
-            return Decision::Follow {
-                holder: current.holder.clone(),
-                expires_in: expires_at - now,
-            };
+            if sharded && mine && current.handoff_to.as_deref() != Some(me) {
+                return Decision::RequestHandoff {
+                    record: LeaseRecord {
+                        handoff_to: Some(me.to_string()),
+                        ..current.clone()
+                    },
+                };
+            }
+            return Decision::Follow;
         }
+        now - expires_at
+    };
+    let may_take = match ownership {
+        Ownership::Unsharded => true,
+        Ownership::Assigned { grace, .. } => mine || free_for > *grace,
+    };
+    if !may_take {
+        return Decision::Follow;
     }
-    let acquired = current.holder != me;
+    // client-go counts every change of holder, a release included.
+    let transitions = current.transitions.max(floor.unwrap_or(i32::MIN)) + 1;
     Decision::Write {
         record: LeaseRecord {
             holder: me.to_string(),
-            lease_duration_seconds: timings.lease_duration.as_secs() as i32,
-            // client-go counts every change of holder, a release included.
-            transitions: if acquired {
-                current.transitions + 1
-            } else {
-                current.transitions
-            },
-            renew_marker: None,
+            lease_duration_seconds: timings.lease_seconds(),
+            transitions,
+            handoff_to: None,
         },
-        acquired,
+        acquired: true,
     }
 }
 
-/// The record for a Lease nobody has created yet.
-pub fn initial_record(me: &str, timings: &Timings) -> LeaseRecord {
+/// The record for a Lease that does not exist: epoch 0, or past any epoch
+/// this candidate saw before the Lease was deleted.
+pub fn initial_record(me: &str, timings: &Timings, floor: Option<i32>) -> LeaseRecord {
     LeaseRecord {
         holder: me.to_string(),
-        lease_duration_seconds: timings.lease_duration.as_secs() as i32,
-        transitions: 0,
-        renew_marker: None,
+        lease_duration_seconds: timings.lease_seconds(),
+        transitions: floor.map_or(0, |f| f.saturating_add(1)),
+        handoff_to: None,
     }
 }
 
-/// The record that hands the Lease back on shutdown: an empty holder lets a
-/// standby acquire at once, without waiting out the lease duration.
+/// Whether a candidate may create a missing Lease after it has been absent
+/// for `absent_for`.
+pub fn may_create(me: &str, ownership: &Ownership, absent_for: Duration) -> bool {
+    match ownership {
+        Ownership::Unsharded => true,
+        Ownership::Assigned { owner, grace } => owner.as_deref() == Some(me) || absent_for > *grace,
+    }
+}
+
+/// The record that hands the Lease back: an empty holder lets the next
+/// candidate acquire at once, without waiting out the lease duration.
 pub fn released(current: &LeaseRecord) -> LeaseRecord {
     LeaseRecord {
         holder: String::new(),
         lease_duration_seconds: 1,
         transitions: current.transitions,
-        renew_marker: None,
+        handoff_to: None,
     }
 }
 
@@ -174,6 +269,20 @@ pub fn released(current: &LeaseRecord) -> LeaseRecord {
 /// may still act as leader at `now`.
 pub fn still_leading(timings: &Timings, renewed_at: Instant, now: Instant) -> bool {
     now < renewed_at + timings.renew_deadline
+}
+
+/// How long one Lease round (a read and a conditional write) may take, as
+/// client-go bounds each attempt: the renew deadline, and while leading no
+/// longer than the time left before stepping down (but at least a retry
+/// period, so that a late renewal still gets a chance).
+pub fn round_budget(timings: &Timings, renewed_at: Option<Instant>, now: Instant) -> Duration {
+    match renewed_at {
+        None => timings.renew_deadline,
+        Some(r) => (r + timings.renew_deadline)
+            .saturating_sub(now)
+            .max(timings.retry_period)
+            .min(timings.renew_deadline),
+    }
 }
 
 #[cfg(test)]
@@ -189,8 +298,21 @@ mod tests {
             holder: holder.into(),
             lease_duration_seconds: 15,
             transitions,
-            renew_marker: Some("2026-01-01T00:00:00.000000Z".into()),
+            handoff_to: None,
         }
+    }
+
+    const U: Ownership = Ownership::Unsharded;
+
+    fn assigned(owner: Option<&str>) -> Ownership {
+        Ownership::Assigned {
+            owner: owner.map(str::to_string),
+            grace: secs(5),
+        }
+    }
+
+    fn seen(record: LeaseRecord, version: &str, at: u64) -> Observed {
+        observe(None, record, version, secs(at))
     }
 
     #[test]
@@ -226,6 +348,12 @@ mod tests {
                 renew_deadline: secs(10),
                 retry_period: Duration::ZERO,
             },
+            // Would wrap leaseDurationSeconds' i32 without the range check.
+            Timings {
+                lease_duration: secs(u64::from(u32::MAX) + 10),
+                renew_deadline: secs(10),
+                retry_period: secs(2),
+            },
         ];
         for t in bad {
             assert!(t.validate().is_err(), "{t:?}");
@@ -235,16 +363,16 @@ mod tests {
     #[test]
     fn another_holders_lease_is_respected_until_unchanged_for_its_duration() {
         let t = Timings::default();
-        let seen = observe(None, held("other", 3), secs(100));
-        assert!(matches!(
-            decide("me", &t, &seen, secs(100)),
-            Decision::Follow { .. }
-        ));
-        assert!(matches!(
-            decide("me", &t, &seen, secs(114)),
-            Decision::Follow { .. }
-        ));
-        match decide("me", &t, &seen, secs(115)) {
+        let seen = seen(held("other", 3), "10", 100);
+        assert_eq!(
+            decide("me", &t, &seen, &U, None, secs(100)),
+            Decision::Follow
+        );
+        assert_eq!(
+            decide("me", &t, &seen, &U, None, secs(114)),
+            Decision::Follow
+        );
+        match decide("me", &t, &seen, &U, None, secs(115)) {
             Decision::Write { record, acquired } => {
                 assert!(acquired);
                 assert_eq!(record.holder, "me");
@@ -255,21 +383,19 @@ mod tests {
     }
 
     #[test]
-    fn a_renewal_by_the_holder_restarts_the_local_clock() {
+    fn any_write_to_the_lease_restarts_the_local_clock() {
         let t = Timings::default();
-        let first = observe(None, held("other", 3), secs(0));
-        // Same record seen again later: the clock keeps running from 0.
-        let again = observe(Some(&first), held("other", 3), secs(10));
+        let first = seen(held("other", 3), "10", 0);
+        // Same version seen again later: the clock keeps running from 0.
+        let again = observe(Some(&first), held("other", 3), "10", secs(10));
         assert_eq!(again.since, secs(0));
-        // The holder renewed (its renewTime changed): the clock restarts.
-        let mut renewed = held("other", 3);
-        renewed.renew_marker = Some("2026-01-01T00:00:10.000000Z".into());
-        let after = observe(Some(&again), renewed, secs(14));
+        // The holder renewed: an identical record, but a new resourceVersion.
+        let after = observe(Some(&again), held("other", 3), "11", secs(14));
         assert_eq!(after.since, secs(14));
-        assert!(matches!(
-            decide("me", &t, &after, secs(20)),
-            Decision::Follow { .. }
-        ));
+        assert_eq!(
+            decide("me", &t, &after, &U, None, secs(20)),
+            Decision::Follow
+        );
     }
 
     #[test]
@@ -277,18 +403,18 @@ mod tests {
         // Whatever wall-clock time the holder wrote is not part of the record we
         // judge by; only our own observation time counts.
         let t = Timings::default();
-        let seen = observe(None, held("other", 0), secs(1_000_000));
-        assert!(matches!(
-            decide("me", &t, &seen, secs(1_000_001)),
-            Decision::Follow { .. }
-        ));
+        let seen = seen(held("other", 0), "1", 1_000_000);
+        assert_eq!(
+            decide("me", &t, &seen, &U, None, secs(1_000_001)),
+            Decision::Follow
+        );
     }
 
     #[test]
     fn the_holder_renews_without_a_new_epoch() {
         let t = Timings::default();
-        let seen = observe(None, held("me", 7), secs(0));
-        match decide("me", &t, &seen, secs(1)) {
+        let seen = seen(held("me", 7), "1", 0);
+        match decide("me", &t, &seen, &U, None, secs(1)) {
             Decision::Write { record, acquired } => {
                 assert!(!acquired);
                 assert_eq!(record.transitions, 7);
@@ -300,8 +426,8 @@ mod tests {
     #[test]
     fn a_released_lease_is_taken_at_once() {
         let t = Timings::default();
-        let seen = observe(None, released(&held("other", 2)), secs(50));
-        match decide("me", &t, &seen, secs(50)) {
+        let seen = seen(released(&held("other", 2)), "1", 50);
+        match decide("me", &t, &seen, &U, None, secs(50)) {
             Decision::Write { record, acquired } => {
                 assert!(acquired);
                 assert_eq!(record.transitions, 3);
@@ -311,8 +437,22 @@ mod tests {
     }
 
     #[test]
+    fn the_epoch_never_goes_back_even_when_the_lease_is_recreated() {
+        let t = Timings::default();
+        assert_eq!(initial_record("me", &t, None).transitions, 0);
+        // This candidate saw epoch 9 before the Lease was deleted.
+        assert_eq!(initial_record("me", &t, Some(9)).transitions, 10);
+        // Someone else recreated it at 0 meanwhile: the takeover still moves past 9.
+        let seen = seen(released(&held("other", 0)), "1", 0);
+        match decide("me", &t, &seen, &U, Some(9), secs(0)) {
+            Decision::Write { record, .. } => assert_eq!(record.transitions, 10),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn first_lease_starts_at_epoch_zero() {
-        let r = initial_record("me", &Timings::default());
+        let r = initial_record("me", &Timings::default(), None);
         assert_eq!(
             (r.holder.as_str(), r.transitions, r.lease_duration_seconds),
             ("me", 0, 15)
@@ -325,11 +465,108 @@ mod tests {
         // The leader's last renewal was sent at 100; a follower saw it at 100 or later.
         assert!(still_leading(&t, secs(100), secs(109)));
         assert!(!still_leading(&t, secs(100), secs(110)));
-        let follower_view = observe(None, held("leader", 1), secs(100));
+        let follower_view = seen(held("leader", 1), "5", 100);
         // The earliest takeover is at 115, after the leader stopped at 110.
+        assert_eq!(
+            decide("f", &t, &follower_view, &U, None, secs(114)),
+            Decision::Follow
+        );
+    }
+
+    #[test]
+    fn a_holder_that_is_not_the_owner_keeps_the_lease_until_the_owner_asks() {
+        let t = Timings::default();
+        // "me" took the cluster over after the grace period; "owner" is assigned.
+        let mut record = held("me", 4);
+        let s = seen(record.clone(), "1", 0);
         assert!(matches!(
-            decide("f", &t, &follower_view, secs(114)),
-            Decision::Follow { .. }
+            decide("me", &t, &s, &assigned(Some("owner")), None, secs(1)),
+            Decision::Write {
+                acquired: false,
+                ..
+            }
         ));
+        // Nobody assigned (no live replicas yet): still kept.
+        assert!(matches!(
+            decide("me", &t, &s, &assigned(None), None, secs(1)),
+            Decision::Write {
+                acquired: false,
+                ..
+            }
+        ));
+        // A request from someone who is not the owner is ignored.
+        record.handoff_to = Some("stranger".into());
+        let s = seen(record.clone(), "2", 0);
+        assert!(matches!(
+            decide("me", &t, &s, &assigned(Some("owner")), None, secs(1)),
+            Decision::Write {
+                acquired: false,
+                ..
+            }
+        ));
+        // The owner asked: release, keeping the epoch.
+        record.handoff_to = Some("owner".into());
+        let s = seen(record, "3", 0);
+        match decide("me", &t, &s, &assigned(Some("owner")), None, secs(1)) {
+            Decision::Yield { record } => {
+                assert_eq!((record.holder.as_str(), record.transitions), ("", 4));
+                assert_eq!(record.handoff_to, None);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_owner_asks_a_live_holder_once_and_takes_a_released_lease_at_once() {
+        let t = Timings::default();
+        let s = seen(held("other", 2), "1", 0);
+        match decide("owner", &t, &s, &assigned(Some("owner")), None, secs(1)) {
+            Decision::RequestHandoff { record } => {
+                assert_eq!(record.holder, "other");
+                assert_eq!(record.handoff_to.as_deref(), Some("owner"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut asked = held("other", 2);
+        asked.handoff_to = Some("owner".into());
+        let s = seen(asked, "2", 0);
+        assert_eq!(
+            decide("owner", &t, &s, &assigned(Some("owner")), None, secs(1)),
+            Decision::Follow
+        );
+        // A holder that never answers: the owner takes over after the lease duration.
+        assert!(matches!(
+            decide("owner", &t, &s, &assigned(Some("owner")), None, secs(15)),
+            Decision::Write { acquired: true, .. }
+        ));
+        let s = seen(released(&held("other", 2)), "3", 20);
+        assert!(matches!(
+            decide("owner", &t, &s, &assigned(Some("owner")), None, secs(20)),
+            Decision::Write { acquired: true, .. }
+        ));
+    }
+
+    #[test]
+    fn a_non_owner_takes_a_free_lease_only_after_the_grace_period() {
+        let t = Timings::default();
+        let s = seen(released(&held("gone", 1)), "1", 0);
+        let a = assigned(Some("owner"));
+        assert_eq!(decide("me", &t, &s, &a, None, secs(5)), Decision::Follow);
+        assert!(matches!(
+            decide("me", &t, &s, &a, None, secs(6)),
+            Decision::Write { acquired: true, .. }
+        ));
+        assert!(!may_create("me", &a, secs(5)));
+        assert!(may_create("me", &a, secs(6)));
+        assert!(may_create("owner", &a, secs(0)));
+    }
+
+    #[test]
+    fn a_lease_round_never_outlives_the_renew_deadline() {
+        let t = Timings::default();
+        assert_eq!(round_budget(&t, None, secs(0)), secs(10));
+        assert_eq!(round_budget(&t, Some(secs(0)), secs(3)), secs(7));
+        // Close to the deadline, still one retry period to try a renewal.
+        assert_eq!(round_budget(&t, Some(secs(0)), secs(9)), secs(2));
     }
 }

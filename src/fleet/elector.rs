@@ -4,10 +4,12 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::election::{self, Decision, Observed, Timings};
+use super::election::{self, Decision, Observed, Ownership, Timings};
 use super::lease_store::{LeaseError, LeaseStore, Versioned};
 
 /// Whether this candidate may act as leader, and since when (local clock).
@@ -44,15 +46,19 @@ pub struct Elector<S> {
     read: Option<Versioned>,
     renewed_at: Option<election::Instant>,
     history: Option<tokio::sync::mpsc::UnboundedSender<Leadership>>,
-    contest: Option<Contest>,
+    ownership: Option<OwnershipView>,
+    drain: Option<Drain>,
     absent_since: Option<election::Instant>,
+    /// The highest epoch ever seen for this Lease, so none is won twice.
+    floor: Option<i32>,
     last_contact: watch::Sender<Option<Instant>>,
 }
 
-/// Asked before writing the Lease: `Some(d)` when another holder's Lease has
-/// been expired (or released, or absent) for `d`; `None` when this
-/// candidate already holds it. `false` means "leave it to its owner".
-pub type Contest = Box<dyn Fn(Option<Duration>) -> bool + Send + Sync>;
+/// Asked at every round: who owns the cluster by the shard assignment.
+pub type OwnershipView = Box<dyn Fn() -> Ownership + Send + Sync>;
+
+/// Resolves once every write admitted during the term has finished.
+pub type Drain = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
 
 impl<S: LeaseStore> Elector<S> {
     pub fn new(
@@ -76,8 +82,10 @@ impl<S: LeaseStore> Elector<S> {
             read: None,
             renewed_at: None,
             history: None,
-            contest: None,
+            ownership: None,
+            drain: None,
             absent_since: None,
+            floor: None,
             last_contact: watch::channel(None).0,
         };
         (elector, rx)
@@ -88,14 +96,26 @@ impl<S: LeaseStore> Elector<S> {
         self.last_contact.subscribe()
     }
 
-    /// Contest the Lease only when `contest` agrees (sharding).
-    pub fn with_contest(mut self, contest: Contest) -> Self {
-        self.contest = Some(contest);
+    /// Contest the Lease as the shard assignment says (sharding).
+    pub fn with_ownership(mut self, view: OwnershipView) -> Self {
+        self.ownership = Some(view);
         self
     }
 
-    fn may_write(&self, expired_for: Option<Duration>) -> bool {
-        self.contest.as_ref().is_none_or(|c| c(expired_for))
+    /// Before handing the Lease over, wait for this (the write fence's drain).
+    pub fn with_drain(mut self, drain: Drain) -> Self {
+        self.drain = Some(drain);
+        self
+    }
+
+    fn ownership(&self) -> Ownership {
+        self.ownership
+            .as_ref()
+            .map_or(Ownership::Unsharded, |view| view())
+    }
+
+    fn raise_floor(&mut self, epoch: i32) {
+        self.floor = Some(self.floor.map_or(epoch, |f| f.max(epoch)));
     }
 
     /// Also sends every transition, none coalesced, to `tx` (for audits and tests).
@@ -117,15 +137,13 @@ impl<S: LeaseStore> Elector<S> {
     /// before it was sent.
     async fn round(&mut self, at: election::Instant) -> Result<Option<i32>, LeaseError> {
         let read = self.store.get().await?;
-        if read.is_none() {
-            self.last_contact.send_replace(Some(Instant::now()));
-        }
+        self.last_contact.send_replace(Some(Instant::now()));
         let Some(read) = read else {
             let absent_for = at.saturating_sub(*self.absent_since.get_or_insert(at));
-            if !self.may_write(Some(absent_for)) {
+            if !election::may_create(&self.identity, &self.ownership(), absent_for) {
                 return Ok(None);
             }
-            let record = election::initial_record(&self.identity, &self.timings);
+            let record = election::initial_record(&self.identity, &self.timings, self.floor);
             return match self.store.create(&record).await {
                 Ok(created) => Ok(Some(self.accept(created, at))),
                 Err(LeaseError::Conflict) => Ok(None),
@@ -135,16 +153,45 @@ impl<S: LeaseStore> Elector<S> {
         // Observation time is when the answer arrived, not when we asked: a
         // slow read must not make another holder's record look older.
         let seen = self.now();
-        self.last_contact.send_replace(Some(Instant::now()));
         self.absent_since = None;
-        let observed = election::observe(self.observed.as_ref(), read.record.clone(), seen);
+        self.raise_floor(read.record.transitions);
+        let observed = election::observe(
+            self.observed.as_ref(),
+            read.record.clone(),
+            &read.resource_version,
+            seen,
+        );
         self.observed = Some(observed.clone());
         self.read = Some(read.clone());
-        match election::decide(&self.identity, &self.timings, &observed, seen) {
-            Decision::Follow { .. } => Ok(None),
-            Decision::Write { acquired, .. }
-                if !self.may_write(expired_for(&observed, seen, acquired)) =>
-            {
+        let ownership = self.ownership();
+        match election::decide(
+            &self.identity,
+            &self.timings,
+            &observed,
+            &ownership,
+            self.floor,
+            seen,
+        ) {
+            Decision::Follow => Ok(None),
+            Decision::RequestHandoff { record } => {
+                match self.store.update(&read, &record, false).await {
+                    Ok(written) => {
+                        tracing::info!(holder = %read.record.holder, "asked the holder to hand the lease over");
+                        // Our own request must not restart our view of the holder's expiry.
+                        self.observed = Some(Observed {
+                            record: written.record.clone(),
+                            version: written.resource_version.clone(),
+                            since: observed.since,
+                        });
+                        self.read = Some(written);
+                        Ok(None)
+                    }
+                    Err(LeaseError::Conflict) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+            Decision::Yield { record } => {
+                self.hand_over(&read, &record).await?;
                 Ok(None)
             }
             Decision::Write { record, acquired } => {
@@ -162,10 +209,43 @@ impl<S: LeaseStore> Elector<S> {
         }
     }
 
-    fn accept(&mut self, written: Versioned, at: election::Instant) -> i32 {
-        let epoch = written.record.transitions;
+    /// The assigned owner is there to take over: stop acting as leader, let
+    /// the writes already admitted finish, then release the Lease.
+    async fn hand_over(
+        &mut self,
+        read: &Versioned,
+        record: &election::LeaseRecord,
+    ) -> Result<(), LeaseError> {
+        tracing::info!(holder = %self.identity, to = ?read.record.handoff_to, "handing the lease over to its owner");
+        let since = self.stop_leading_now();
+        self.renewed_at = None;
+        self.publish(Leadership::Following {
+            holder: None,
+            epoch: None,
+            since,
+        });
+        if let Some(drain) = &self.drain {
+            // Every admitted write is cut off at the term's deadline anyway.
+            tokio::time::timeout(self.timings.renew_deadline, drain())
+                .await
+                .ok();
+        }
+        let written = self.store.update(read, record, false).await?;
         self.observed = Some(Observed {
             record: written.record.clone(),
+            version: written.resource_version.clone(),
+            since: self.now(),
+        });
+        self.read = Some(written);
+        Ok(())
+    }
+
+    fn accept(&mut self, written: Versioned, at: election::Instant) -> i32 {
+        let epoch = written.record.transitions;
+        self.raise_floor(epoch);
+        self.observed = Some(Observed {
+            record: written.record.clone(),
+            version: written.resource_version.clone(),
             since: at,
         });
         self.read = Some(written);
@@ -244,7 +324,13 @@ impl<S: LeaseStore> Elector<S> {
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let at = self.now();
-            match self.round(at).await {
+            // client-go bounds every attempt: a hung request is a failed renewal.
+            let budget = election::round_budget(&self.timings, self.renewed_at, at);
+            let outcome = match tokio::time::timeout(budget, self.round(at)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(LeaseError::Timeout(budget)),
+            };
+            match outcome {
                 Ok(Some(epoch)) => {
                     self.renewed_at = Some(at);
                     let until = self.at(at + self.timings.renew_deadline);
@@ -308,21 +394,6 @@ impl<S: LeaseStore> Elector<S> {
         let held = if leading { self.read.take() } else { None };
         (self.store, held)
     }
-}
-
-/// How long the observed Lease has been free for the taking: `None` when we
-/// hold it (a renewal).
-fn expired_for(observed: &Observed, now: election::Instant, acquiring: bool) -> Option<Duration> {
-    if !acquiring {
-        return None;
-    }
-    let r = &observed.record;
-    let free_from = if r.holder.is_empty() {
-        observed.since
-    } else {
-        observed.since + Duration::from_secs(r.lease_duration_seconds.max(0) as u64)
-    };
-    Some(now.saturating_sub(free_from))
 }
 
 /// Hands a held Lease back (empty holder) so that a standby takes over at

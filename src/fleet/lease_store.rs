@@ -2,12 +2,15 @@
 
 use std::future::Future;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::PostParams;
 
 use super::election::LeaseRecord;
+
+/// The annotation through which an assigned owner asks the holder for the Lease.
+pub const ANNOTATION_HANDOFF: &str = "platform.example.io/handoff-to";
 
 /// A Lease as read: the election record plus what a conditional write needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,6 +18,9 @@ pub struct Versioned {
     pub record: LeaseRecord,
     pub resource_version: String,
     pub acquire_time: Option<MicroTime>,
+    /// The object as read, so that a replace keeps its labels, annotations
+    /// and fields this operator does not know.
+    pub object: Option<Lease>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +33,12 @@ pub enum LeaseError {
     /// A fault injected by a test, standing in for a network partition.
     #[error("lease store unavailable: {0}")]
     Unavailable(String),
+    /// The round took longer than its budget (client-go's RenewDeadline).
+    #[error("lease round timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    /// The server returned a Lease without a resourceVersion.
+    #[error("lease has no resourceVersion")]
+    NoVersion,
 }
 
 impl LeaseError {
@@ -35,6 +47,8 @@ impl LeaseError {
             LeaseError::Conflict => "Conflict",
             LeaseError::Api(_) => "ApiError",
             LeaseError::Unavailable(_) => "Unavailable",
+            LeaseError::Timeout(_) => "Timeout",
+            LeaseError::NoVersion => "Malformed",
         }
     }
 }
@@ -77,65 +91,92 @@ impl KubeLeaseStore {
         }
     }
 
-    fn versioned(lease: Lease) -> Versioned {
-        let spec = lease.spec.unwrap_or_default();
-        Versioned {
+    fn versioned(lease: Lease) -> Result<Versioned, LeaseError> {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let resource_version = lease
+            .metadata
+            .resource_version
+            .clone()
+            .ok_or(LeaseError::NoVersion)?;
+        let handoff_to = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_HANDOFF))
+            .filter(|h| !h.is_empty())
+            .cloned();
+        Ok(Versioned {
             record: LeaseRecord {
                 holder: spec.holder_identity.unwrap_or_default(),
                 lease_duration_seconds: spec.lease_duration_seconds.unwrap_or(0),
                 transitions: spec.lease_transitions.unwrap_or(0),
-                renew_marker: spec.renew_time.as_ref().map(|t| t.0.to_string()),
+                handoff_to,
             },
-            resource_version: lease.metadata.resource_version.unwrap_or_default(),
+            resource_version,
             acquire_time: spec.acquire_time,
-        }
+            object: Some(lease),
+        })
     }
 
+    /// `base` with the record written over it; everything else is kept.
     fn lease(
         &self,
+        base: Option<&Lease>,
         record: &LeaseRecord,
         resource_version: Option<String>,
         acquire_time: Option<MicroTime>,
     ) -> Lease {
-        // Wall-clock times are for people and audits; expiry never reads them.
-        let now = MicroTime(jiff::Timestamp::now());
-        Lease {
+        let mut lease = base.cloned().unwrap_or_else(|| Lease {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
-                resource_version,
                 ..ObjectMeta::default()
             },
-            spec: Some(LeaseSpec {
-                holder_identity: (!record.holder.is_empty()).then(|| record.holder.clone()),
-                lease_duration_seconds: Some(record.lease_duration_seconds),
-                lease_transitions: Some(record.transitions),
-                acquire_time,
-                renew_time: Some(now),
-                ..LeaseSpec::default()
-            }),
+            spec: None,
+        });
+        lease.metadata.resource_version = resource_version;
+        let annotations = lease.metadata.annotations.get_or_insert_default();
+        match &record.handoff_to {
+            Some(h) => {
+                annotations.insert(ANNOTATION_HANDOFF.to_string(), h.clone());
+            }
+            None => {
+                annotations.remove(ANNOTATION_HANDOFF);
+            }
         }
+        if annotations.is_empty() {
+            lease.metadata.annotations = None;
+        }
+        // Wall-clock times are for people and audits; expiry never reads them.
+        let now = MicroTime(jiff::Timestamp::now());
+        let spec = lease.spec.get_or_insert_default();
+        spec.holder_identity = (!record.holder.is_empty()).then(|| record.holder.clone());
+        spec.lease_duration_seconds = Some(record.lease_duration_seconds);
+        spec.lease_transitions = Some(record.transitions);
+        spec.acquire_time = acquire_time;
+        spec.renew_time = Some(now);
+        lease
     }
 }
 
 impl LeaseStore for KubeLeaseStore {
     async fn get(&self) -> Result<Option<Versioned>, LeaseError> {
-        Ok(self
-            .api
+        self.api
             .get_opt(&self.name)
             .await
             .map_err(api_error)?
-            .map(Self::versioned))
+            .map(Self::versioned)
+            .transpose()
     }
 
     async fn create(&self, record: &LeaseRecord) -> Result<Versioned, LeaseError> {
         let now = MicroTime(jiff::Timestamp::now());
-        let lease = self.lease(record, None, Some(now));
+        let lease = self.lease(None, record, None, Some(now));
         let created = self
             .api
             .create(&PostParams::default(), &lease)
             .await
             .map_err(api_error)?;
-        Ok(Self::versioned(created))
+        Self::versioned(created)
     }
 
     async fn update(
@@ -149,12 +190,17 @@ impl LeaseStore for KubeLeaseStore {
         } else {
             read.acquire_time.clone()
         };
-        let lease = self.lease(record, Some(read.resource_version.clone()), acquire_time);
+        let lease = self.lease(
+            read.object.as_ref(),
+            record,
+            Some(read.resource_version.clone()),
+            acquire_time,
+        );
         let updated = self
             .api
             .replace(&self.name, &PostParams::default(), &lease)
             .await
             .map_err(api_error)?;
-        Ok(Self::versioned(updated))
+        Self::versioned(updated)
     }
 }

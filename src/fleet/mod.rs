@@ -3,8 +3,10 @@
 
 pub mod client_budget;
 pub mod cluster;
+pub mod credentials;
 pub mod election;
 pub mod elector;
+pub mod fence;
 pub mod lease_store;
 pub mod registry;
 pub mod replicas;

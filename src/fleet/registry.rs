@@ -6,6 +6,8 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::Secret;
 
+use super::credentials::{self, Trust};
+
 /// One file's verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
@@ -40,9 +42,16 @@ pub struct Found {
     pub entry: Entry,
     /// Present exactly when the entry is valid.
     pub kubeconfig: Option<kube::config::Kubeconfig>,
+    /// What the kubeconfig may ask for, by where it came from.
+    pub trust: Trust,
 }
 
-fn found(path: &Path, entry: Entry, kubeconfig: Option<kube::config::Kubeconfig>) -> Found {
+fn found(
+    path: &Path,
+    entry: Entry,
+    kubeconfig: Option<kube::config::Kubeconfig>,
+    trust: Trust,
+) -> Found {
     let file = path
         .file_name()
         .and_then(|f| f.to_str())
@@ -51,12 +60,15 @@ fn found(path: &Path, entry: Entry, kubeconfig: Option<kube::config::Kubeconfig>
         source: format!("file {file}"),
         entry,
         kubeconfig,
+        trust,
     }
 }
 
 /// Reads the directory: cluster name -> what its file holds. Hidden files
-/// and editor leftovers are skipped.
-pub fn scan(dir: &Path) -> std::io::Result<BTreeMap<String, Found>> {
+/// and editor leftovers are skipped. `allow_exec` lets these files run
+/// credential plugins.
+pub fn scan(dir: &Path, allow_exec: bool) -> std::io::Result<BTreeMap<String, Found>> {
+    let trust = Trust::File { allow_exec };
     let mut out = BTreeMap::new();
     for item in std::fs::read_dir(dir)? {
         let path = item?.path();
@@ -75,24 +87,28 @@ pub fn scan(dir: &Path) -> std::io::Result<BTreeMap<String, Found>> {
             let reason = format!(
                 "file {file}: {stem:?} is not a valid cluster name (lowercase letters, digits and '-')"
             );
-            out.insert(stem.clone(), found(&path, Entry::Invalid { reason }, None));
+            out.insert(
+                stem.clone(),
+                found(&path, Entry::Invalid { reason }, None, trust),
+            );
             continue;
         }
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) => {
                 let reason = format!("file {file}: unreadable ({})", e.kind());
-                out.insert(stem, found(&path, Entry::Invalid { reason }, None));
+                out.insert(stem, found(&path, Entry::Invalid { reason }, None, trust));
                 continue;
             }
         };
-        let entry = match parse(&bytes) {
+        let entry = match parse(&bytes, trust) {
             Ok(kc) => found(
                 &path,
                 Entry::Valid {
                     fingerprint: fingerprint(&bytes),
                 },
                 Some(kc),
+                trust,
             ),
             Err(why) => found(
                 &path,
@@ -100,6 +116,7 @@ pub fn scan(dir: &Path) -> std::io::Result<BTreeMap<String, Found>> {
                     reason: format!("file {file}: {why}"),
                 },
                 None,
+                trust,
             ),
         };
         out.insert(stem, entry);
@@ -125,19 +142,21 @@ pub fn from_secrets(secrets: &[Secret]) -> BTreeMap<String, Found> {
             source: source.clone(),
             entry: Entry::Invalid { reason },
             kubeconfig: None,
+            trust: Trust::Secret,
         };
         let entry = if !valid_name(&name) {
             invalid(format!("{source}: not a valid cluster name"))
         } else {
             match secret.data.as_ref().and_then(|d| d.get(SECRET_KEY)) {
                 None => invalid(format!("{source}: no data key {SECRET_KEY:?}")),
-                Some(bytes) => match parse(&bytes.0) {
+                Some(bytes) => match parse(&bytes.0, Trust::Secret) {
                     Ok(kc) => Found {
                         source: source.clone(),
                         entry: Entry::Valid {
                             fingerprint: fingerprint(&bytes.0),
                         },
                         kubeconfig: Some(kc),
+                        trust: Trust::Secret,
                     },
                     Err(why) => invalid(format!("{source}: {why}")),
                 },
@@ -171,6 +190,7 @@ pub fn merge(
                         source: from_file.source,
                         entry: Entry::Invalid { reason },
                         kubeconfig: None,
+                        trust: from_file.trust,
                     },
                 );
             }
@@ -180,8 +200,8 @@ pub fn merge(
 }
 
 /// Parses a kubeconfig without echoing any of it: errors say what is wrong,
-/// not what the file holds.
-pub fn parse(bytes: &[u8]) -> Result<kube::config::Kubeconfig, String> {
+/// not what the file holds. Fields its source may not use make it invalid.
+pub fn parse(bytes: &[u8], trust: Trust) -> Result<kube::config::Kubeconfig, String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())?;
     let kc = kube::config::Kubeconfig::from_yaml(text)
         .map_err(|_| "not a valid kubeconfig (YAML did not parse as one)".to_string())?;
@@ -191,6 +211,7 @@ pub fn parse(bytes: &[u8]) -> Result<kube::config::Kubeconfig, String> {
     if kc.current_context.is_none() && kc.contexts.len() != 1 {
         return Err("kubeconfig has no current-context".into());
     }
+    credentials::check(&kc, trust).map_err(|e| e.to_string())?;
     Ok(kc)
 }
 
@@ -208,7 +229,7 @@ mod tests {
         std::fs::write(dir.join("broken.yaml"), "clusters: [ {{{ s3cr3t-token").unwrap();
         std::fs::write(dir.join(".hidden.yaml"), GOOD).unwrap();
         std::fs::write(dir.join("Bad_Name.yaml"), GOOD).unwrap();
-        let found = scan(&dir).unwrap();
+        let found = scan(&dir, false).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(matches!(found["member-1"].entry, Entry::Valid { .. }));
         for name in ["broken", "Bad_Name"] {
@@ -262,6 +283,22 @@ mod tests {
     }
 
     #[test]
+    fn a_secret_that_would_run_a_command_is_invalid_and_names_the_field() {
+        let exec = GOOD.replace(
+            "user: {token: s3cr3t-token}",
+            "user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/touch, args: [/tmp/s3cr3t]}}",
+        );
+        let found = from_secrets(&[secret("member-7", Some(&exec))]);
+        match &found["member-7"].entry {
+            Entry::Invalid { reason } => {
+                assert!(reason.contains("exec is not allowed"), "{reason}");
+                assert!(!reason.contains("s3cr3t"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn a_name_from_both_sources_is_refused() {
         let files = from_secrets(&[secret("member-1", Some(GOOD))]);
         let secrets = from_secrets(&[
@@ -275,6 +312,6 @@ mod tests {
 
     #[test]
     fn kubeconfig_without_clusters_is_refused() {
-        assert!(parse(b"apiVersion: v1\nkind: Config\n").is_err());
+        assert!(parse(b"apiVersion: v1\nkind: Config\n", Trust::Secret).is_err());
     }
 }

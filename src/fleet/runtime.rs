@@ -27,6 +27,8 @@ pub struct FleetOptions {
     /// A directory of member kubeconfigs; labelled Secrets in the home
     /// namespace are always read too.
     pub kubeconfig_dir: Option<PathBuf>,
+    /// Let kubeconfig files (never Secrets) run exec credential plugins.
+    pub allow_exec_kubeconfigs: bool,
     pub replica: ReplicaSettings,
     /// How often the kubeconfig directory is read again.
     pub rescan: Duration,
@@ -81,7 +83,7 @@ pub async fn run(opts: FleetOptions, shutdown: impl std::future::Future<Output =
         // The registry: start new and changed clusters, stop removed ones.
         let files = match &opts.kubeconfig_dir {
             None => BTreeMap::new(),
-            Some(dir) => registry::scan(dir).unwrap_or_else(|e| {
+            Some(dir) => registry::scan(dir, opts.allow_exec_kubeconfigs).unwrap_or_else(|e| {
                 tracing::warn!(dir = %dir.display(), error = %e, "cannot read the kubeconfig directory");
                 BTreeMap::new()
             }),
@@ -121,6 +123,7 @@ pub async fn run(opts: FleetOptions, shutdown: impl std::future::Future<Output =
                     let task = tokio::spawn(cluster::run(
                         name.clone(),
                         kc.clone(),
+                        f.trust,
                         opts.replica.clone(),
                         assignment_rx.clone(),
                         hub.clone(),

@@ -86,12 +86,20 @@ pub struct Hooks {
 }
 
 impl Context {
-    /// The one door every write passes: refuse unless this replica leads.
+    /// An early check before a write is built: refuse unless this replica
+    /// leads at this term's epoch. The wire fence checks again, later.
     pub fn ensure_leading(&self) -> Result<(), super::ReconcileError> {
         match &self.settings.leadership {
             None => Ok(()),
-            Some(rx) if rx.borrow().is_leading_at(tokio::time::Instant::now()) => Ok(()),
-            Some(_) => Err(super::ReconcileError::NotLeader),
+            Some(rx) => match &*rx.borrow() {
+                crate::fleet::elector::Leadership::Leading { epoch, until, .. }
+                    if Some(*epoch) == self.settings.writer.epoch
+                        && tokio::time::Instant::now() < *until =>
+                {
+                    Ok(())
+                }
+                _ => Err(super::ReconcileError::NotLeader),
+            },
         }
     }
 }

@@ -28,6 +28,7 @@ pub enum ReconcileError {
 impl ReconcileError {
     pub fn api(verb: &'static str, kind: &'static str, source: kube::Error) -> Self {
         match &source {
+            _ if crate::fleet::fence::is_fenced(&source) => ReconcileError::NotLeader,
             kube::Error::Api(s) if s.is_conflict() => ReconcileError::Conflict { kind },
             _ => ReconcileError::Api { verb, kind, source },
         }

@@ -169,6 +169,8 @@ pub struct Metrics {
     pub cluster_reachable: Family,
     pub grpc_requests_total: Family,
     pub grpc_duration: Family,
+    pub fenced_writes_total: Family,
+    pub grpc_panics_total: Family,
 }
 
 impl Metrics {
@@ -223,10 +225,22 @@ impl Metrics {
                 Histogram,
                 &["method"],
             ),
+            fenced_writes_total: Family::new(
+                "flotilla_fenced_writes_total",
+                "Writes withheld at the wire because this replica did not lead the cluster, by reason.",
+                Counter,
+                &["cluster", "reason"],
+            ),
+            grpc_panics_total: Family::new(
+                "flotilla_grpc_panics_total",
+                "Status API handlers that panicked and were answered INTERNAL.",
+                Counter,
+                &["method"],
+            ),
         }
     }
 
-    fn families(&self) -> [&Family; 8] {
+    fn families(&self) -> [&Family; 10] {
         [
             &self.reconcile_total,
             &self.reconcile_duration,
@@ -236,6 +250,8 @@ impl Metrics {
             &self.cluster_reachable,
             &self.grpc_requests_total,
             &self.grpc_duration,
+            &self.fenced_writes_total,
+            &self.grpc_panics_total,
         ]
     }
 
@@ -257,6 +273,7 @@ impl Metrics {
             &self.cluster_leader,
             &self.lease_transitions_total,
             &self.cluster_reachable,
+            &self.fenced_writes_total,
         ] {
             f.forget(cluster);
         }

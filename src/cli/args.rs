@@ -1,0 +1,292 @@
+//! The command line: every command and flag, parsed by clap.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use super::parse_duration;
+use crate::fleet::client_budget::Budget;
+
+#[derive(Parser)]
+#[command(
+    name = "flotilla",
+    version,
+    about = "Multi-cluster fleet operator for Microservices"
+)]
+pub struct Cli {
+    /// Log format.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "FLOTILLA_LOG_FORMAT",
+        global = true
+    )]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Print the Microservice CRD as YAML.
+    Crd,
+    /// Run the operator.
+    Run(Box<RunArgs>),
+    /// List the member clusters, as a replica sees them.
+    Clusters(RemoteArgs),
+    /// Show Microservices across the fleet: one (NAMESPACE/NAME) or all.
+    Status(StatusArgs),
+    /// Wait until a rollout is done in every cluster. Exit codes: 0 done,
+    /// 1 failed in some cluster, 2 timed out, 3 could not ask.
+    Wait(WaitArgs),
+}
+
+#[derive(clap::Args)]
+pub struct RemoteArgs {
+    /// A replica's gRPC address: http://HOST:PORT (plaintext) or https://HOST:PORT.
+    #[arg(
+        long,
+        env = "FLOTILLA_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub server: String,
+    /// CA that signed the server's certificate (https).
+    #[arg(long, env = "FLOTILLA_CA")]
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key, for servers that require mTLS.
+    #[arg(long, env = "FLOTILLA_CERT", requires = "key")]
+    pub cert: Option<PathBuf>,
+    #[arg(long, env = "FLOTILLA_KEY", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// The name the server certificate carries, when it is not the host.
+    #[arg(long, env = "FLOTILLA_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+    /// A file holding the bearer token.
+    #[arg(long, env = "FLOTILLA_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// NAMESPACE/NAME; all Microservices when omitted.
+    pub target: Option<String>,
+    /// Only this namespace (when listing).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Only Microservices matching this label selector (when listing).
+    #[arg(short = 'l', long)]
+    pub selector: Option<String>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(clap::Args)]
+pub struct WaitArgs {
+    /// NAMESPACE/NAME
+    pub target: String,
+    /// Done when this image is in the spec and that generation is Available.
+    #[arg(
+        long,
+        conflicts_with = "generation",
+        required_unless_present = "generation"
+    )]
+    pub image: Option<String>,
+    /// Done when the generation is at least this, observed and Available.
+    #[arg(long)]
+    pub generation: Option<i64>,
+    /// Only these clusters (repeatable); every cluster that has it by default.
+    #[arg(long = "cluster")]
+    pub clusters: Vec<String>,
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Fleet mode with member clusters from labelled Secrets only (no directory).
+    #[arg(long, env = "FLOTILLA_FLEET")]
+    pub fleet: bool,
+    /// Fleet mode: a directory of member kubeconfigs, one file per cluster, watched live.
+    /// Secrets labelled platform.example.io/member-cluster=true in the home namespace are read too.
+    #[arg(long, env = "FLOTILLA_KUBECONFIG_DIR", conflicts_with = "kubeconfig")]
+    pub kubeconfig_dir: Option<PathBuf>,
+    /// Fleet mode: kubeconfig of the home cluster (heartbeats); in-cluster or $KUBECONFIG when omitted.
+    #[arg(long, env = "FLOTILLA_HOME_KUBECONFIG")]
+    pub home_kubeconfig: Option<PathBuf>,
+    /// Fleet mode: the operator's namespace in the home cluster.
+    #[arg(
+        long,
+        env = "FLOTILLA_HOME_NAMESPACE",
+        default_value = "flotilla-system"
+    )]
+    pub home_namespace: String,
+    /// Fleet mode: names the per-cluster Lease `flotilla-<fleet-name>`.
+    #[arg(long, env = "FLOTILLA_FLEET_NAME", default_value = "default")]
+    pub fleet_name: String,
+    /// Fleet mode: where each member cluster's Lease lives.
+    #[arg(
+        long,
+        env = "FLOTILLA_LEASE_NAMESPACE",
+        default_value = "flotilla-system"
+    )]
+    pub lease_namespace: String,
+    #[arg(long, env = "FLOTILLA_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    #[arg(long, env = "FLOTILLA_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    pub renew_deadline: Duration,
+    #[arg(long, env = "FLOTILLA_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    pub retry_period: Duration,
+    /// A replica that does not own a cluster contests it once its Lease has been free this long.
+    #[arg(long, env = "FLOTILLA_TAKEOVER_GRACE", default_value = "5s", value_parser = parse_duration)]
+    pub takeover_grace: Duration,
+    /// Single-cluster mode: kubeconfig of the cluster to reconcile; in-cluster or $KUBECONFIG when omitted.
+    #[arg(long, env = "FLOTILLA_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Name of the cluster, for logs and spans.
+    #[arg(long, env = "FLOTILLA_CLUSTER_NAME", default_value = "default")]
+    pub cluster_name: String,
+    /// Reconcile one namespace only.
+    #[arg(long, env = "FLOTILLA_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Safety-net resync period; watches repair drift long before it.
+    #[arg(long, env = "FLOTILLA_RESYNC", default_value = "5m", value_parser = parse_duration)]
+    pub resync: Duration,
+    /// The platform's OTLP collector, set on every workload.
+    #[arg(
+        long,
+        env = "FLOTILLA_WORKLOAD_OTLP_ENDPOINT",
+        default_value = "http://otel-collector.observability.svc:4317"
+    )]
+    pub workload_otlp_endpoint: String,
+    /// Start watches with streaming lists (WatchList, Kubernetes 1.32+), so
+    /// starting or restarting sends no LIST requests. Set false for older clusters.
+    #[arg(long, env = "FLOTILLA_STREAMING_LISTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub streaming_lists: bool,
+    /// Fleet mode: average requests per second to each member cluster.
+    #[arg(long, env = "FLOTILLA_CLUSTER_QPS", default_value_t = Budget::default().qps)]
+    pub cluster_qps: f64,
+    /// Fleet mode: requests each member cluster may get at once after a quiet spell.
+    #[arg(long, env = "FLOTILLA_CLUSTER_BURST", default_value_t = Budget::default().burst)]
+    pub cluster_burst: u32,
+    /// Fleet mode: where the gRPC status API listens.
+    #[arg(long, env = "FLOTILLA_GRPC_ADDR", default_value = "0.0.0.0:50051")]
+    pub grpc_addr: std::net::SocketAddr,
+    /// The server certificate and key (PEM) for gRPC over TLS.
+    #[arg(long, env = "FLOTILLA_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    #[arg(long, env = "FLOTILLA_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (mTLS).
+    #[arg(long, env = "FLOTILLA_GRPC_CLIENT_CA", requires = "grpc_tls_cert")]
+    pub grpc_client_ca: Option<PathBuf>,
+    /// Require `authorization: Bearer <token>` with the token in this file.
+    #[arg(long, env = "FLOTILLA_GRPC_TOKEN_FILE")]
+    pub grpc_token_file: Option<PathBuf>,
+    /// Serve gRPC in plaintext (local development only).
+    #[arg(long, env = "FLOTILLA_GRPC_INSECURE")]
+    pub grpc_insecure: bool,
+    /// Serve gRPC server reflection.
+    #[arg(long, env = "FLOTILLA_GRPC_REFLECTION")]
+    pub grpc_reflection: bool,
+    /// The longest a WaitForRollout call may run.
+    #[arg(long, env = "FLOTILLA_GRPC_MAX_WAIT", default_value = "1h", value_parser = parse_duration)]
+    pub grpc_max_wait: Duration,
+    /// Fleet mode: where /metrics, /healthz and /readyz are served.
+    #[arg(long, env = "FLOTILLA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// This replica's identity, stamped on every write and used as the
+    /// Lease holder. Fleet mode requires it, here or as POD_NAME, since
+    /// replicas that share an identity would each take a Lease as their own.
+    #[arg(long, env = "FLOTILLA_REPLICA_ID")]
+    pub replica_id: Option<String>,
+    /// Fleet mode: let kubeconfig files (never Secrets) run exec and
+    /// auth-provider credential plugins.
+    #[arg(long, env = "FLOTILLA_ALLOW_EXEC_KUBECONFIGS")]
+    pub allow_exec_kubeconfigs: bool,
+}
+
+impl RunArgs {
+    /// Fleet mode: members from a kubeconfig directory, from Secrets, or both.
+    pub fn fleet_mode(&self) -> bool {
+        self.kubeconfig_dir.is_some() || self.fleet
+    }
+}
+
+/// This replica's identity: `--replica-id`, else `POD_NAME`. Fleet mode has
+/// no default, because every container's pid is 1 and replicas that share an
+/// identity each treat the Lease as their own. A single-cluster controller
+/// holds no Lease and may fall back to `flotilla-<pid>`.
+pub fn replica_id(
+    flag: Option<&str>,
+    pod_name: Option<&str>,
+    fleet: bool,
+    pid: u32,
+) -> Result<String, String> {
+    let given = [flag, pod_name]
+        .into_iter()
+        .flatten()
+        .map(str::trim)
+        .find(|s| !s.is_empty());
+    let id = match given {
+        Some(id) => id.to_string(),
+        None if fleet => {
+            return Err(
+                "fleet mode needs a replica id unique to this replica: set --replica-id \
+                 (FLOTILLA_REPLICA_ID) or POD_NAME (the manifests pass the pod's name)"
+                    .into(),
+            );
+        }
+        None => format!("flotilla-{pid}"),
+    };
+    let ok = id.len() <= 253
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    if !ok {
+        return Err(format!(
+            "replica id {id:?} must be at most 253 letters, digits, '-', '.' or '_'"
+        ));
+    }
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fleet_mode_refuses_to_start_without_an_identity() {
+        let err = replica_id(None, None, true, 1).unwrap_err();
+        assert!(
+            err.contains("--replica-id") && err.contains("POD_NAME"),
+            "{err}"
+        );
+        assert!(replica_id(Some(" "), Some(""), true, 1).is_err());
+        assert_eq!(
+            replica_id(None, Some("flotilla-7d9f"), true, 1).unwrap(),
+            "flotilla-7d9f"
+        );
+        assert_eq!(replica_id(Some("a"), Some("b"), true, 1).unwrap(), "a");
+        assert_eq!(replica_id(None, None, false, 42).unwrap(), "flotilla-42");
+        assert!(replica_id(Some("a b"), None, true, 1).is_err());
+    }
+}
