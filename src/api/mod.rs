@@ -2,12 +2,14 @@
 //! reflection, TLS and a bearer token; plus the client the CLI uses.
 
 pub mod auth;
+pub mod catch_panic;
 pub mod client;
 pub mod convert;
 pub mod deadline;
 pub mod request;
 pub mod server;
 pub mod service;
+pub mod tls;
 
 /// Generated from `proto/flotilla/v1/fleet.proto`.
 pub mod pb {

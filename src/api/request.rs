@@ -74,11 +74,14 @@ pub fn after(token: &str) -> Result<Option<Key>, ApiError> {
     if !token.len().is_multiple_of(2) || token.len() > 512 {
         return Err(bad());
     }
-    let bytes: Vec<u8> = (0..token.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&token[i..i + 2], 16))
-        .collect::<Result<_, _>>()
-        .map_err(|_| bad())?;
+    // Bytes, not str slices: a multi-byte character must be refused, not
+    // split (slicing a str inside a character panics).
+    let nibble = |b: u8| char::from(b).to_digit(16).ok_or_else(bad);
+    let bytes: Vec<u8> = token
+        .as_bytes()
+        .chunks(2)
+        .map(|pair| Ok(((nibble(pair[0])? << 4) | nibble(pair[1])?) as u8))
+        .collect::<Result<_, ApiError>>()?;
     let text = String::from_utf8(bytes).map_err(|_| bad())?;
     let (ns, name) = text.split_once('/').ok_or_else(bad)?;
     key(ns, name).map(Some).map_err(|_| bad())
@@ -111,6 +114,9 @@ pub fn timeout(t: Option<&prost_types::Duration>) -> Result<Option<Duration>, Ap
         Some(d) if d.seconds < 0 || d.nanos < 0 || (d.seconds == 0 && d.nanos == 0) => {
             Err(ApiError::InvalidArgument("timeout must be positive".into()))
         }
+        Some(d) if d.nanos >= 1_000_000_000 => Err(ApiError::InvalidArgument(
+            "timeout nanos must be below one second".into(),
+        )),
         Some(d) => Ok(Some(
             Duration::from_secs(d.seconds as u64) + Duration::from_nanos(d.nanos as u64),
         )),
@@ -162,7 +168,7 @@ mod tests {
         let k: Key = ("ns".into(), "web".into());
         assert_eq!(after(&page_token(&k)).unwrap(), Some(k));
         assert_eq!(after("").unwrap(), None);
-        for bad in ["zz", "abc", "6e73", &"00".repeat(300)] {
+        for bad in ["zz", "abc", "6e73", &"00".repeat(300), "aé0", "éé", "+1"] {
             assert!(invalid(after(bad)).contains("page_token"), "{bad}");
         }
         assert_eq!(page_size(0), 100);
@@ -194,5 +200,64 @@ mod tests {
             clusters(&["m2".into(), "m1".into(), "m2".into()]).unwrap(),
             ["m1", "m2"]
         );
+    }
+
+    /// Any input is answered Ok or INVALID_ARGUMENT; none may panic.
+    mod never_panic {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn refused_cleanly<T>(r: Result<T, ApiError>) -> bool {
+            matches!(r, Ok(_) | Err(ApiError::InvalidArgument(_)))
+        }
+
+        /// Text that stresses byte/char boundaries: ASCII around the
+        /// grammar's punctuation, multi-byte characters and controls.
+        fn hostile() -> impl Strategy<Value = String> {
+            prop_oneof![
+                any::<String>(),
+                "[a-f0-9éß€😀\\x00 ,=!()/.-]{0,64}",
+                "[a-z0-9=!,() -]{0,80}",
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            #[test]
+            fn page_tokens(token in hostile()) {
+                prop_assert!(refused_cleanly(after(&token)));
+            }
+
+            #[test]
+            fn selectors_namespaces_and_clusters(ns in hostile(), sel in hostile(), cluster in hostile()) {
+                prop_assert!(refused_cleanly(filter(&ns, &sel, &cluster)));
+            }
+
+            #[test]
+            fn names(ns in hostile(), name in hostile()) {
+                prop_assert!(refused_cleanly(key(&ns, &name)));
+            }
+
+            #[test]
+            fn rollout_targets(image in hostile(), generation in any::<i64>(), secs in any::<i64>(), nanos in any::<i32>()) {
+                use pb::wait_for_rollout_request::Target as T;
+                prop_assert!(refused_cleanly(target(Some(&T::Image(image)))));
+                prop_assert!(refused_cleanly(target(Some(&T::Generation(generation)))));
+                let d = prost_types::Duration { seconds: secs, nanos };
+                prop_assert!(refused_cleanly(timeout(Some(&d))));
+            }
+
+            #[test]
+            fn cluster_lists(names in proptest::collection::vec(hostile(), 0..8)) {
+                prop_assert!(refused_cleanly(clusters(&names)));
+            }
+
+            #[test]
+            fn issued_tokens_round_trip(ns in "[a-z][a-z0-9-]{0,20}[a-z0-9]", name in "[a-z][a-z0-9-]{0,20}[a-z0-9]") {
+                let k: Key = (ns, name);
+                prop_assert_eq!(after(&page_token(&k)).unwrap(), Some(k));
+            }
+        }
     }
 }

@@ -8,24 +8,19 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
 use super::auth::BearerToken;
 use super::pb::fleet_status_server::FleetStatusServer;
 use super::service::FleetStatusService;
+use super::tls::{Rotating, watch_files};
 use super::{ApiError, pb};
 use crate::status::hub::Hub;
 use crate::telemetry::grpc_layer::GrpcTelemetryLayer;
 
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// With a client CA, clients must present a certificate it signed (mTLS).
-    pub client_ca: Option<PathBuf>,
-}
+pub use super::tls::TlsFiles;
 
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -34,6 +29,10 @@ pub struct ServerOptions {
     /// Plaintext, for local development only; must be asked for.
     pub insecure: bool,
     pub token: Option<String>,
+    /// Where the token came from: read again when it changes.
+    pub token_file: Option<PathBuf>,
+    /// How often the TLS files and the token file are checked for changes.
+    pub reload_period: Duration,
     pub reflection: bool,
     pub max_request_bytes: usize,
     pub max_response_bytes: usize,
@@ -50,6 +49,8 @@ impl ServerOptions {
             tls: None,
             insecure: false,
             token: None,
+            token_file: None,
+            reload_period: Duration::from_secs(2),
             reflection: false,
             max_request_bytes: 64 * 1024,
             max_response_bytes: 64 * 1024 * 1024,
@@ -69,22 +70,6 @@ impl ServerOptions {
             _ => Ok(()),
         }
     }
-}
-
-fn read(path: &PathBuf, what: &str) -> Result<Vec<u8>, ApiError> {
-    std::fs::read(path).map_err(|e| ApiError::Config(format!("{what} {}: {e}", path.display())))
-}
-
-fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ApiError> {
-    let identity = Identity::from_pem(
-        read(&files.cert, "TLS certificate")?,
-        read(&files.key, "TLS key")?,
-    );
-    let mut config = ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = &files.client_ca {
-        config = config.client_ca_root(Certificate::from_pem(read(ca, "client CA")?));
-    }
-    Ok(config)
 }
 
 /// tonic reports an oversized request as OUT_OF_RANGE; gRPC's convention
@@ -152,7 +137,15 @@ pub async fn serve(
     })
     .max_decoding_message_size(opts.max_request_bytes)
     .max_encoding_message_size(opts.max_response_bytes);
-    let guarded = InterceptedService::new(service, BearerToken::new(opts.token.as_deref()));
+    let token = BearerToken::new(opts.token.as_deref());
+    let guarded = InterceptedService::new(service, token.clone());
+    let tls = opts.tls.clone().map(Rotating::load).transpose()?;
+    let watcher = tokio::spawn(watch_files(
+        tls.clone(),
+        opts.token_file.clone(),
+        token,
+        opts.reload_period,
+    ));
 
     let reflection = if opts.reflection {
         Some(
@@ -166,35 +159,37 @@ pub async fn serve(
         None
     };
 
-    let mut builder = Server::builder()
+    let router = Server::builder()
         .timeout(opts.unary_timeout)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .max_concurrent_streams(Some(1024));
-    if let Some(files) = &opts.tls {
-        builder = builder
-            .tls_config(tls_config(files)?)
-            .map_err(|e| ApiError::Config(format!("TLS: {e}")))?;
-    }
-    let result = builder
+        .max_concurrent_streams(Some(1024))
         .layer(GrpcTelemetryLayer)
         .layer(tower::util::MapResponseLayer::new(
             oversized_is_resource_exhausted,
         ))
+        .layer(super::catch_panic::CatchPanicLayer)
         .add_service(health_service)
         .add_optional_service(reflection)
-        .add_service(guarded)
-        // The builder's TCP options apply only to listeners it binds itself.
-        // Without NODELAY, small responses wait out delayed ACKs (~40 ms).
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .with_keepalive(Some(Duration::from_secs(60))),
-            shutdown,
-        )
-        .await
-        .map_err(|e| ApiError::Transport(e.to_string()));
+        .add_service(guarded);
+    // The builder's TCP options apply only to listeners it binds itself.
+    // Without NODELAY, small responses wait out delayed ACKs (~40 ms).
+    let tcp = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(60)));
+    // TLS is terminated here rather than by tonic, so that rotated files
+    // apply to new connections without a restart.
+    let result = match tls {
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(tls.accept(tcp), shutdown)
+                .await
+        }
+        None => router.serve_with_incoming_shutdown(tcp, shutdown).await,
+    }
+    .map_err(|e| ApiError::Transport(e.to_string()));
     reporter.abort();
+    watcher.abort();
     result
 }
 
