@@ -868,9 +868,181 @@ async fn tls_client_certificates_and_the_token_guard_the_api() {
 async fn run_refuses_plaintext_unless_asked() {
     let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .args(["run", "--fleet", "--grpc-addr", "127.0.0.1:0"])
+        .args(["--replica-id", "plain"])
         .output()
         .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--grpc-insecure"), "{err}");
+}
+
+#[tokio::test]
+async fn a_page_token_cut_inside_a_character_is_invalid_and_the_server_keeps_serving() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "grpc-token").await;
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    replicas.start("r1");
+    let url = replicas.grpc_url("r1");
+    let mut api = eventually("gRPC up", Duration::from_secs(30), || async {
+        connect(&ClientOptions {
+            server: url.clone(),
+            ..Default::default()
+        })
+        .await
+        .ok()
+    })
+    .await;
+    for token in ["aé0", "éé", "0é", "zz"] {
+        let err = api
+            .list_microservices(pb::ListMicroservicesRequest {
+                page_token: token.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{token:?}: {err}");
+    }
+    // The same connection, and the server, still serve.
+    api.list_microservices(pb::ListMicroservicesRequest::default())
+        .await
+        .expect("the server keeps serving");
+    api.list_clusters(pb::ListClustersRequest {})
+        .await
+        .expect("the server keeps serving");
+}
+
+/// Replaces a file as cert-manager does: the new bytes appear at once.
+fn replace_file(dir: &std::path::Path, from: &str, to: &str) {
+    let tmp = dir.join(format!(".{to}.new"));
+    std::fs::copy(dir.join(from), &tmp).expect("copy");
+    std::fs::rename(&tmp, dir.join(to)).expect("rename");
+}
+
+#[tokio::test]
+async fn rotated_certificates_client_ca_and_token_apply_without_a_restart_or_a_dropped_stream() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "grpc-rotate").await;
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    let pki = replicas.dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    certificates(&pki);
+    // The next generation: a new CA, a server and a client certificate from
+    // it, and a new token.
+    let ok = Command::new("bash")
+        .arg("-ec")
+        .arg(
+            r#"
+      openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=ca2" -keyout ca2.key -out ca2.crt 2>/dev/null
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=flotilla" -keyout server2.key -out server2.csr 2>/dev/null
+      openssl x509 -req -in server2.csr -CA ca2.crt -CAkey ca2.key -CAcreateserial -days 2 -extfile server.ext -out server2.crt 2>/dev/null
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=client2" -keyout client2.key -out client2.csr 2>/dev/null
+      openssl x509 -req -in client2.csr -CA ca2.crt -CAkey ca2.key -CAcreateserial -days 2 -extfile client.ext -out client2.crt 2>/dev/null
+      printf 'new-token\n' > token2
+      cp server.crt live.crt; cp server.key live.key; cp ca.crt live-ca.crt; cp token live-token
+    "#,
+        )
+        .current_dir(&pki)
+        .output()
+        .expect("openssl");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let p = |f: &str| pki.join(f).display().to_string();
+    replicas.grpc_args = vec![
+        "--grpc-tls-cert".into(),
+        p("live.crt"),
+        "--grpc-tls-key".into(),
+        p("live.key"),
+        "--grpc-client-ca".into(),
+        p("live-ca.crt"),
+        "--grpc-token-file".into(),
+        p("live-token"),
+    ];
+    replicas.start("r1");
+    let https = format!("https://127.0.0.1:{}", replicas.grpc_ports["r1"]);
+    let options = |ca: &str, cert: &str, token: &str| ClientOptions {
+        server: https.clone(),
+        ca: Some(pki.join(ca)),
+        cert: Some(pki.join(format!("{cert}.crt"))),
+        key: Some(pki.join(format!("{cert}.key"))),
+        tls_server_name: None,
+        token: Some(token.to_string()),
+    };
+    let mut old = eventually("TLS server up", Duration::from_secs(30), || async {
+        let mut c = connect(&options("ca.crt", "client", "let-me-in"))
+            .await
+            .ok()?;
+        c.list_clusters(pb::ListClustersRequest {}).await.ok()?;
+        Some(c)
+    })
+    .await;
+    let mut stream = old
+        .watch_microservices(pb::WatchMicroservicesRequest {
+            namespace: ns.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let synced = next_event(&mut stream).await;
+    assert_eq!(synced.r#type, pb::WatchEventType::Synced as i32);
+
+    replace_file(&pki, "server2.crt", "live.crt");
+    replace_file(&pki, "server2.key", "live.key");
+    replace_file(&pki, "ca2.crt", "live-ca.crt");
+    replace_file(&pki, "token2", "live-token");
+    let rotated = Instant::now();
+    let mut new = eventually(
+        "the new certificate and token in force",
+        Duration::from_secs(20),
+        || async {
+            let mut c = connect(&options("ca2.crt", "client2", "new-token"))
+                .await
+                .ok()?;
+            c.list_clusters(pb::ListClustersRequest {}).await.ok()?;
+            Some(c)
+        },
+    )
+    .await;
+    println!(
+        "figure: rotation in force after {:.1} s",
+        rotated.elapsed().as_secs_f64()
+    );
+    // New connections no longer get the old certificate.
+    match connect(&options("ca.crt", "client", "let-me-in")).await {
+        Err(_) => {}
+        Ok(mut c) => assert!(
+            c.list_clusters(pb::ListClustersRequest {}).await.is_err(),
+            "a new connection was served the old certificate"
+        ),
+    }
+    // The old token is refused, on a connection with the new certificates.
+    let mut stale = connect(&options("ca2.crt", "client2", "let-me-in"))
+        .await
+        .expect("TLS handshake");
+    let err = stale
+        .list_clusters(pb::ListClustersRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    new.list_clusters(pb::ListClustersRequest {})
+        .await
+        .expect("the new token works");
+
+    // The stream opened before the rotation still delivers.
+    Api::<Microservice>::namespaced(clients["member-1"].clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &microservice("rotated", "ghcr.io/acme/a:1", 8080, Some(1)),
+        )
+        .await
+        .expect("create");
+    loop {
+        let e = next_event(&mut stream).await;
+        if e.microservice.as_ref().is_some_and(|m| m.name == "rotated") {
+            break;
+        }
+    }
 }

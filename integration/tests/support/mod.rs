@@ -436,6 +436,112 @@ pub fn assert_one_writer_at_a_time(cluster: &str, namespace: &str) -> Vec<String
     runs
 }
 
+/// One successful write of a Lease, with the holder it named (the audit
+/// policy records Lease writes with their bodies).
+#[derive(Debug, Clone)]
+pub struct LeaseWrite {
+    pub received: jiff::Timestamp,
+    pub writer: String,
+    /// Empty when the write released the Lease.
+    pub holder: String,
+}
+
+fn audit_events(cluster: &str) -> Vec<serde_json::Value> {
+    let path = fleet_dir()
+        .join("logs")
+        .join(format!("{cluster}-audit.log"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("audit log {}: {e}", path.display()));
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| {
+            e["responseStatus"]["code"]
+                .as_u64()
+                .is_some_and(|c| c < 300)
+        })
+        .collect()
+}
+
+fn received(e: &serde_json::Value) -> jiff::Timestamp {
+    e["requestReceivedTimestamp"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .expect("audit event with a timestamp")
+}
+
+/// Successful writes of one Lease in `cluster`, in the order received.
+pub fn lease_writes(cluster: &str, namespace: &str, lease: &str) -> Vec<LeaseWrite> {
+    let mut out: Vec<LeaseWrite> = audit_events(cluster)
+        .into_iter()
+        .filter(|e| e["objectRef"]["resource"] == "leases")
+        .filter(|e| e["objectRef"]["namespace"] == namespace && e["objectRef"]["name"] == lease)
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update")))
+        .map(|e| LeaseWrite {
+            received: received(&e),
+            writer: e["userAgent"]
+                .as_str()
+                .unwrap_or_default()
+                .trim_start_matches("flotilla/")
+                .to_string(),
+            holder: e["requestObject"]["spec"]["holderIdentity"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        })
+        .collect();
+    out.sort_by_key(|w| w.received);
+    out
+}
+
+/// The single-writer property, from the apiserver's own clock: every
+/// operator write to `namespace` in `cluster` was received while its writer
+/// held the Lease. That is, after a Lease write by that writer naming itself
+/// holder, with no write naming another holder (or none) in between, and
+/// within `renew_deadline` (plus `slack` for the network) of it. Returns the
+/// number of operator writes checked.
+pub fn assert_writes_inside_leadership(
+    cluster: &str,
+    namespace: &str,
+    lease: &str,
+    renew_deadline: Duration,
+    slack: Duration,
+) -> usize {
+    let leases = lease_writes(cluster, LEASE_NAMESPACE_FOR_AUDIT, lease);
+    let writes = audited_writes(cluster, namespace);
+    let mut checked = 0;
+    for w in writes
+        .iter()
+        .filter(|w| w.user_agent.starts_with("flotilla/"))
+    {
+        let writer = w.user_agent.trim_start_matches("flotilla/");
+        let at: jiff::Timestamp = w.received.parse().expect("timestamp");
+        let last = leases.iter().rev().find(|l| l.received <= at);
+        let ok = match last {
+            Some(l) if l.holder == writer => {
+                let renewed = leases
+                    .iter()
+                    .rev()
+                    .find(|r| r.received <= at && r.writer == writer && r.holder == writer)
+                    .expect("a Lease write by the holder");
+                let age = at.duration_since(renewed.received);
+                age <= jiff::SignedDuration::try_from(renew_deadline + slack).expect("duration")
+            }
+            _ => false,
+        };
+        assert!(
+            ok,
+            "split brain in {cluster}: {writer} wrote {} {} at {at} outside its leadership; \
+             last Lease write before it: {last:?}",
+            w.resource, w.name
+        );
+        checked += 1;
+    }
+    checked
+}
+
+/// Where the fleet's member Leases live.
+pub const LEASE_NAMESPACE_FOR_AUDIT: &str = "flotilla-system";
+
 /// Runs `integration/fleet ARGS`, failing the test if it fails.
 pub fn fleet_cmd(args: &[&str]) {
     let status = std::process::Command::new(fleet_script())

@@ -33,6 +33,8 @@ pub struct Replicas {
     pub election: Vec<String>,
     /// Any further `run` flags, e.g. a request budget.
     pub extra_args: Vec<String>,
+    /// Replicas that read a kubeconfig directory of their own.
+    pub own_dirs: BTreeMap<String, PathBuf>,
     children: BTreeMap<String, Child>,
 }
 
@@ -89,6 +91,7 @@ impl Replicas {
             env: Vec::new(),
             election: FAST_ELECTION.iter().map(|a| a.to_string()).collect(),
             extra_args: Vec::new(),
+            own_dirs: BTreeMap::new(),
             children: BTreeMap::new(),
         };
         for m in members {
@@ -114,9 +117,10 @@ impl Replicas {
         self.grpc_ports.insert(id.to_string(), port);
         let metrics_port = free_port();
         self.metrics_ports.insert(id.to_string(), metrics_port);
+        let dir = self.own_dirs.get(id).unwrap_or(&self.dir);
         let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .args(["run", "--kubeconfig-dir"])
-            .arg(&self.dir)
+            .arg(dir)
             .arg("--home-kubeconfig")
             .arg(kubeconfig_path("home"))
             .args([
@@ -160,6 +164,29 @@ impl Replicas {
             .expect("kill");
         assert!(status.success());
         child
+    }
+
+    /// Gives replica `id` a kubeconfig directory of its own, holding these
+    /// members only: a replica with a different view of the cluster set.
+    pub fn own_dir(&mut self, id: &str, members: &[&str]) -> PathBuf {
+        let dir = self.dir.join(format!("only-{id}"));
+        std::fs::create_dir_all(&dir).expect("own kubeconfig dir");
+        for m in members {
+            std::fs::copy(kubeconfig_path(m), dir.join(format!("{m}.yaml")))
+                .expect("copy kubeconfig");
+        }
+        self.own_dirs.insert(id.to_string(), dir.clone());
+        dir
+    }
+
+    /// Sends a signal (e.g. "STOP", "CONT") to a running replica.
+    pub fn signal(&self, id: &str, signal: &str) {
+        let pid = self.children[id].id();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} {pid}");
     }
 
     /// Process ids of the running replicas.
