@@ -4,9 +4,16 @@
 //! - SIGKILL, then SIGTERM, of the replica that leads member-1, right after a
 //!   Microservice there changed: time until member-1's Lease names another
 //!   holder, and until the change reaches the Deployment (the next write);
+//! - a fourth replica joins and then leaves (SIGTERM): for the cluster that
+//!   moves each way, the time from the old holder's last renewal to the new
+//!   holder's acquisition, from the apiserver's audit log (the handoff
+//!   through the Lease, with no lease duration waited out);
 //! - member-2's apiserver stopped: change-to-applied latency in member-1 and
 //!   member-3 (5 changes/s for 10 s) during the outage, against the same
 //!   measure taken just before it.
+//!
+//! Every drill starts from a settled fleet: each member led by the replica
+//! the assignment names.
 //!
 //! It also counts Lease writes per member from the audit log, and reads the
 //! replicas' resident memory.
@@ -50,6 +57,56 @@ fn lease_writes(cluster: &str, lease: &str) -> usize {
         .count()
 }
 
+/// Milliseconds from the previous holder's last renewal to `to`'s first
+/// acquisition of the member's Lease after `since`, on the apiserver's
+/// clock; `None` when there is no such acquisition.
+fn handoff_ms(member: &str, lease: &str, since: jiff::Timestamp, to: &str) -> Option<f64> {
+    let writes = support::lease_writes(member, LEASE_NAMESPACE, lease);
+    let acquired = writes
+        .iter()
+        .position(|w| w.received >= since && w.holder == to && w.writer == to)?;
+    let last = writes[..acquired]
+        .iter()
+        .rev()
+        .find(|w| !w.holder.is_empty() && w.holder == w.writer)?;
+    Some(
+        writes[acquired]
+            .received
+            .duration_since(last.received)
+            .as_secs_f64()
+            * 1000.0,
+    )
+}
+
+/// Waits until every member is led by the replica the assignment names,
+/// so that a drill never starts while a restarted replica is still being
+/// handed its clusters back.
+async fn settled(
+    clients: &std::collections::BTreeMap<&str, kube::Client>,
+    lease: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let clusters = MEMBERS.iter().map(|m| m.to_string()).collect();
+    let live = REPLICA_IDS.iter().map(|r| r.to_string()).collect();
+    let want: std::collections::BTreeMap<String, String> =
+        flotilla::fleet::shard::assign(&clusters, &live)
+            .into_iter()
+            .map(|(c, r)| (c, r.to_string()))
+            .collect();
+    eventually(
+        "every member led by its owner",
+        Duration::from_secs(60),
+        || async {
+            let held = holders(clients, lease).await;
+            let now: std::collections::BTreeMap<String, String> = held
+                .into_iter()
+                .filter_map(|(m, h)| h.map(|h| (m, h)))
+                .collect();
+            (now == want).then_some(now)
+        },
+    )
+    .await
+}
+
 fn main() {
     let trials = env_usize("FLOTILLA_BENCH_FAILOVER_TRIALS", 10);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -83,7 +140,7 @@ fn main() {
         for kind in ["SIGKILL", "SIGTERM"] {
             let (mut to_leader, mut to_write) = (Vec::new(), Vec::new());
             for _ in 0..trials {
-                let held = balanced(&clients, &lease, &REPLICA_IDS).await;
+                let held = settled(&clients, &lease).await;
                 let victim = held["member-1"].clone();
                 tag += 1;
                 let image = format!("ghcr.io/acme/probe:{tag}");
@@ -114,6 +171,42 @@ fn main() {
             eprintln!("{kind}: to leader {to_leader:?}, to write {to_write:?}");
             kills.push((kind, to_leader, to_write));
         }
+
+        // Join and leave: the moved cluster's handoff, from the audit log.
+        let clusters: std::collections::BTreeSet<String> = MEMBERS.iter().map(|m| m.to_string()).collect();
+        let (joiner, moved) = (4..)
+            .find_map(|i| {
+                let id = format!("r{i}");
+                let mut live: std::collections::BTreeSet<String> = REPLICA_IDS.iter().map(|r| r.to_string()).collect();
+                live.insert(id.clone());
+                let a = flotilla::fleet::shard::assign(&clusters, &live);
+                let mine: Vec<String> = a.iter().filter(|(_, r)| **r == id.as_str()).map(|(c, _)| c.clone()).collect();
+                (mine.len() == 1).then(|| (id, mine[0].clone()))
+            })
+            .expect("an id that takes one cluster");
+        let mc = clients[moved.as_str()].clone();
+        let (mut joins, mut leaves) = (Vec::new(), Vec::new());
+        for _ in 0..trials {
+            settled(&clients, &lease).await;
+            let since = jiff::Timestamp::now();
+            replicas.start(&joiner);
+            eventually("the joiner leading", Duration::from_secs(30), || async {
+                (holder(&mc, &lease).await? == joiner).then_some(())
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            joins.extend(handoff_ms(&moved, &lease, since, &joiner));
+            let since = jiff::Timestamp::now();
+            let mut child = replicas.sigterm(&joiner);
+            tokio::task::spawn_blocking(move || child.wait()).await.ok();
+            let back = eventually("the cluster led again", Duration::from_secs(30), || async {
+                holder(&mc, &lease).await.filter(|h| *h != joiner)
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            leaves.extend(handoff_ms(&moved, &lease, since, &back));
+        }
+        eprintln!("handoff on join {joins:?} ms, on leave {leaves:?} ms");
 
         // Member outage: the healthy members' latency, before and during.
         let healthy = ["member-1", "member-3"];
@@ -165,6 +258,8 @@ fn main() {
         println!("  member-2 down: member-1 and member-3 change-to-applied, {OUTAGE_RATE} changes/s for {}s per phase", OUTAGE_WINDOW.as_secs());
         println!("    baseline  p50 (ms) {:.0}   p99 (ms) {:.0}   applied {}", p50(&baseline), p99(&baseline), applied(&baseline));
         println!("    outage    p50 (ms) {:.0}   p99 (ms) {:.0}   applied {}", p50(&outage), p99(&outage), applied(&outage));
+        println!("  handoff on join (ms)                         {:.0}", Spread::of(&joins));
+        println!("  handoff on leave (ms)                        {:.0}", Spread::of(&leaves));
         println!("  Lease writes per member per second (steady)  {lease_rate:.2}");
         println!("  replica RSS at idle (MiB)                    {rss:.1?}");
         write_json("failover", &json!({
@@ -175,6 +270,8 @@ fn main() {
                 "outage_p50_ms": p50(&outage), "outage_p99_ms": p99(&outage),
                 "baseline": baseline, "during": outage,
             },
+            "handoff_join_ms": Spread::of(&joins), "handoff_leave_ms": Spread::of(&leaves),
+            "handoff_join": joins, "handoff_leave": leaves,
             "lease_writes_per_second": lease_rate,
             "replica_rss_mib": rss,
         }));

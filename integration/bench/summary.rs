@@ -274,6 +274,19 @@ fn failover(t: &mut Table) {
             2,
         );
     }
+    let scenario = format!("6. a 4th replica joins, then leaves (SIGTERM), {trials} trials");
+    t.ours(
+        &scenario,
+        "join: last renewal to the new holder's acquisition (ms)",
+        spread(&v["handoff_join_ms"]),
+        0,
+    );
+    t.ours(
+        &scenario,
+        "leave: last renewal to the new holder's acquisition (ms)",
+        spread(&v["handoff_leave_ms"]),
+        0,
+    );
     let o = &v["outage"];
     let scenario = format!("6. member-2's apiserver down, {trials} trials");
     t.ours(

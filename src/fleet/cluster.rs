@@ -161,13 +161,16 @@ pub fn user_agent(replica_id: &str) -> Result<http::HeaderValue, String> {
         .map_err(|_| format!("replica id {replica_id:?} is not a valid header value"))
 }
 
-/// Why a cluster did not answer, in words that never quote server output.
-fn redact(message: &str) -> String {
-    message
-        .chars()
-        .take(160)
-        .filter(|c| !c.is_control())
-        .collect()
+/// Why a cluster did not answer, in words that never quote credentials or
+/// a credential plugin's output: the server's status code and reason for an
+/// API error, and only the first clause of anything else.
+fn unreachable_reason(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => {
+            format!("the apiserver answered {} {}", status.code, status.reason)
+        }
+        other => credentials::describe(other),
+    }
 }
 
 /// Resolves when the term at `epoch` is over: leadership moved on, or its
@@ -275,7 +278,7 @@ pub async fn run(
         };
         let failure = match answer {
             Ok(Ok(_)) => None,
-            Ok(Err(e)) => Some(redact(&e.to_string())),
+            Ok(Err(e)) => Some(unreachable_reason(&e)),
             Err(_) => Some(format!("no answer within {PROBE_TIMEOUT:?}")),
         };
         match failure {

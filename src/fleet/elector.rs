@@ -174,7 +174,7 @@ impl<S: LeaseStore> Elector<S> {
         ) {
             Decision::Follow => Ok(None),
             Decision::RequestHandoff { record } => {
-                match self.store.update(&read, &record, false).await {
+                match self.store.annotate(&read, &record).await {
                     Ok(written) => {
                         tracing::info!(holder = %read.record.holder, "asked the holder to hand the lease over");
                         // Our own request must not restart our view of the holder's expiry.

@@ -74,6 +74,15 @@ pub trait LeaseStore: Send + Sync {
         record: &LeaseRecord,
         acquired: bool,
     ) -> impl Future<Output = Result<Versioned, LeaseError>> + Send;
+    /// Like `update`, for a candidate that does not hold the Lease (a
+    /// handoff request): the holder's times stay as the holder wrote them.
+    fn annotate(
+        &self,
+        read: &Versioned,
+        record: &LeaseRecord,
+    ) -> impl Future<Output = Result<Versioned, LeaseError>> + Send {
+        self.update(read, record, false)
+    }
 }
 
 /// A Lease in a Kubernetes cluster.
@@ -125,6 +134,7 @@ impl KubeLeaseStore {
         record: &LeaseRecord,
         resource_version: Option<String>,
         acquire_time: Option<MicroTime>,
+        renewed: bool,
     ) -> Lease {
         let mut lease = base.cloned().unwrap_or_else(|| Lease {
             metadata: ObjectMeta {
@@ -153,8 +163,35 @@ impl KubeLeaseStore {
         spec.lease_duration_seconds = Some(record.lease_duration_seconds);
         spec.lease_transitions = Some(record.transitions);
         spec.acquire_time = acquire_time;
-        spec.renew_time = Some(now);
+        if renewed {
+            spec.renew_time = Some(now);
+        }
         lease
+    }
+}
+
+impl KubeLeaseStore {
+    /// A replace conditioned on the resourceVersion that was read.
+    async fn replace(
+        &self,
+        read: &Versioned,
+        record: &LeaseRecord,
+        acquire_time: Option<MicroTime>,
+        renewed: bool,
+    ) -> Result<Versioned, LeaseError> {
+        let lease = self.lease(
+            read.object.as_ref(),
+            record,
+            Some(read.resource_version.clone()),
+            acquire_time,
+            renewed,
+        );
+        let updated = self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+            .map_err(api_error)?;
+        Self::versioned(updated)
     }
 }
 
@@ -170,7 +207,7 @@ impl LeaseStore for KubeLeaseStore {
 
     async fn create(&self, record: &LeaseRecord) -> Result<Versioned, LeaseError> {
         let now = MicroTime(jiff::Timestamp::now());
-        let lease = self.lease(None, record, None, Some(now));
+        let lease = self.lease(None, record, None, Some(now), true);
         let created = self
             .api
             .create(&PostParams::default(), &lease)
@@ -190,17 +227,15 @@ impl LeaseStore for KubeLeaseStore {
         } else {
             read.acquire_time.clone()
         };
-        let lease = self.lease(
-            read.object.as_ref(),
-            record,
-            Some(read.resource_version.clone()),
-            acquire_time,
-        );
-        let updated = self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
+        self.replace(read, record, acquire_time, true).await
+    }
+
+    async fn annotate(
+        &self,
+        read: &Versioned,
+        record: &LeaseRecord,
+    ) -> Result<Versioned, LeaseError> {
+        self.replace(read, record, read.acquire_time.clone(), false)
             .await
-            .map_err(api_error)?;
-        Self::versioned(updated)
     }
 }
