@@ -8,5 +8,6 @@ pub mod domain;
 pub mod fleet;
 pub mod reconciler;
 pub mod status;
+pub mod supervise;
 pub mod telemetry;
 pub mod watching;

@@ -19,10 +19,13 @@ use flotilla::fleet::election::Timings;
 use flotilla::fleet::runtime::FleetOptions;
 use flotilla::reconciler::{self, Hooks, Settings, WriterIdentity};
 use flotilla::status::hub::Hub;
+use flotilla::supervise::{Critical, supervise};
 use flotilla::telemetry;
 
-async fn client_for(kubeconfig: Option<&PathBuf>) -> Result<Client, String> {
-    let config = match kubeconfig {
+/// A client with the user agent `flotilla/<replica-id>`, so that an audit
+/// log names this replica in every mode.
+async fn client_for(kubeconfig: Option<&PathBuf>, replica_id: &str) -> Result<Client, String> {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
                 .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
@@ -34,6 +37,10 @@ async fn client_for(kubeconfig: Option<&PathBuf>) -> Result<Client, String> {
             .await
             .map_err(|e| format!("no cluster configuration: {e}"))?,
     };
+    config.headers.push((
+        http::header::USER_AGENT,
+        flotilla::fleet::cluster::user_agent(replica_id)?,
+    ));
     Client::try_from(config).map_err(|e| format!("client: {e}"))
 }
 
@@ -79,7 +86,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let metrics_listener = telemetry::http::bind(args.metrics_addr)
         .await
         .map_err(|e| e.to_string())?;
-    let home = client_for(args.home_kubeconfig.as_ref()).await?;
+    let home = client_for(args.home_kubeconfig.as_ref(), &replica_id).await?;
     let hub = Hub::new(&replica_id);
     let options = FleetOptions {
         home,
@@ -106,35 +113,33 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     };
     tracing::info!(replica = %options.replica.replica_id, grpc = %grpc.addr, "starting fleet replica");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let signalled = stop_tx.clone();
     tokio::spawn(async move {
         shutdown_signal().await;
-        stop_tx.send(true).ok();
+        signalled.send(true).ok();
     });
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         rx.wait_for(|s| *s).await.ok();
     };
-    let http = tokio::spawn(telemetry::http::serve(
-        metrics_listener,
-        hub.readiness(),
-        stopped(stop_rx.clone()),
-    ));
-    let server = tokio::spawn(flotilla::api::server::serve(
-        hub,
-        grpc,
-        listener,
-        stopped(stop_rx.clone()),
-    ));
-    flotilla::fleet::runtime::run(options, stopped(stop_rx)).await;
-    match server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "gRPC server failed"),
-        Err(e) => tracing::error!(error = %e, "gRPC server task failed"),
-    }
-    match http.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "metrics endpoint failed"),
-        Err(e) => tracing::error!(error = %e, "metrics endpoint task failed"),
-    }
+    // The fleet first: on shutdown it stops writers and releases Leases
+    // while the API still answers.
+    let tasks = vec![
+        Critical::spawn(
+            "fleet runtime",
+            flotilla::fleet::runtime::run(options, stopped(stop_rx.clone())),
+        ),
+        Critical::spawn("gRPC server", {
+            let serve =
+                flotilla::api::server::serve(hub.clone(), grpc, listener, stopped(stop_rx.clone()));
+            async move { serve.await.map_err(|e| e.to_string()) }
+        }),
+        Critical::spawn("metrics endpoint", {
+            let serve =
+                telemetry::http::serve(metrics_listener, hub.readiness(), stopped(stop_rx.clone()));
+            async move { serve.await.map_err(|e| e.to_string()) }
+        }),
+    ];
+    supervise(tasks, stop_tx).await?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -240,7 +245,7 @@ async fn run(args: RunArgs, holder: String) -> Result<(), String> {
         let dir = args.kubeconfig_dir.clone();
         return run_fleet(args, dir, holder).await;
     }
-    let client = client_for(args.kubeconfig.as_ref()).await?;
+    let client = client_for(args.kubeconfig.as_ref(), &holder).await?;
     let mut settings = Settings::new(
         args.cluster_name,
         WriterIdentity {
@@ -262,7 +267,19 @@ async fn run(args: RunArgs, holder: String) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version go to stdout with 0; a usage error is EX_USAGE
+        // (64), never a code that `wait` gives a verdict with.
+        Err(e) => {
+            e.print().ok();
+            return if e.use_stderr() {
+                ExitCode::from(remote::exit::USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     match cli.command {
         Command::Crd => match flotilla::crd::crd_yaml() {
             Ok(yaml) => {

@@ -1046,3 +1046,25 @@ async fn rotated_certificates_client_ca_and_token_apply_without_a_restart_or_a_d
         }
     }
 }
+
+#[test]
+fn a_command_line_that_does_not_parse_exits_64_not_a_verdict_code() {
+    let code = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .output()
+            .expect("run flotilla")
+            .status
+            .code()
+    };
+    for bad in [
+        &["wait"][..],
+        &["wait", "ns/x", "--image", "i", "--timeout", "soon"],
+        &["status", "--no-such-flag"],
+        &["no-such-command"],
+    ] {
+        assert_eq!(code(bad), Some(64), "{bad:?}");
+    }
+    assert_eq!(code(&["--help"]), Some(0));
+    assert_eq!(code(&["wait", "--help"]), Some(0));
+}

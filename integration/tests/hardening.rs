@@ -693,3 +693,40 @@ async fn hostile_member_secrets_are_invalid_and_nothing_they_name_is_touched() {
     drop(replicas);
     std::fs::remove_dir_all(&work).ok();
 }
+
+#[tokio::test]
+async fn a_single_cluster_controller_names_its_replica_in_every_write() {
+    let member = client("member-3").await;
+    support::ensure_crd(&member).await;
+    let ns = TestNamespace::create(&member, "member-3", "agent").await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(kubeconfig_path("member-3"))
+        .args(["--namespace", &ns.name, "--replica-id", "solo-agent"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the controller");
+    Api::<Microservice>::namespaced(member.clone(), &ns.name)
+        .create(
+            &PostParams::default(),
+            &microservice("agent", "ghcr.io/acme/app:1", 8080, Some(1)),
+        )
+        .await
+        .expect("create");
+    // Everything but the test's own create of the Microservice.
+    let writes = eventually("the controller's writes", Duration::from_secs(60), || {
+        let w: Vec<_> = audited_writes("member-3", &ns.name)
+            .into_iter()
+            .filter(|w| !(w.resource == "microservices" && w.verb == "create"))
+            .collect();
+        async move { (w.len() >= 3).then_some(w) }
+    })
+    .await;
+    child.kill().ok();
+    child.wait().ok();
+    for w in &writes {
+        assert_eq!(w.user_agent, "flotilla/solo-agent", "{w:?}");
+    }
+}

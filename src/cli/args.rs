@@ -45,7 +45,7 @@ pub enum Command {
     /// Show Microservices across the fleet: one (NAMESPACE/NAME) or all.
     Status(StatusArgs),
     /// Wait until a rollout is done in every cluster. Exit codes: 0 done,
-    /// 1 failed in some cluster, 2 timed out, 3 could not ask.
+    /// 1 failed in some cluster, 2 timed out, 3 could not ask, 64 usage error.
     Wait(WaitArgs),
 }
 

@@ -23,6 +23,8 @@ pub mod exit {
     pub const TIMED_OUT: u8 = 2;
     /// The question could not be asked: bad arguments, no server, no such object.
     pub const ERROR: u8 = 3;
+    /// The command line does not parse (EX_USAGE).
+    pub const USAGE: u8 = 64;
 }
 
 fn status_error(s: tonic::Status) -> String {

@@ -272,7 +272,9 @@ impl<S: LeaseStore> Elector<S> {
                 }
                 _ => false,
             };
-            // A renewal moves the deadline of the same epoch forward.
+            // A renewal moves the deadline of the same epoch forward, quietly.
+            // One that comes after the deadline had passed is news: the
+            // writers stopped at that deadline and must start again.
             if let (
                 Leadership::Leading { until, .. },
                 Leadership::Leading {
@@ -281,8 +283,9 @@ impl<S: LeaseStore> Elector<S> {
             ) = (&mut *cur, &next)
                 && same
             {
+                let lapsed = *until <= Instant::now();
                 *until = *new_until;
-                return false;
+                return lapsed;
             }
             if same {
                 return false;

@@ -50,15 +50,20 @@ async fn stop_cluster(name: &str, running: Running) {
 }
 
 /// Runs until `shutdown` resolves; then stops every cluster's writers,
-/// releases their Leases and removes this replica's heartbeat.
-pub async fn run(opts: FleetOptions, shutdown: impl std::future::Future<Output = ()>) {
+/// releases their Leases and removes this replica's heartbeat. Returns an
+/// error if the heartbeat ends before that: a replica that no longer
+/// announces itself must not keep leading.
+pub async fn run(
+    opts: FleetOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
     let hub = opts.hub.clone();
     let me = opts.replica.replica_id.clone();
     // Empty until the heartbeats have been read: nobody is assigned anything yet.
     let (live_tx, live_rx) = watch::channel(BTreeSet::new());
     cluster::ensure_namespace(&opts.home, &opts.home_namespace).await;
     let (stop_beat_tx, mut stop_beat_rx) = watch::channel(false);
-    let heartbeat = tokio::spawn(replicas::run(
+    let mut heartbeat = tokio::spawn(replicas::run(
         replicas::Heartbeat {
             client: opts.home.clone(),
             namespace: opts.home_namespace.clone(),
@@ -79,6 +84,7 @@ pub async fn run(opts: FleetOptions, shutdown: impl std::future::Future<Output =
     let mut live_rx = live_rx;
     let secrets_api: Api<Secret> = Api::namespaced(opts.home.clone(), &opts.home_namespace);
     let mut running_from_secrets: BTreeMap<String, registry::Found> = BTreeMap::new();
+    let mut failure: Option<String> = None;
     loop {
         // The registry: start new and changed clusters, stop removed ones.
         let files = match &opts.kubeconfig_dir {
@@ -201,6 +207,13 @@ pub async fn run(opts: FleetOptions, shutdown: impl std::future::Future<Output =
             _ = &mut shutdown => break,
             _ = live_rx.changed() => {}
             _ = tokio::time::sleep(opts.rescan) => {}
+            ended = &mut heartbeat => {
+                failure = Some(match ended {
+                    Ok(()) => "the heartbeat stopped".to_string(),
+                    Err(e) => format!("the heartbeat task failed: {e}"),
+                });
+                break;
+            }
         }
     }
 
@@ -210,8 +223,11 @@ pub async fn run(opts: FleetOptions, shutdown: impl std::future::Future<Output =
         .map(|(n, r)| async move { stop_cluster(&n, r).await })
         .collect();
     futures::future::join_all(stops).await;
-    stop_beat_tx.send(true).ok();
-    if let Err(e) = heartbeat.await {
-        tracing::error!(error = %e, "heartbeat task failed");
+    if failure.is_none() {
+        stop_beat_tx.send(true).ok();
+        if let Err(e) = heartbeat.await {
+            tracing::error!(error = %e, "heartbeat task failed");
+        }
     }
+    failure.map_or(Ok(()), Err)
 }

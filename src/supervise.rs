@@ -1,0 +1,131 @@
+//! Critical tasks are watched: one that ends before shutdown was asked for
+//! (an error, a panic or a plain return) stops the replica with an error,
+//! so that Kubernetes restarts it, instead of leaving a pod Ready that no
+//! longer serves or leads.
+
+use std::future::Future;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// A named task whose end, before shutdown, is fatal.
+pub struct Critical {
+    pub name: &'static str,
+    pub task: JoinHandle<Result<(), String>>,
+}
+
+impl Critical {
+    pub fn spawn(
+        name: &'static str,
+        task: impl Future<Output = Result<(), String>> + Send + 'static,
+    ) -> Self {
+        Critical {
+            name,
+            task: tokio::spawn(task),
+        }
+    }
+}
+
+fn outcome(name: &str, joined: Result<Result<(), String>, tokio::task::JoinError>) -> String {
+    match joined {
+        Ok(Ok(())) => format!("{name} stopped unexpectedly"),
+        Ok(Err(e)) => format!("{name} failed: {e}"),
+        Err(e) if e.is_panic() => format!("{name} panicked"),
+        Err(e) => format!("{name} was cancelled: {e}"),
+    }
+}
+
+/// Runs until shutdown is asked for through `stop` (then waits for every
+/// task in order, so the first can release what the others serve), or until
+/// one task ends on its own: then asks the others to stop, waits for them,
+/// and returns that task's failure.
+pub async fn supervise(mut tasks: Vec<Critical>, stop: watch::Sender<bool>) -> Result<(), String> {
+    let mut asked = stop.subscribe();
+    let first = {
+        let ends = tasks.iter_mut().map(|c| Box::pin(&mut c.task));
+        tokio::select! {
+            biased;
+            _ = asked.wait_for(|s| *s) => None,
+            (joined, i, _) = futures::future::select_all(ends) => Some((i, joined)),
+        }
+    };
+    // A task that ends because shutdown was asked for has not failed, even
+    // when it ends before this loop sees the request.
+    let shutting_down = *stop.borrow();
+    let failure = first.and_then(|(i, joined)| {
+        let c = tasks.remove(i);
+        if shutting_down && matches!(joined, Ok(Ok(()))) {
+            return None;
+        }
+        let why = outcome(c.name, joined);
+        tracing::error!(task = c.name, reason = %why, "a critical task ended; stopping the replica");
+        Some(why)
+    });
+    stop.send_replace(true);
+    for c in tasks {
+        match c.task.await {
+            Ok(Ok(())) => {}
+            other => {
+                tracing::error!(task = c.name, reason = %outcome(c.name, other), "task ended badly during shutdown")
+            }
+        }
+    }
+    failure.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A task that runs until stop is asked for, like the servers do.
+    fn until_stopped(
+        stop: &watch::Sender<bool>,
+    ) -> impl Future<Output = Result<(), String>> + use<> {
+        let mut rx = stop.subscribe();
+        async move {
+            rx.wait_for(|s| *s).await.ok();
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ends_early_stops_the_others_and_is_named() {
+        for fault in ["return", "error", "panic"] {
+            let (stop, _) = watch::channel(false);
+            let early = async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                match fault {
+                    "return" => Ok(()),
+                    "error" => Err("address in use".to_string()),
+                    _ => panic!("injected"),
+                }
+            };
+            let tasks = vec![
+                Critical::spawn("fleet runtime", until_stopped(&stop)),
+                Critical::spawn("gRPC server", early),
+                Critical::spawn("metrics endpoint", until_stopped(&stop)),
+            ];
+            let err = tokio::time::timeout(Duration::from_secs(5), supervise(tasks, stop))
+                .await
+                .expect("the others stop too")
+                .unwrap_err();
+            assert!(err.starts_with("gRPC server"), "{fault}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_requested_shutdown_waits_for_every_task_and_succeeds() {
+        let (stop, _) = watch::channel(false);
+        let tasks = vec![
+            Critical::spawn("fleet runtime", until_stopped(&stop)),
+            Critical::spawn("gRPC server", until_stopped(&stop)),
+        ];
+        let asker = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            asker.send_replace(true);
+        });
+        supervise(tasks, stop).await.unwrap();
+    }
+}
