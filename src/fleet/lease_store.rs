@@ -239,3 +239,78 @@ impl LeaseStore for KubeLeaseStore {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// A client that is never called: building a Lease does no I/O.
+    fn store() -> KubeLeaseStore {
+        let svc = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+            Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("no I/O here"))
+        });
+        KubeLeaseStore::new(kube::Client::new(svc, "default"), "ns", "flotilla-x")
+    }
+
+    fn record(holder: &str, handoff_to: Option<&str>) -> LeaseRecord {
+        LeaseRecord {
+            holder: holder.into(),
+            lease_duration_seconds: 15,
+            transitions: 3,
+            handoff_to: handoff_to.map(str::to_string),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replace_keeps_what_others_put_on_the_lease() {
+        let mut base = Lease::default();
+        base.metadata.name = Some("flotilla-x".into());
+        base.metadata.labels = Some(BTreeMap::from([("team".into(), "platform".into())]));
+        base.metadata.annotations = Some(BTreeMap::from([("note".into(), "keep".into())]));
+        let written = store().lease(
+            Some(&base),
+            &record("a", Some("b")),
+            Some("7".into()),
+            None,
+            true,
+        );
+        assert_eq!(written.metadata.labels, base.metadata.labels);
+        let annotations = written.metadata.annotations.clone().unwrap();
+        assert_eq!(annotations["note"], "keep");
+        assert_eq!(annotations[ANNOTATION_HANDOFF], "b");
+        assert_eq!(written.metadata.resource_version.as_deref(), Some("7"));
+        // Releasing clears the request and nothing else.
+        let released = store().lease(
+            Some(&written),
+            &record("", None),
+            Some("8".into()),
+            None,
+            true,
+        );
+        let annotations = released.metadata.annotations.unwrap();
+        assert!(!annotations.contains_key(ANNOTATION_HANDOFF));
+        assert_eq!(annotations["note"], "keep");
+        assert_eq!(released.spec.unwrap().holder_identity, None);
+    }
+
+    #[tokio::test]
+    async fn a_handoff_request_leaves_the_holders_renew_time_alone() {
+        let mut base = Lease::default();
+        base.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            renew_time: Some(MicroTime("2026-01-01T00:00:00Z".parse().unwrap())),
+            ..Default::default()
+        });
+        let asked = store().lease(
+            Some(&base),
+            &record("a", Some("b")),
+            Some("2".into()),
+            None,
+            false,
+        );
+        assert_eq!(
+            asked.spec.unwrap().renew_time,
+            base.spec.unwrap().renew_time
+        );
+    }
+}
