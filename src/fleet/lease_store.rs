@@ -296,11 +296,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_handoff_request_leaves_the_holders_renew_time_alone() {
-        let mut base = Lease::default();
-        base.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-            renew_time: Some(MicroTime("2026-01-01T00:00:00Z".parse().unwrap())),
+        let base = Lease {
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                renew_time: Some(MicroTime("2026-01-01T00:00:00Z".parse().unwrap())),
+                ..Default::default()
+            }),
             ..Default::default()
-        });
+        };
         let asked = store().lease(
             Some(&base),
             &record("a", Some("b")),
