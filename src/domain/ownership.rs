@@ -7,11 +7,18 @@ use super::OwnerIdentity;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ownership {
-    /// Controlled by this very CR (same uid, apiVersion and kind).
+    /// Controlled by this very CR: same uid, kind and API group, at any
+    /// version, so that serving a new version of the CRD orphans nothing.
     Ours,
     /// Exists but is someone else's: unowned, owned by another controller, or
     /// by an earlier CR of the same name (a different uid).
     Foreign { controller: Option<String> },
+}
+
+/// The group of an apiVersion: `platform.example.io` of
+/// `platform.example.io/v1alpha1`, and empty for the core group (`v1`).
+fn group(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(g, _)| g)
 }
 
 pub fn ownership(child: &ObjectMeta, owner: &OwnerIdentity) -> Ownership {
@@ -19,7 +26,9 @@ pub fn ownership(child: &ObjectMeta, owner: &OwnerIdentity) -> Ownership {
     let controller = refs.iter().find(|r| r.controller == Some(true));
     match controller {
         Some(r)
-            if r.uid == owner.uid && r.api_version == owner.api_version && r.kind == owner.kind =>
+            if r.uid == owner.uid
+                && r.kind == owner.kind
+                && group(&r.api_version) == group(&owner.api_version) =>
         {
             Ownership::Ours
         }
@@ -83,7 +92,15 @@ mod tests {
     }
 
     #[test]
-    fn other_uid_kind_or_version_is_foreign() {
+    fn another_version_of_the_same_group_is_still_ours() {
+        for v in ["platform.example.io/v1beta1", "platform.example.io/v1"] {
+            let m = meta(vec![oref(v, "Microservice", "u1", Some(true))]);
+            assert_eq!(ownership(&m, &owner()), Ownership::Ours, "{v}");
+        }
+    }
+
+    #[test]
+    fn other_uid_kind_or_group_is_foreign() {
         for r in [
             oref(
                 "platform.example.io/v1alpha1",
@@ -93,11 +110,12 @@ mod tests {
             ),
             oref("platform.example.io/v1alpha1", "Other", "u1", Some(true)),
             oref(
-                "platform.example.io/v1beta9",
+                "other.example.io/v1alpha1",
                 "Microservice",
                 "u1",
                 Some(true),
             ),
+            oref("v1", "Microservice", "u1", Some(true)),
         ] {
             assert!(matches!(
                 ownership(&meta(vec![r]), &owner()),
