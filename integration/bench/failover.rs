@@ -173,17 +173,7 @@ fn main() {
         }
 
         // Join and leave: the moved cluster's handoff, from the audit log.
-        let clusters: std::collections::BTreeSet<String> = MEMBERS.iter().map(|m| m.to_string()).collect();
-        let (joiner, moved) = (4..)
-            .find_map(|i| {
-                let id = format!("r{i}");
-                let mut live: std::collections::BTreeSet<String> = REPLICA_IDS.iter().map(|r| r.to_string()).collect();
-                live.insert(id.clone());
-                let a = flotilla::fleet::shard::assign(&clusters, &live);
-                let mine: Vec<String> = a.iter().filter(|(_, r)| **r == id.as_str()).map(|(c, _)| c.clone()).collect();
-                (mine.len() == 1).then(|| (id, mine[0].clone()))
-            })
-            .expect("an id that takes one cluster");
+        let (joiner, moved) = joiner_taking_one_member();
         let mc = clients[moved.as_str()].clone();
         let (mut joins, mut leaves) = (Vec::new(), Vec::new());
         for _ in 0..trials {

@@ -414,21 +414,7 @@ async fn a_joining_replica_gets_its_share_handed_over_without_waiting_out_the_le
         mut replicas,
         held,
     } = three_replica_fleet("join").await;
-    let clusters: BTreeSet<String> = MEMBERS.iter().map(|m| m.to_string()).collect();
-    let (joiner, moved) = (4..)
-        .find_map(|i| {
-            let id = format!("r{i}");
-            let mut live: BTreeSet<String> = REPLICA_IDS.iter().map(|r| r.to_string()).collect();
-            live.insert(id.clone());
-            let a = flotilla::fleet::shard::assign(&clusters, &live);
-            let mine: Vec<String> = a
-                .iter()
-                .filter(|(_, r)| **r == id.as_str())
-                .map(|(c, _)| c.clone())
-                .collect();
-            (mine.len() == 1).then(|| (id, mine[0].clone()))
-        })
-        .expect("an id that takes one cluster");
+    let (joiner, moved) = joiner_taking_one_member();
     let name = replicas.lease_name();
     let from = held[&moved].clone();
     replicas.start(&joiner);

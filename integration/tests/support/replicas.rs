@@ -302,6 +302,28 @@ pub async fn balanced(
 
 pub const REPLICA_IDS: [&str; 3] = ["r1", "r2", "r3"];
 
+/// A fourth replica id that the assignment gives exactly one of the three
+/// members when it joins REPLICA_IDS, and that member.
+pub fn joiner_taking_one_member() -> (String, String) {
+    let clusters: std::collections::BTreeSet<String> =
+        MEMBERS.iter().map(|m| m.to_string()).collect();
+    (4..)
+        .find_map(|i| {
+            let id = format!("r{i}");
+            let mut live: std::collections::BTreeSet<String> =
+                REPLICA_IDS.iter().map(|r| r.to_string()).collect();
+            live.insert(id.clone());
+            let a = flotilla::fleet::shard::assign(&clusters, &live);
+            let mine: Vec<String> = a
+                .iter()
+                .filter(|(_, r)| **r == id.as_str())
+                .map(|(c, _)| c.clone())
+                .collect();
+            (mine.len() == 1).then(|| (id, mine[0].clone()))
+        })
+        .expect("an id that takes one member")
+}
+
 /// Three replicas over the three members, settled: one leader per member.
 pub struct ThreeReplicaFleet {
     pub clients: BTreeMap<&'static str, Client>,
