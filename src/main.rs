@@ -144,14 +144,9 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     Ok(())
 }
 
-fn read_token(path: &PathBuf, flag: &str) -> Result<String, String> {
-    let token =
-        std::fs::read_to_string(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
-    let token = token.trim().to_string();
-    if token.is_empty() {
-        return Err(format!("{flag} {} is empty", path.display()));
-    }
-    Ok(token)
+/// A token file named by `flag`: trimmed, and never empty.
+fn read_token(path: &std::path::Path, flag: &str) -> Result<String, String> {
+    flotilla::api::tls::read_token(path).map_err(|e| format!("{flag} {e}"))
 }
 
 fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {

@@ -223,9 +223,11 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     // The Lease gets a client of its own: renewals must never queue behind
-    // a reconcile backlog that has used up the cluster's request budget.
+    // a reconcile backlog that has used up the cluster's request budget. The
+    // member's own client is fenced by the leadership that Lease decides.
     let id = settings.replica_id.clone();
-    let lease_client = client_for(
+    let invalid = |reason: String| set_state(&hub, &name, &id, ClusterState::Invalid { reason });
+    let lease_client = match client_for(
         &name,
         kubeconfig.clone(),
         trust,
@@ -233,39 +235,23 @@ pub async fn run(
         Budget::ELECTION,
         None,
     )
-    .await;
-    let store = lease_client.as_ref().ok().map(|c| {
-        KubeLeaseStore::new(
-            c.clone(),
-            &settings.lease_namespace,
-            &format!("flotilla-{}", settings.fleet_name),
-        )
-    });
-    let Some(store) = store else {
-        let reason = lease_client.err().unwrap_or_default();
-        set_state(&hub, &name, &id, ClusterState::Invalid { reason });
-        return;
+    .await
+    {
+        Ok(c) => c,
+        Err(reason) => return invalid(reason),
     };
+    let store = KubeLeaseStore::new(
+        lease_client.clone(),
+        &settings.lease_namespace,
+        &format!("flotilla-{}", settings.fleet_name),
+    );
     let (elector, mut leadership) = Elector::new(id.clone(), settings.timings, store);
     let fence = Fence::new(&name, leadership.clone());
-    let clients = async {
-        let budgeted =
-            client_for(&name, kubeconfig, trust, &id, settings.budget, Some(&fence)).await?;
-        Ok::<_, String>((budgeted, lease_client?))
-    }
-    .await;
-    let (client, lease_client) = match clients {
-        Ok(c) => c,
-        Err(reason) => {
-            set_state(
-                &hub,
-                &name,
-                &settings.replica_id,
-                ClusterState::Invalid { reason },
-            );
-            return;
-        }
-    };
+    let client =
+        match client_for(&name, kubeconfig, trust, &id, settings.budget, Some(&fence)).await {
+            Ok(c) => c,
+            Err(reason) => return invalid(reason),
+        };
     // Reachability, with backoff; nothing else waits on this cluster.
     let mut delay = Duration::from_millis(200);
     loop {
@@ -392,27 +378,20 @@ pub async fn run(
                 s.leadership = Some(leadership.clone());
                 // Writes of this term, and only this term, pass the fence.
                 fence.arm(Some(epoch));
+                // On shutdown, while still leading, in-flight reconciles may
+                // finish for up to a renew deadline. A lost term aborts the
+                // controller at once: the fence already refuses its writes.
                 let mut stop = shutdown.clone();
-                let over = term_over(leadership.clone(), epoch);
                 let end = async move {
-                    tokio::select! {
-                        _ = over => {}
-                        _ = stop.wait_for(|s| *s) => {}
-                    }
+                    stop.wait_for(|s| *s).await.ok();
                 };
-                // A lost term aborts the controller at once (the fence already
-                // refuses its writes). On shutdown, while still leading, it gets
-                // a renew deadline to finish in-flight reconciles.
                 let (over, mut stopping) = (term_over(leadership.clone(), epoch), shutdown.clone());
                 let cutoff = settings.timings.renew_deadline;
                 let aborted = async move {
                     tokio::pin!(over);
-                    let stop_asked = async move {
-                        stopping.wait_for(|s| *s).await.ok();
-                    };
                     tokio::select! {
                         _ = &mut over => return "term over",
-                        _ = stop_asked => {}
+                        _ = stopping.wait_for(|s| *s) => {}
                     }
                     tokio::select! {
                         _ = &mut over => "term over",

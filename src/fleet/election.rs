@@ -214,11 +214,7 @@ pub fn decide(
         }
         now - expires_at
     };
-    let may_take = match ownership {
-        Ownership::Unsharded => true,
-        Ownership::Assigned { grace, .. } => mine || free_for > *grace,
-    };
-    if !may_take {
+    if !may_take(me, ownership, free_for) {
         return Decision::Follow;
     }
     // client-go counts every change of holder, a release included.
@@ -245,12 +241,13 @@ pub fn initial_record(me: &str, timings: &Timings, floor: Option<i32>) -> LeaseR
     }
 }
 
-/// Whether a candidate may create a missing Lease after it has been absent
-/// for `absent_for`.
-pub fn may_create(me: &str, ownership: &Ownership, absent_for: Duration) -> bool {
+/// Whether a candidate may take a Lease that has been free (expired,
+/// released or absent) for `free_for`: its owner at once, anyone else after
+/// the grace period, so that no cluster stays unled while its owner is away.
+pub fn may_take(me: &str, ownership: &Ownership, free_for: Duration) -> bool {
     match ownership {
         Ownership::Unsharded => true,
-        Ownership::Assigned { owner, grace } => owner.as_deref() == Some(me) || absent_for > *grace,
+        Ownership::Assigned { owner, grace } => owner.as_deref() == Some(me) || free_for > *grace,
     }
 }
 
@@ -556,9 +553,9 @@ mod tests {
             decide("me", &t, &s, &a, None, secs(6)),
             Decision::Write { acquired: true, .. }
         ));
-        assert!(!may_create("me", &a, secs(5)));
-        assert!(may_create("me", &a, secs(6)));
-        assert!(may_create("owner", &a, secs(0)));
+        assert!(!may_take("me", &a, secs(5)));
+        assert!(may_take("me", &a, secs(6)));
+        assert!(may_take("owner", &a, secs(0)));
     }
 
     #[test]

@@ -140,7 +140,7 @@ impl<S: LeaseStore> Elector<S> {
         self.last_contact.send_replace(Some(Instant::now()));
         let Some(read) = read else {
             let absent_for = at.saturating_sub(*self.absent_since.get_or_insert(at));
-            if !election::may_create(&self.identity, &self.ownership(), absent_for) {
+            if !election::may_take(&self.identity, &self.ownership(), absent_for) {
                 return Ok(None);
             }
             let record = election::initial_record(&self.identity, &self.timings, self.floor);
@@ -178,12 +178,7 @@ impl<S: LeaseStore> Elector<S> {
                     Ok(written) => {
                         tracing::info!(holder = %read.record.holder, "asked the holder to hand the lease over");
                         // Our own request must not restart our view of the holder's expiry.
-                        self.observed = Some(Observed {
-                            record: written.record.clone(),
-                            version: written.resource_version.clone(),
-                            since: observed.since,
-                        });
-                        self.read = Some(written);
+                        self.remember(written, observed.since);
                         Ok(None)
                     }
                     Err(LeaseError::Conflict) => Ok(None),
@@ -231,24 +226,24 @@ impl<S: LeaseStore> Elector<S> {
                 .ok();
         }
         let written = self.store.update(read, record, false).await?;
+        self.remember(written, self.now());
+        Ok(())
+    }
+
+    /// What this candidate itself wrote is what it last saw, as of `since`.
+    fn remember(&mut self, written: Versioned, since: election::Instant) {
         self.observed = Some(Observed {
             record: written.record.clone(),
             version: written.resource_version.clone(),
-            since: self.now(),
+            since,
         });
         self.read = Some(written);
-        Ok(())
     }
 
     fn accept(&mut self, written: Versioned, at: election::Instant) -> i32 {
         let epoch = written.record.transitions;
         self.raise_floor(epoch);
-        self.observed = Some(Observed {
-            record: written.record.clone(),
-            version: written.resource_version.clone(),
-            since: at,
-        });
-        self.read = Some(written);
+        self.remember(written, at);
         epoch
     }
 

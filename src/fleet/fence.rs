@@ -172,32 +172,36 @@ where
             let fut = self.inner.call(req);
             return Box::pin(async move { fut.await.map_err(Into::into) });
         }
+        let shared = &self.fence.inner;
         let admitted = admit(
-            &self.fence.inner.leadership.borrow(),
+            &shared.leadership.borrow(),
             self.fence.armed(),
             Instant::now(),
         );
-        let cluster = self.fence.inner.cluster.clone();
         let until = match admitted {
             Ok(until) => until,
             Err(e) => {
-                METRICS.fenced_writes_total.inc(&[&cluster, e.category()]);
-                tracing::debug!(k8s.cluster.name = %cluster, method = %req.method(), uri = %req.uri(), "write fenced");
+                METRICS
+                    .fenced_writes_total
+                    .inc(&[&shared.cluster, e.category()]);
+                tracing::debug!(k8s.cluster.name = %shared.cluster, method = %req.method(), uri = %req.uri(), "write fenced");
                 return Box::pin(async move { Err(e.into()) });
             }
         };
-        self.fence.inner.in_flight.fetch_add(1, Ordering::SeqCst);
-        let guard = InFlight(self.fence.inner.clone());
+        shared.in_flight.fetch_add(1, Ordering::SeqCst);
+        // Held to the end of the write; it also names the cluster, so that
+        // no string is copied per request.
+        let guard = InFlight(shared.clone());
         let fut = self.inner.call(req);
         Box::pin(async move {
-            let _guard = guard;
             match tokio::time::timeout_at(until, fut).await {
                 Ok(result) => result.map_err(Into::into),
                 Err(_) => {
+                    let ended = FenceError::TermEnded;
                     METRICS
                         .fenced_writes_total
-                        .inc(&[&cluster, FenceError::TermEnded.category()]);
-                    Err(FenceError::TermEnded.into())
+                        .inc(&[&guard.0.cluster, ended.category()]);
+                    Err(ended.into())
                 }
             }
         })

@@ -168,9 +168,7 @@ impl KubeLeaseStore {
         }
         lease
     }
-}
 
-impl KubeLeaseStore {
     /// A replace conditioned on the resourceVersion that was read.
     async fn replace(
         &self,

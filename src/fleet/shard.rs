@@ -1,10 +1,9 @@
-//! Which clusters a replica should contest: rendezvous (highest random
+//! Which replica owns each cluster: rendezvous (highest random
 //! weight) hashing over the live replicas, with a load bound so that every
 //! replica gets ⌊C/R⌋ or ⌈C/R⌉ clusters. Pure and deterministic: every
 //! replica that sees the same replicas and clusters computes the same map.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 /// FNV-1a, 64 bit: stable across builds and versions, unlike std's hasher,
 /// so replicas of different releases agree during a rollout.
@@ -64,20 +63,6 @@ pub fn assign<'a>(
         }
     }
     out
-}
-
-/// Whether `me` should contest `cluster`: it is mine by assignment, or its
-/// Lease has been expired (as this replica observes it) for longer than
-/// `grace`, so that no cluster stays leaderless while its owner is gone.
-pub fn should_contest(
-    me: &str,
-    cluster: &str,
-    assignment: &BTreeMap<String, &str>,
-    expired_for: Option<Duration>,
-    grace: Duration,
-) -> bool {
-    assignment.get(cluster).is_some_and(|owner| *owner == me)
-        || expired_for.is_some_and(|d| d > grace)
 }
 
 #[cfg(test)]
@@ -147,28 +132,5 @@ mod tests {
     #[test]
     fn no_replicas_means_no_owners() {
         assert!(assign(&names("member", 3), &BTreeSet::new()).is_empty());
-    }
-
-    #[test]
-    fn contest_own_clusters_and_long_expired_ones_only() {
-        let replicas = set(&["a", "b"]);
-        let clusters = set(&["m1", "m2"]);
-        let a = assign(&clusters, &replicas);
-        let grace = Duration::from_secs(5);
-        for c in ["m1", "m2"] {
-            let mine = a[c] == "a";
-            assert_eq!(should_contest("a", c, &a, None, grace), mine);
-            assert_eq!(
-                should_contest("a", c, &a, Some(Duration::from_secs(3)), grace),
-                mine
-            );
-            assert!(should_contest(
-                "a",
-                c,
-                &a,
-                Some(Duration::from_secs(6)),
-                grace
-            ));
-        }
     }
 }

@@ -89,18 +89,16 @@ impl Context {
     /// An early check before a write is built: refuse unless this replica
     /// leads at this term's epoch. The wire fence checks again, later.
     pub fn ensure_leading(&self) -> Result<(), super::ReconcileError> {
-        match &self.settings.leadership {
-            None => Ok(()),
-            Some(rx) => match &*rx.borrow() {
-                crate::fleet::elector::Leadership::Leading { epoch, until, .. }
-                    if Some(*epoch) == self.settings.writer.epoch
-                        && tokio::time::Instant::now() < *until =>
-                {
-                    Ok(())
-                }
-                _ => Err(super::ReconcileError::NotLeader),
-            },
-        }
+        let Some(rx) = &self.settings.leadership else {
+            return Ok(());
+        };
+        crate::fleet::fence::admit(
+            &rx.borrow(),
+            self.settings.writer.epoch,
+            tokio::time::Instant::now(),
+        )
+        .map(|_| ())
+        .map_err(|_| super::ReconcileError::NotLeader)
     }
 }
 
