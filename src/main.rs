@@ -154,6 +154,8 @@ fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
     o.insecure = args.grpc_insecure;
     o.reflection = args.grpc_reflection;
     o.max_wait = args.grpc_max_wait;
+    o.max_streams = args.grpc_max_streams as usize;
+    o.max_stream_age = args.grpc_max_stream_age;
     o.token = match &args.grpc_token_file {
         Some(p) => Some(read_token(p, "--grpc-token-file")?),
         None => None,

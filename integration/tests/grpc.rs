@@ -527,8 +527,11 @@ async fn watch_sends_a_snapshot_then_changes_and_resumes_without_loss() {
         .await
         .expect("watch")
         .into_inner();
+    let reset = next_event(&mut stream).await;
+    assert_eq!(reset.r#type, pb::WatchEventType::Reset as i32);
     let snap = next_event(&mut stream).await;
     assert_eq!(snap.r#type, pb::WatchEventType::Snapshot as i32);
+    assert_eq!(snap.revision, 0, "a snapshot item is no resume point");
     assert_eq!(snap.microservice.as_ref().unwrap().name, "alpha");
     let synced = next_event(&mut stream).await;
     assert_eq!(synced.r#type, pb::WatchEventType::Synced as i32);
@@ -611,9 +614,9 @@ async fn watch_sends_a_snapshot_then_changes_and_resumes_without_loss() {
     let mut upserted = BTreeSet::new();
     loop {
         let e = next_event(&mut resumed).await;
-        assert_ne!(
-            e.r#type,
-            pb::WatchEventType::Snapshot as i32,
+        assert!(
+            e.r#type != pb::WatchEventType::Snapshot as i32
+                && e.r#type != pb::WatchEventType::Reset as i32,
             "a resume sends no snapshot"
         );
         if e.r#type == pb::WatchEventType::Synced as i32 {
@@ -635,6 +638,8 @@ async fn watch_sends_a_snapshot_then_changes_and_resumes_without_loss() {
         .await
         .expect("watch")
         .into_inner();
+    let e = next_event(&mut elsewhere).await;
+    assert_eq!(e.r#type, pb::WatchEventType::Reset as i32);
     let e = next_event(&mut elsewhere).await;
     assert_eq!(e.r#type, pb::WatchEventType::Snapshot as i32);
     assert_eq!(e.microservice.unwrap().name, "beta");
@@ -986,6 +991,10 @@ async fn rotated_certificates_client_ca_and_token_apply_without_a_restart_or_a_d
         .await
         .expect("watch")
         .into_inner();
+    assert_eq!(
+        next_event(&mut stream).await.r#type,
+        pb::WatchEventType::Reset as i32
+    );
     let synced = next_event(&mut stream).await;
     assert_eq!(synced.r#type, pb::WatchEventType::Synced as i32);
 

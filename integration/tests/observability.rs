@@ -577,3 +577,92 @@ async fn readyz_is_503_until_every_cluster_has_synced_or_is_given_up() {
     .await;
     drop(hanging);
 }
+
+#[tokio::test]
+async fn sigterm_ends_open_streams_unavailable_exits_in_its_grace_and_flushes_the_last_spans() {
+    let (receiver, port) = Receiver::start().await;
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "otel-term").await;
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    // Spans leave only when flushed: the batch timer never fires first.
+    replicas.env = vec![
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+            format!("http://127.0.0.1:{port}"),
+        ),
+        ("OTEL_BSP_SCHEDULE_DELAY".into(), "600000".into()),
+    ];
+    replicas.start("r1");
+    let mut client = eventually("gRPC up", Duration::from_secs(30), || async {
+        let mut c = connect(&ClientOptions {
+            server: replicas.grpc_url("r1"),
+            ..Default::default()
+        })
+        .await
+        .ok()?;
+        c.list_clusters(pb::ListClustersRequest {}).await.ok()?;
+        Some(c)
+    })
+    .await;
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let mut s = client
+            .watch_microservices(pb::WatchMicroservicesRequest {
+                namespace: ns.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        loop {
+            let e = futures::StreamExt::next(&mut s).await.unwrap().unwrap();
+            if e.r#type == pb::WatchEventType::Synced as i32 {
+                break;
+            }
+        }
+        streams.push(s);
+    }
+    // The last span before the signal, marked by its trace id.
+    let last_trace = "6bf92f3577b34da6a3ce929d0e0e4738";
+    let mut request = tonic::Request::new(pb::ListClustersRequest {});
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{last_trace}-00f067aa0ba902b7-01")
+            .parse()
+            .unwrap(),
+    );
+    client.list_clusters(request).await.expect("list");
+    assert!(
+        !receiver
+            .spans()
+            .iter()
+            .any(|r| hex(&r.span.trace_id) == last_trace),
+        "exported before the flush: the test would prove nothing"
+    );
+
+    let signalled = std::time::Instant::now();
+    let mut child = replicas.sigterm("r1");
+    for mut s in streams {
+        let end = tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut s))
+            .await
+            .expect("the stream ends within the grace")
+            .expect("a status, not a silent end")
+            .expect_err("an error status");
+        assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
+    }
+    let exited = eventually("the process exits", Duration::from_secs(15), || {
+        let status = child.try_wait().expect("wait");
+        async move { status }
+    })
+    .await;
+    let took = signalled.elapsed();
+    assert!(exited.success(), "{exited:?}");
+    println!("figure: SIGTERM to exit with 3 open streams {took:?}");
+    assert!(
+        receiver
+            .spans()
+            .iter()
+            .any(|r| hex(&r.span.trace_id) == last_trace),
+        "the last span was not flushed at exit"
+    );
+}

@@ -9,7 +9,9 @@ pub mod deadline;
 pub mod request;
 pub mod server;
 pub mod service;
+pub mod streams;
 pub mod tls;
+pub mod watch;
 
 /// Generated from `proto/flotilla/v1/fleet.proto`.
 pub mod pb {

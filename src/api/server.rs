@@ -15,7 +15,9 @@ use tonic_health::ServingStatus;
 use super::auth::BearerToken;
 use super::pb::fleet_status_server::FleetStatusServer;
 use super::service::FleetStatusService;
+use super::streams::Streams;
 use super::tls::{Rotating, watch_files};
+use super::watch::WatchLimits;
 use super::{ApiError, pb};
 use crate::status::hub::Hub;
 use crate::telemetry::grpc_layer::GrpcTelemetryLayer;
@@ -40,6 +42,13 @@ pub struct ServerOptions {
     pub max_wait: Duration,
     /// The cap on unary calls.
     pub unary_timeout: Duration,
+    /// Open watch and wait streams this replica serves at once.
+    pub max_streams: usize,
+    /// A watch stream's longest life; the client resumes on another.
+    pub max_stream_age: Duration,
+    /// How long a stream's reader may leave its buffer full.
+    pub stream_stall: Duration,
+    pub bookmark_every: Duration,
 }
 
 impl ServerOptions {
@@ -56,6 +65,10 @@ impl ServerOptions {
             max_response_bytes: 64 * 1024 * 1024,
             max_wait: Duration::from_secs(3600),
             unary_timeout: Duration::from_secs(30),
+            max_streams: 1000,
+            max_stream_age: Duration::from_secs(30 * 60),
+            stream_stall: Duration::from_secs(10),
+            bookmark_every: Duration::from_secs(20),
         }
     }
 
@@ -131,9 +144,23 @@ pub async fn serve(
         }
     });
 
+    // Streams end UNAVAILABLE as shutdown begins; tonic's graceful
+    // shutdown would otherwise wait for them forever.
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        stopping_tx.send(true).ok();
+    };
     let service = FleetStatusServer::new(FleetStatusService {
         hub,
         max_wait: opts.max_wait,
+        streams: Streams::new(opts.max_streams),
+        stall: opts.stream_stall,
+        watch: WatchLimits {
+            bookmark_every: opts.bookmark_every,
+            max_age: opts.max_stream_age,
+        },
+        shutdown: stopping,
     })
     .max_decoding_message_size(opts.max_request_bytes)
     .max_encoding_message_size(opts.max_response_bytes);

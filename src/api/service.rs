@@ -6,85 +6,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::deadline;
 use super::request;
+use super::streams::{self, Streams};
+use super::watch::{self as watch_stream, WatchLimits};
 use super::{ApiError, convert, pb};
 use crate::status::hub::Hub;
-use crate::status::index::{Filter, Key, MicroserviceView};
+use crate::status::index::{Key, MicroserviceView};
 use crate::status::view::{self, Entry, RolloutResult, Target};
 use crate::telemetry::links;
 use tracing::Instrument;
 
 pub type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-/// Room for a burst of events per stream; a slow reader makes its own
-/// stream catch up later, it never blocks the index.
-const STREAM_BUFFER: usize = 256;
-
 pub struct FleetStatusService {
     pub hub: Arc<Hub>,
     /// The longest a WaitForRollout may run.
     pub max_wait: Duration,
-}
-
-fn watch_event(
-    type_: pb::WatchEventType,
-    revision: u64,
-    index_id: &str,
-    ms: pb::Microservice,
-) -> pb::WatchEvent {
-    pb::WatchEvent {
-        r#type: type_ as i32,
-        revision,
-        index_id: index_id.to_string(),
-        microservice: Some(ms),
-    }
-}
-
-fn deleted(key: &Key) -> pb::Microservice {
-    pb::Microservice {
-        namespace: key.0.clone(),
-        name: key.1.clone(),
-        ..Default::default()
-    }
-}
-
-/// Snapshot events, or the changes since `resume` when it still applies.
-fn catch_up(hub: &Hub, filter: &Filter, resume: Option<u64>) -> (Vec<pb::WatchEvent>, u64) {
-    use pb::WatchEventType as T;
-    let id = hub.index_id.as_str();
-    hub.read(|ix| {
-        let now = ix.revision();
-        if let Some(changes) = resume.and_then(|r| ix.changes_since(r, filter)) {
-            let events = changes
-                .into_iter()
-                .map(|(rev, key, view)| match view {
-                    Some(v) => watch_event(T::Upsert, rev, id, convert::microservice(&v)),
-                    None => watch_event(T::Delete, rev, id, deleted(&key)),
-                })
-                .collect();
-            return (events, now);
-        }
-        let events = ix
-            .list(filter, None, usize::MAX)
-            .iter()
-            .map(|v| watch_event(T::Snapshot, now, id, convert::microservice(v)))
-            .collect();
-        (events, now)
-    })
-}
-
-async fn send_all<T>(tx: &mpsc::Sender<Result<T, Status>>, items: Vec<T>) -> bool {
-    for item in items {
-        if tx.send(Ok(item)).await.is_err() {
-            return false;
-        }
-    }
-    true
+    /// Open watch and wait streams, against the server-wide cap.
+    pub streams: Arc<Streams>,
+    /// How long a stream's reader may leave its buffer full.
+    pub stall: Duration,
+    pub watch: WatchLimits,
+    /// Turns true when the server shuts down: every stream ends UNAVAILABLE.
+    pub shutdown: watch::Receiver<bool>,
 }
 
 /// The rollout as it stands: the entries judged against the target.
@@ -219,34 +167,16 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         let hub = self.hub.clone();
         let resume =
             (r.resume_revision > 0 && r.index_id == hub.index_id).then_some(r.resume_revision);
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let mut changed = hub.subscribe();
-        tokio::spawn(async move {
-            let (events, mut last) = catch_up(&hub, &filter, resume);
-            let synced = pb::WatchEvent {
-                r#type: pb::WatchEventType::Synced as i32,
-                revision: last,
-                index_id: hub.index_id.clone(),
-                microservice: None,
-            };
-            if !send_all(&tx, events).await || !send_all(&tx, vec![synced]).await {
-                return;
-            }
-            loop {
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    c = changed.changed() => if c.is_err() { return },
-                }
-                // Level-based: whatever changed since `last`, however many
-                // revisions passed while this stream was busy.
-                let (events, now) = catch_up(&hub, &filter, Some(last));
-                if !send_all(&tx, events).await {
-                    return;
-                }
-                last = now;
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let (out, inbox) = streams::channel(self.streams.open()?, self.stall);
+        tokio::spawn(watch_stream::run(
+            hub,
+            filter,
+            resume,
+            out,
+            self.watch,
+            self.shutdown.clone(),
+        ));
+        Ok(Response::new(Box::pin(inbox)))
     }
 
     type WaitForRolloutStream = EventStream<pb::RolloutProgress>;
@@ -280,7 +210,8 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                 ))),
             }
         })?;
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let (mut out, inbox) = streams::channel(self.streams.open()?, self.stall);
+        let mut shutdown = self.shutdown.clone();
         let mut changed = hub.subscribe();
         let until = tokio::time::Instant::now() + wait;
         // Outlives the call's server span: the stream runs on after the response starts.
@@ -304,7 +235,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                         .as_ref()
                         .is_some_and(|p| p.clusters == msg.clusters && p.result == msg.result);
                     if !same {
-                        if tx.send(Ok(msg.clone())).await.is_err() {
+                        if out.send(msg.clone()).await.is_err() {
                             return;
                         }
                         last_sent = Some(msg.clone());
@@ -319,14 +250,19 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                         return;
                     }
                     tokio::select! {
-                        _ = tx.closed() => return,
+                        _ = out.closed() => return,
+                        _ = streams::shutting_down(&mut shutdown) => {
+                            span.record("result", "UNAVAILABLE");
+                            out.end(Status::unavailable("the replica is shutting down; ask another replica"));
+                            return;
+                        }
                         c = changed.changed() => if c.is_err() { return },
                         _ = tokio::time::sleep_until(until) => {
                             let mut end = msg;
                             end.result = pb::RolloutResult::DeadlineExceeded as i32;
                             end.summary = format!("deadline of {wait:?} exceeded: {}", end.summary);
                             span.record("result", "DEADLINE_EXCEEDED");
-                            let _ = tx.send(Ok(end)).await;
+                            let _ = out.send(end).await;
                             return;
                         }
                     }
@@ -334,7 +270,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             }
             .instrument(task_span),
         );
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(inbox)))
     }
 }
 

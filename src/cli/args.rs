@@ -210,6 +210,14 @@ pub struct RunArgs {
     /// The longest a WaitForRollout call may run.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_WAIT", default_value = "1h", value_parser = parse_duration)]
     pub grpc_max_wait: Duration,
+    /// Watch and wait streams this replica serves at once; more are refused
+    /// with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "FLOTILLA_GRPC_MAX_STREAMS", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_streams: u32,
+    /// A watch stream's longest life: it then ends UNAVAILABLE and the client
+    /// resumes, so long-lived streams spread over replicas.
+    #[arg(long, env = "FLOTILLA_GRPC_MAX_STREAM_AGE", default_value = "30m", value_parser = parse_duration)]
+    pub grpc_max_stream_age: Duration,
     /// Fleet mode: where /metrics, /healthz and /readyz are served.
     #[arg(long, env = "FLOTILLA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: std::net::SocketAddr,

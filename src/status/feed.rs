@@ -3,10 +3,12 @@
 //! whether it leads the cluster or not, so any replica answers for all.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{Event, watcher};
 use kube::{Api, Client, ResourceExt};
 
@@ -50,8 +52,15 @@ enum Item {
     Dep(Box<Event<Deployment>>),
 }
 
+/// A status watch that keeps failing for this long makes the cluster's
+/// entries Unknown: past it, what this replica shows may be stale.
+const STALE_AFTER: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
 /// Runs until dropped. Relists replace the cluster's entries, so nothing
-/// deleted while a watch was down lingers.
+/// deleted while a watch was down lingers. Every error restarts both
+/// watches with a relist, so a recovery is always seen as a completed
+/// listing, even on a cluster where nothing changes.
 pub async fn run(
     client: Client,
     cluster: String,
@@ -59,7 +68,59 @@ pub async fn run(
     streaming_lists: bool,
     hub: Arc<Hub>,
 ) {
-    let (ms_api, dep_api): (Api<Microservice>, Api<Deployment>) = match &namespace {
+    let mut health = Health::default();
+    loop {
+        let error = watch_until_error(
+            client.clone(),
+            &cluster,
+            namespace.as_deref(),
+            streaming_lists,
+            &hub,
+            &mut health,
+        )
+        .await;
+        let since = *health.failing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= STALE_AFTER {
+            if !health.marked {
+                tracing::warn!(k8s.cluster.name = %cluster, error = %error, "status watch keeps failing; entries are shown as Unknown");
+            }
+            health.marked = true;
+            hub.update(|ix| ix.update_cluster(&cluster, "", |c| c.feed_error = Some(error)));
+        } else {
+            tracing::debug!(k8s.cluster.name = %cluster, error = %error, "status watch error");
+        }
+        tokio::time::sleep(health.backoff).await;
+        health.backoff = (health.backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+#[derive(Debug)]
+struct Health {
+    failing_since: Option<Instant>,
+    marked: bool,
+    backoff: Duration,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            failing_since: None,
+            marked: false,
+            backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Both watches, folded into the hub until either fails.
+async fn watch_until_error(
+    client: Client,
+    cluster: &str,
+    namespace: Option<&str>,
+    streaming_lists: bool,
+    hub: &Hub,
+    health: &mut Health,
+) -> String {
+    let (ms_api, dep_api): (Api<Microservice>, Api<Deployment>) = match namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client, ns),
@@ -68,24 +129,15 @@ pub async fn run(
     };
     let base = crate::watching::config(streaming_lists);
     let managed = crate::watching::managed(streaming_lists);
-    let ms = watcher(ms_api, base)
-        .default_backoff()
-        .map(|e| e.map(|m| Item::Ms(Box::new(m))));
-    let deps = watcher(dep_api, managed)
-        .default_backoff()
-        .map(|e| e.map(|d| Item::Dep(Box::new(d))));
+    let ms = watcher(ms_api, base).map(|e| e.map(|m| Item::Ms(Box::new(m))));
+    let deps = watcher(dep_api, managed).map(|e| e.map(|d| Item::Dep(Box::new(d))));
     let mut events = std::pin::pin!(stream::select(ms, deps));
     let (mut ms_init, mut dep_init) = (Vec::new(), Vec::new());
     let (mut ms_synced, mut dep_synced, mut announced) = (false, false, false);
     while let Some(event) = events.next().await {
         let item = match event {
             Ok(item) => item,
-            Err(e) => {
-                // Reachability is judged by the elector's Lease reads; the
-                // watcher retries on its own backoff.
-                tracing::debug!(k8s.cluster.name = %cluster, error = %e, "status watch error");
-                continue;
-            }
+            Err(e) => return e.to_string(),
         };
         match item {
             Item::Ms(event) => match *event {
@@ -93,31 +145,41 @@ pub async fn run(
                 Event::InitApply(o) => ms_init.push((key(&o), facts(&o))),
                 Event::InitDone => {
                     let items = std::mem::take(&mut ms_init);
-                    hub.update(|ix| ix.replace_microservices(&cluster, items));
+                    hub.update(|ix| ix.replace_microservices(cluster, items));
                     ms_synced = true;
                 }
                 Event::Apply(o) => {
-                    hub.update(|ix| ix.upsert_microservice(&cluster, key(&o), facts(&o)))
+                    hub.update(|ix| ix.upsert_microservice(cluster, key(&o), facts(&o)))
                 }
-                Event::Delete(o) => hub.update(|ix| ix.delete_microservice(&cluster, &key(&o))),
+                Event::Delete(o) => hub.update(|ix| ix.delete_microservice(cluster, &key(&o))),
             },
             Item::Dep(event) => match *event {
                 Event::Init => dep_init.clear(),
                 Event::InitApply(o) => dep_init.push((key(&o), replicas(&o))),
                 Event::InitDone => {
                     let items = std::mem::take(&mut dep_init);
-                    hub.update(|ix| ix.replace_replicas(&cluster, items));
+                    hub.update(|ix| ix.replace_replicas(cluster, items));
                     dep_synced = true;
                 }
                 Event::Apply(o) => {
-                    hub.update(|ix| ix.upsert_replicas(&cluster, key(&o), replicas(&o)))
+                    hub.update(|ix| ix.upsert_replicas(cluster, key(&o), replicas(&o)))
                 }
-                Event::Delete(o) => hub.update(|ix| ix.delete_replicas(&cluster, &key(&o))),
+                Event::Delete(o) => hub.update(|ix| ix.delete_replicas(cluster, &key(&o))),
             },
         }
         if ms_synced && dep_synced && !announced {
-            hub.update(|ix| ix.update_cluster(&cluster, "", |c| c.synced = true));
             announced = true;
+            if health.marked {
+                tracing::info!(k8s.cluster.name = %cluster, "status watch recovered");
+            }
+            *health = Health::default();
+            hub.update(|ix| {
+                ix.update_cluster(cluster, "", |c| {
+                    c.synced = true;
+                    c.feed_error = None;
+                })
+            });
         }
     }
+    "the watch ended".to_string()
 }

@@ -1,8 +1,10 @@
 //! The fleet-wide status index: every cluster's Microservices and their
 //! Deployments' counts, with a revision per change so watchers can resume.
-//! A plain data structure; the edges feed it and read it under a lock.
+//! A plain data structure; the edges feed it under a lock and read it from
+//! a [`Snapshot`], taken in O(1) under the lock and read outside it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use super::selector::Selector;
 use super::view::{self, Aggregate, ClusterInfo, Entry, Facts, Replicas};
@@ -29,18 +31,33 @@ pub struct Filter {
     pub cluster: Option<String>,
 }
 
-/// A change for a watcher: the key's view now, or `None` if it is gone
-/// (or no longer matches).
-pub type Change = (u64, Key, Option<MicroserviceView>);
+impl Filter {
+    pub fn namespace_matches(&self, key: &Key) -> bool {
+        self.namespace.as_ref().is_none_or(|ns| *ns == key.0)
+    }
+}
+
+type PerCluster<T> = Arc<BTreeMap<String, T>>;
+
+/// The index's state at one revision. Clones share the maps; a writer
+/// copies only what it changes (`Arc::make_mut`), so readers never hold
+/// the lock while they build views, filter or encode.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    revision: u64,
+    clusters: Arc<BTreeMap<String, ClusterInfo>>,
+    objects: Arc<BTreeMap<Key, PerCluster<Facts>>>,
+    replicas: Arc<BTreeMap<Key, PerCluster<Replicas>>>,
+}
 
 #[derive(Debug, Default)]
 pub struct Index {
-    revision: u64,
-    clusters: BTreeMap<String, ClusterInfo>,
-    objects: BTreeMap<Key, BTreeMap<String, Facts>>,
-    replicas: BTreeMap<Key, BTreeMap<String, Replicas>>,
+    state: Snapshot,
+    /// Each key's latest change, by revision, and the reverse.
+    log: BTreeMap<u64, Key>,
     changed_at: BTreeMap<Key, u64>,
-    tombstones: BTreeMap<Key, u64>,
+    /// The part of `log` whose keys are gone, oldest first.
+    tombstones: BTreeMap<u64, Key>,
     /// Resuming from before this revision needs a snapshot.
     compacted: u64,
     /// The registry has been read at least once.
@@ -49,27 +66,32 @@ pub struct Index {
 
 impl Index {
     pub fn revision(&self) -> u64 {
-        self.revision
+        self.state.revision
+    }
+
+    /// The current state, to read outside the lock.
+    pub fn snapshot(&self) -> Snapshot {
+        self.state.clone()
     }
 
     fn touch(&mut self, key: &Key) {
-        self.revision += 1;
-        if self.objects.contains_key(key) {
-            self.tombstones.remove(key);
-            self.changed_at.insert(key.clone(), self.revision);
-        } else {
-            self.changed_at.remove(key);
-            self.tombstones.insert(key.clone(), self.revision);
-            if self.tombstones.len() > TOMBSTONES
-                && let Some((oldest, rev)) = self
-                    .tombstones
-                    .iter()
-                    .min_by_key(|(_, r)| **r)
-                    .map(|(k, r)| (k.clone(), *r))
-            {
-                self.tombstones.remove(&oldest);
-                self.compacted = self.compacted.max(rev);
-            }
+        self.state.revision += 1;
+        let rev = self.state.revision;
+        if let Some(old) = self.changed_at.insert(key.clone(), rev) {
+            self.log.remove(&old);
+            self.tombstones.remove(&old);
+        }
+        self.log.insert(rev, key.clone());
+        if self.state.objects.contains_key(key) {
+            return;
+        }
+        self.tombstones.insert(rev, key.clone());
+        if self.tombstones.len() > TOMBSTONES
+            && let Some((oldest, k)) = self.tombstones.pop_first()
+        {
+            self.log.remove(&oldest);
+            self.changed_at.remove(&k);
+            self.compacted = self.compacted.max(oldest);
         }
     }
 
@@ -81,15 +103,16 @@ impl Index {
 
     /// Ready to serve: the registry was read and every cluster settled.
     pub fn ready(&self) -> bool {
-        self.registry_read && self.clusters.values().all(ClusterInfo::settled)
+        self.registry_read && self.state.clusters.values().all(ClusterInfo::settled)
     }
 
     pub fn clusters(&self) -> &BTreeMap<String, ClusterInfo> {
-        &self.clusters
+        &self.state.clusters
     }
 
     fn keys_in(&self, cluster: &str) -> Vec<Key> {
-        self.objects
+        self.state
+            .objects
             .iter()
             .filter(|(_, by)| by.contains_key(cluster))
             .map(|(k, _)| k.clone())
@@ -97,15 +120,15 @@ impl Index {
     }
 
     /// Changes a cluster's info; its entries change revision when what
-    /// they report (reachability) changes.
+    /// they report (reachability, a failing feed) changes.
     pub fn update_cluster(&mut self, name: &str, source: &str, f: impl FnOnce(&mut ClusterInfo)) {
-        let info = self
-            .clusters
+        let clusters = Arc::make_mut(&mut self.state.clusters);
+        let info = clusters
             .entry(name.to_string())
             .or_insert_with(|| ClusterInfo::new(source));
-        let before = info.reach;
+        let before = (info.reach, info.feed_error.clone());
         f(info);
-        if info.reach != before {
+        if (info.reach, &info.feed_error) != (before.0, &before.1) {
             for key in self.keys_in(name) {
                 self.touch(&key);
             }
@@ -115,13 +138,14 @@ impl Index {
     /// Forgets clusters no longer registered, and everything they held.
     pub fn retain_clusters(&mut self, registered: &BTreeSet<String>) {
         let gone: Vec<String> = self
+            .state
             .clusters
             .keys()
             .filter(|c| !registered.contains(*c))
             .cloned()
             .collect();
         for cluster in gone {
-            self.clusters.remove(&cluster);
+            Arc::make_mut(&mut self.state.clusters).remove(&cluster);
             self.replace_microservices(&cluster, Vec::new());
             self.replace_replicas(&cluster, Vec::new());
         }
@@ -130,23 +154,38 @@ impl Index {
     // ---- Microservices and Deployments, per cluster
 
     pub fn upsert_microservice(&mut self, cluster: &str, key: Key, facts: Facts) {
-        let by = self.objects.entry(key.clone()).or_default();
-        if by.get(cluster) != Some(&facts) {
-            by.insert(cluster.to_string(), facts);
-            self.touch(&key);
+        let same = self
+            .state
+            .objects
+            .get(&key)
+            .and_then(|by| by.get(cluster))
+            .is_some_and(|f| *f == facts);
+        if same {
+            return;
         }
+        let objects = Arc::make_mut(&mut self.state.objects);
+        Arc::make_mut(objects.entry(key.clone()).or_default()).insert(cluster.to_string(), facts);
+        self.touch(&key);
     }
 
     pub fn delete_microservice(&mut self, cluster: &str, key: &Key) {
-        let Some(by) = self.objects.get_mut(key) else {
+        if !self
+            .state
+            .objects
+            .get(key)
+            .is_some_and(|by| by.contains_key(cluster))
+        {
             return;
-        };
-        if by.remove(cluster).is_some() {
-            if by.is_empty() {
-                self.objects.remove(key);
-            }
-            self.touch(key);
         }
+        let objects = Arc::make_mut(&mut self.state.objects);
+        if let Some(by) = objects.get_mut(key) {
+            let by = Arc::make_mut(by);
+            by.remove(cluster);
+            if by.is_empty() {
+                objects.remove(key);
+            }
+        }
+        self.touch(key);
     }
 
     /// After a (re)list: the cluster holds exactly `items`.
@@ -162,40 +201,56 @@ impl Index {
         }
     }
 
+    fn has_microservice(&self, cluster: &str, key: &Key) -> bool {
+        self.state
+            .objects
+            .get(key)
+            .is_some_and(|o| o.contains_key(cluster))
+    }
+
     pub fn upsert_replicas(&mut self, cluster: &str, key: Key, counts: Replicas) {
-        let by = self.replicas.entry(key.clone()).or_default();
-        if by.get(cluster) != Some(&counts) {
-            by.insert(cluster.to_string(), counts);
-            if self
-                .objects
-                .get(&key)
-                .is_some_and(|o| o.contains_key(cluster))
-            {
-                self.touch(&key);
-            }
+        let same = self
+            .state
+            .replicas
+            .get(&key)
+            .and_then(|by| by.get(cluster))
+            .is_some_and(|c| *c == counts);
+        if same {
+            return;
+        }
+        let replicas = Arc::make_mut(&mut self.state.replicas);
+        Arc::make_mut(replicas.entry(key.clone()).or_default()).insert(cluster.to_string(), counts);
+        if self.has_microservice(cluster, &key) {
+            self.touch(&key);
         }
     }
 
     pub fn delete_replicas(&mut self, cluster: &str, key: &Key) {
-        if let Some(by) = self.replicas.get_mut(key)
-            && by.remove(cluster).is_some()
+        if !self
+            .state
+            .replicas
+            .get(key)
+            .is_some_and(|by| by.contains_key(cluster))
         {
+            return;
+        }
+        let replicas = Arc::make_mut(&mut self.state.replicas);
+        if let Some(by) = replicas.get_mut(key) {
+            let by = Arc::make_mut(by);
+            by.remove(cluster);
             if by.is_empty() {
-                self.replicas.remove(key);
+                replicas.remove(key);
             }
-            if self
-                .objects
-                .get(key)
-                .is_some_and(|o| o.contains_key(cluster))
-            {
-                self.touch(key);
-            }
+        }
+        if self.has_microservice(cluster, key) {
+            self.touch(key);
         }
     }
 
     pub fn replace_replicas(&mut self, cluster: &str, items: Vec<(Key, Replicas)>) {
         let keep: BTreeSet<Key> = items.iter().map(|(k, _)| k.clone()).collect();
         let stale: Vec<Key> = self
+            .state
             .replicas
             .iter()
             .filter(|(k, by)| by.contains_key(cluster) && !keep.contains(*k))
@@ -210,13 +265,55 @@ impl Index {
     }
 
     pub fn microservices_in(&self, cluster: &str) -> usize {
+        self.state.microservices_in(cluster)
+    }
+
+    // ---- queries
+
+    pub fn view(&self, key: &Key, cluster: Option<&str>) -> Option<MicroserviceView> {
+        self.state.view(key, cluster)
+    }
+
+    pub fn list(
+        &self,
+        filter: &Filter,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Vec<MicroserviceView> {
+        self.state.list(filter, after, limit).collect()
+    }
+
+    /// The keys changed after `revision`, oldest first, each with its latest
+    /// revision (a key changed twice appears once). `None` when that
+    /// revision is too old to resume from, or from the future.
+    pub fn changes_since(&self, revision: u64) -> Option<Vec<(u64, Key)>> {
+        if revision < self.compacted || revision > self.state.revision {
+            return None;
+        }
+        Some(
+            self.log
+                .range(revision + 1..)
+                .map(|(r, k)| (*r, k.clone()))
+                .collect(),
+        )
+    }
+}
+
+impl Snapshot {
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    pub fn clusters(&self) -> &BTreeMap<String, ClusterInfo> {
+        &self.clusters
+    }
+
+    pub fn microservices_in(&self, cluster: &str) -> usize {
         self.objects
             .values()
             .filter(|by| by.contains_key(cluster))
             .count()
     }
-
-    // ---- queries
 
     /// The fleet view of one Microservice, limited to one cluster if asked.
     /// `None` when no (selected) cluster has it.
@@ -242,24 +339,30 @@ impl Index {
         })
     }
 
-    fn matches(&self, key: &Key, filter: &Filter) -> Option<MicroserviceView> {
-        if filter.namespace.as_ref().is_some_and(|ns| *ns != key.0) {
+    /// The key's view under `filter`, or `None` when it does not match.
+    pub fn matching(&self, key: &Key, filter: &Filter) -> Option<MicroserviceView> {
+        if !filter.namespace_matches(key) {
             return None;
         }
-        let v = self.view(key, filter.cluster.as_deref())?;
-        v.entries
-            .iter()
-            .any(|e| filter.selector.matches(&e.facts.labels))
-            .then_some(v)
+        // Labels are checked before building the view: most keys fail here.
+        let by = self.objects.get(key)?;
+        let selected = by.iter().any(|(c, f)| {
+            filter.cluster.as_ref().is_none_or(|only| only == c)
+                && filter.selector.matches(&f.labels)
+        });
+        if !selected {
+            return None;
+        }
+        self.view(key, filter.cluster.as_deref())
     }
 
     /// Matching views in (namespace, name) order, starting after `after`.
-    pub fn list(
-        &self,
-        filter: &Filter,
+    pub fn list<'a>(
+        &'a self,
+        filter: &'a Filter,
         after: Option<&Key>,
         limit: usize,
-    ) -> Vec<MicroserviceView> {
+    ) -> impl Iterator<Item = MicroserviceView> + 'a {
         let range = match after {
             Some(k) => self.objects.range((
                 std::ops::Bound::Excluded(k.clone()),
@@ -268,34 +371,8 @@ impl Index {
             None => self.objects.range::<Key, _>(..),
         };
         range
-            .filter_map(|(k, _)| self.matches(k, filter))
+            .filter_map(move |(k, _)| self.matching(k, filter))
             .take(limit)
-            .collect()
-    }
-
-    /// Every change after `revision`, oldest first, as views under `filter`
-    /// (other namespaces are left out; a key that stopped matching is `None`).
-    /// `None` when that revision is too old to resume from.
-    pub fn changes_since(&self, revision: u64, filter: &Filter) -> Option<Vec<Change>> {
-        if revision < self.compacted || revision > self.revision {
-            return None;
-        }
-        let mut changed: Vec<(u64, &Key)> = self
-            .changed_at
-            .iter()
-            .chain(self.tombstones.iter())
-            .filter(|(k, r)| {
-                **r > revision && filter.namespace.as_ref().is_none_or(|ns| *ns == k.0)
-            })
-            .map(|(k, r)| (*r, k))
-            .collect();
-        changed.sort();
-        Some(
-            changed
-                .into_iter()
-                .map(|(r, k)| (r, k.clone(), self.matches(k, filter)))
-                .collect(),
-        )
     }
 }
 
@@ -373,16 +450,17 @@ mod tests {
         let seen = ix.revision();
         ix.replace_microservices("m1", vec![(key("a"), facts(2, "pay"))]);
         let all = Filter::default();
-        let changes = ix.changes_since(seen, &all).unwrap();
+        let snap = ix.snapshot();
+        let changes = ix.changes_since(seen).unwrap();
         let summary: Vec<(String, bool)> = changes
             .iter()
-            .map(|(_, k, v)| (k.1.clone(), v.is_some()))
+            .map(|(_, k)| (k.1.clone(), snap.matching(k, &all).is_some()))
             .collect();
         // b was deleted first, then a changed.
         assert_eq!(summary, [("b".into(), false), ("a".into(), true)]);
         assert!(changes.windows(2).all(|w| w[0].0 < w[1].0));
-        assert!(ix.changes_since(ix.revision(), &all).unwrap().is_empty());
-        assert!(ix.changes_since(ix.revision() + 1, &all).is_none());
+        assert!(ix.changes_since(ix.revision()).unwrap().is_empty());
+        assert!(ix.changes_since(ix.revision() + 1).is_none());
     }
 
     #[test]
@@ -392,8 +470,8 @@ mod tests {
         ix.upsert_microservice("m1", key("a"), facts(1, "pay"));
         let seen = ix.revision();
         ix.update_cluster("m1", "file x", |c| c.reach = Reach::Unreachable);
-        let changes = ix.changes_since(seen, &Filter::default()).unwrap();
-        let v = changes[0].2.as_ref().unwrap();
+        let changes = ix.changes_since(seen).unwrap();
+        let v = ix.view(&changes[0].1, None).unwrap();
         assert_eq!(v.entries[0].state, view::EntryState::Unknown);
         // Holder changes alone are not entry changes.
         let seen = ix.revision();

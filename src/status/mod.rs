@@ -7,3 +7,4 @@ pub mod hub;
 pub mod index;
 pub mod selector;
 pub mod view;
+pub mod watch;

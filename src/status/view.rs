@@ -28,6 +28,9 @@ pub struct ClusterInfo {
     pub led_here: bool,
     /// The status caches completed their first listing.
     pub synced: bool,
+    /// The status watch has been failing for a while: what this replica
+    /// shows for the cluster may be stale even though its Lease answers.
+    pub feed_error: Option<String>,
 }
 
 impl ClusterInfo {
@@ -41,6 +44,7 @@ impl ClusterInfo {
             epoch: None,
             led_here: false,
             synced: false,
+            feed_error: None,
         }
     }
 
@@ -141,7 +145,16 @@ pub fn entry(
     info: Option<&ClusterInfo>,
 ) -> Entry {
     let reach = info.map_or(Reach::Connecting, |i| i.reach);
-    let (state, reason, message) = entry_state(facts, reach);
+    let (state, reason, message) = match info.and_then(|i| i.feed_error.as_ref()) {
+        Some(error) if reach == Reach::Reachable => (
+            EntryState::Unknown,
+            "StatusWatchFailing".to_string(),
+            format!(
+                "this replica cannot watch the cluster's status ({error}); this is its last known state"
+            ),
+        ),
+        _ => entry_state(facts, reach),
+    };
     Entry {
         cluster: cluster.to_string(),
         facts: facts.clone(),

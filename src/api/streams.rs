@@ -1,0 +1,205 @@
+//! Server streams with limits: a server-wide cap on open streams, a
+//! bounded buffer per stream, and an end that overtakes what is queued, so
+//! a stream can be closed with a status even when its reader is stuck.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+/// Events queued per stream before its reader counts as stalled.
+pub const BUFFER: usize = 256;
+
+/// Counts the open streams against the cap.
+#[derive(Debug)]
+pub struct Streams {
+    open: AtomicUsize,
+    max: usize,
+}
+
+/// One open stream's place under the cap; freed on drop.
+#[derive(Debug)]
+pub struct Slot(Arc<Streams>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Streams {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Streams {
+            open: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    pub fn open(self: &Arc<Self>) -> Result<Slot, Status> {
+        let taken = self
+            .open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            });
+        match taken {
+            Ok(_) => Ok(Slot(self.clone())),
+            Err(n) => Err(Status::resource_exhausted(format!(
+                "{n} streams are open on this replica, its limit; retry later or on another replica"
+            ))),
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
+/// Resolves once the server starts shutting down (the flag turns true).
+pub async fn shutting_down(flag: &mut tokio::sync::watch::Receiver<bool>) {
+    // The guard `wait_for` returns must not live across the caller's awaits.
+    let _ = flag.wait_for(|s| *s).await.map(|_| ());
+}
+
+/// Why a send did not go through.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The client went away.
+    Closed,
+    /// The client read nothing for the stall limit; the stream was ended.
+    Stalled,
+}
+
+/// The sending half, for the task that produces the stream.
+pub struct Outbox<T> {
+    tx: mpsc::Sender<Result<T, Status>>,
+    end: Option<oneshot::Sender<Status>>,
+    stall: Duration,
+}
+
+/// The half tonic reads. It holds the stream's slot.
+pub struct Inbox<T> {
+    rx: mpsc::Receiver<Result<T, Status>>,
+    end: Option<oneshot::Receiver<Status>>,
+    _slot: Slot,
+}
+
+pub fn channel<T>(slot: Slot, stall: Duration) -> (Outbox<T>, Inbox<T>) {
+    let (tx, rx) = mpsc::channel(BUFFER);
+    let (end_tx, end_rx) = oneshot::channel();
+    (
+        Outbox {
+            tx,
+            end: Some(end_tx),
+            stall,
+        },
+        Inbox {
+            rx,
+            end: Some(end_rx),
+            _slot: slot,
+        },
+    )
+}
+
+impl<T> Outbox<T> {
+    /// Queues one item. A reader that leaves the buffer full for the stall
+    /// limit is cut off with RESOURCE_EXHAUSTED; it may resume.
+    pub async fn send(&mut self, item: T) -> Result<(), Ended> {
+        match self.tx.send_timeout(Ok(item), self.stall).await {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(Ended::Closed),
+            Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
+                self.end(Status::resource_exhausted(format!(
+                    "the client read nothing for {:?} with {BUFFER} events queued; resume from the last revision received",
+                    self.stall
+                )));
+                Err(Ended::Stalled)
+            }
+        }
+    }
+
+    /// Ends the stream with `status`, ahead of anything still queued.
+    pub fn end(&mut self, status: Status) {
+        if let Some(end) = self.end.take() {
+            end.send(status).ok();
+        }
+    }
+
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+}
+
+impl<T> Stream for Inbox<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(end) = self.end.as_mut() {
+            match Pin::new(end).poll(cx) {
+                Poll::Ready(Ok(status)) => {
+                    self.end = None;
+                    self.rx.close();
+                    // Nothing queued after the end is delivered.
+                    while self.rx.try_recv().is_ok() {}
+                    return Poll::Ready(Some(Err(status)));
+                }
+                // The producer finished without an end: drain the queue.
+                Poll::Ready(Err(_)) => self.end = None,
+                Poll::Pending => {}
+            }
+        } else if self.rx.is_closed() && self.rx.is_empty() {
+            return Poll::Ready(None);
+        }
+        self.rx.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_cap_counts_open_streams_and_frees_on_drop() {
+        let streams = Streams::new(2);
+        let a = streams.open().unwrap();
+        let _b = streams.open().unwrap();
+        let refused = streams.open().unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        drop(a);
+        assert_eq!(streams.count(), 1);
+        streams.open().unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_reader_is_ended_with_resource_exhausted_ahead_of_the_queue() {
+        let streams = Streams::new(1);
+        let (mut out, mut inbox) = channel::<u32>(streams.open().unwrap(), Duration::from_secs(5));
+        for i in 0..BUFFER as u32 {
+            out.send(i).await.unwrap();
+        }
+        assert_eq!(out.send(999).await, Err(Ended::Stalled));
+        let first = inbox.next().await.unwrap();
+        assert_eq!(first.unwrap_err().code(), tonic::Code::ResourceExhausted);
+        assert!(inbox.next().await.is_none());
+        drop(inbox);
+        assert_eq!(streams.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_finished_producer_leaves_its_queue_to_be_read() {
+        let streams = Streams::new(1);
+        let (mut out, inbox) = channel::<u32>(streams.open().unwrap(), Duration::from_secs(5));
+        out.send(1).await.unwrap();
+        out.send(2).await.unwrap();
+        drop(out);
+        let got: Vec<u32> = inbox.map(|r| r.unwrap()).collect().await;
+        assert_eq!(got, [1, 2]);
+    }
+}

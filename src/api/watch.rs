@@ -1,0 +1,122 @@
+//! The WatchMicroservices stream: drives the pure planner (`status::watch`)
+//! from the hub's snapshots, outside the index lock, and encodes its events.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::Status;
+
+use super::streams::{self, Ended, Outbox};
+use super::{convert, pb};
+use crate::status::hub::Hub;
+use crate::status::index::Filter;
+use crate::status::watch::{Cursor, Event};
+
+#[derive(Debug, Clone, Copy)]
+pub struct WatchLimits {
+    /// An idle stream gets a BOOKMARK this often.
+    pub bookmark_every: Duration,
+    /// A stream is ended (UNAVAILABLE, to be resumed) after this long.
+    pub max_age: Duration,
+}
+
+fn encode(event: Event, index_id: &str) -> pb::WatchEvent {
+    use pb::WatchEventType as T;
+    let (type_, revision, microservice) = match event {
+        Event::Reset => (T::Reset, 0, None),
+        Event::Item(v) => (T::Snapshot, 0, Some(convert::microservice(&v))),
+        Event::Synced(r) => (T::Synced, r, None),
+        Event::Upsert(r, v) => (T::Upsert, r, Some(convert::microservice(&v))),
+        Event::Delete(r, k) => (
+            T::Delete,
+            r,
+            Some(pb::Microservice {
+                namespace: k.0,
+                name: k.1,
+                ..Default::default()
+            }),
+        ),
+        Event::Bookmark(r) => (T::Bookmark, r, None),
+    };
+    pb::WatchEvent {
+        r#type: type_ as i32,
+        revision,
+        index_id: index_id.to_string(),
+        microservice,
+    }
+}
+
+async fn send_all(
+    out: &mut Outbox<pb::WatchEvent>,
+    events: impl IntoIterator<Item = Event>,
+    index_id: &str,
+) -> Result<usize, Ended> {
+    let mut n = 0;
+    for e in events {
+        out.send(encode(e, index_id)).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Runs one stream until its client leaves, it stalls, it reaches its
+/// age, or the server shuts down.
+pub async fn run(
+    hub: Arc<Hub>,
+    filter: Filter,
+    resume: Option<u64>,
+    mut out: Outbox<pb::WatchEvent>,
+    limits: WatchLimits,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let id = hub.index_id.clone();
+    let mut changed = hub.subscribe();
+    let mut cursor = Cursor::new(filter);
+    let (snap, changes) = hub.read(|ix| (ix.snapshot(), resume.and_then(|r| ix.changes_since(r))));
+    let first = match changes {
+        Some(changes) => send_all(&mut out, cursor.resume(&snap, &changes), &id).await,
+        None => send_all(&mut out, cursor.snapshot(&snap), &id).await,
+    };
+    drop(snap);
+    if first.is_err() {
+        return;
+    }
+    let ends_at = Instant::now() + limits.max_age;
+    let mut quiet_until = Instant::now() + limits.bookmark_every;
+    loop {
+        tokio::select! {
+            _ = out.closed() => return,
+            _ = streams::shutting_down(&mut shutdown) => {
+                out.end(Status::unavailable("the replica is shutting down; resume from the last revision on another replica"));
+                return;
+            }
+            _ = tokio::time::sleep_until(ends_at) => {
+                out.end(Status::unavailable(format!("the stream reached its maximum age of {:?}; resume from the last revision", limits.max_age)));
+                return;
+            }
+            _ = tokio::time::sleep_until(quiet_until) => {
+                if send_all(&mut out, [cursor.bookmark()], &id).await.is_err() {
+                    return;
+                }
+                quiet_until = Instant::now() + limits.bookmark_every;
+                continue;
+            }
+            c = changed.changed() => if c.is_err() { return },
+        }
+        // Level-based: whatever changed since the cursor, however many
+        // revisions passed while this stream was busy.
+        let (snap, changes) = hub.read(|ix| (ix.snapshot(), ix.changes_since(cursor.revision())));
+        let sent = match changes {
+            Some(changes) => send_all(&mut out, cursor.changes(&snap, &changes), &id).await,
+            // Fell behind the tombstones: start over, framed by RESET.
+            None => send_all(&mut out, cursor.snapshot(&snap), &id).await,
+        };
+        match sent {
+            Ok(0) => {}
+            Ok(_) => quiet_until = Instant::now() + limits.bookmark_every,
+            Err(_) => return,
+        }
+    }
+}
