@@ -12,7 +12,6 @@ use flotilla::api::client::ClientOptions;
 use flotilla::api::server::{ServerOptions, TlsFiles};
 use flotilla::cli::args::{self, Cli, Command, LogFormat, OutputFormat, RemoteArgs, RunArgs};
 use flotilla::cli::remote::{self, Format};
-use flotilla::domain::desired::PlatformDefaults;
 use flotilla::fleet::client_budget::Budget;
 use flotilla::fleet::cluster::ReplicaSettings;
 use flotilla::fleet::election::Timings;
@@ -88,6 +87,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         .map_err(|e| e.to_string())?;
     let home = client_for(args.home_kubeconfig.as_ref(), &replica_id).await?;
     let hub = Hub::new(&replica_id);
+    let defaults = args.platform_defaults();
     let options = FleetOptions {
         home,
         home_namespace: args.home_namespace,
@@ -103,10 +103,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             namespace: args.namespace.clone(),
             budget,
             streaming_lists: args.streaming_lists,
-            defaults: PlatformDefaults {
-                otlp_endpoint: args.workload_otlp_endpoint,
-                ..PlatformDefaults::default()
-            },
+            defaults,
         },
         rescan: Duration::from_secs(2),
         hub: hub.clone(),
@@ -212,11 +209,12 @@ async fn remote(command: Command) -> u8 {
             Command::Wait(a) => {
                 let (o, f) = client_options(&a.remote)?;
                 let (namespace, name) = remote::split_key(&a.target)?;
-                use flotilla::api::pb::wait_for_rollout_request::Target;
-                let target = match (a.image, a.generation) {
-                    (Some(i), _) => Target::Image(i),
-                    (None, Some(g)) => Target::Generation(g),
-                    (None, None) => return Err("--image or --generation is required".into()),
+                let target = match a.image {
+                    Some(i) => remote::WaitTarget::Image(i),
+                    None if a.generation.is_empty() => {
+                        return Err("--image or --generation is required".into());
+                    }
+                    None => remote::WaitTarget::Generations(a.generation),
                 };
                 let w = remote::WaitFor {
                     namespace,
@@ -243,6 +241,7 @@ async fn run(args: RunArgs, holder: String) -> Result<(), String> {
         return run_fleet(args, dir, holder).await;
     }
     let client = client_for(args.kubeconfig.as_ref(), &holder).await?;
+    let defaults = args.platform_defaults();
     let mut settings = Settings::new(
         args.cluster_name,
         WriterIdentity {
@@ -250,13 +249,10 @@ async fn run(args: RunArgs, holder: String) -> Result<(), String> {
             epoch: None,
         },
     );
+    settings.defaults = defaults;
     settings.namespace = args.namespace;
     settings.resync = args.resync;
     settings.streaming_lists = args.streaming_lists;
-    settings.defaults = PlatformDefaults {
-        otlp_endpoint: args.workload_otlp_endpoint,
-        ..PlatformDefaults::default()
-    };
     tracing::info!(cluster = %settings.cluster, "starting controller");
     reconciler::run(client, settings, Hooks::default(), shutdown_signal()).await;
     tracing::info!("stopped");

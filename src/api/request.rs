@@ -105,6 +105,26 @@ pub fn target(t: Option<&pb::wait_for_rollout_request::Target>) -> Result<Target
             "generation must be at least 1, got {g}"
         ))),
         Some(T::Generation(g)) => Ok(Target::Generation(*g)),
+        Some(T::Generations(g)) => {
+            if g.otherwise < 1 {
+                return Err(ApiError::InvalidArgument(format!(
+                    "generations.otherwise must be at least 1, got {}",
+                    g.otherwise
+                )));
+            }
+            for (cluster, n) in &g.at_least {
+                dns_label("cluster", cluster)?;
+                if *n < 1 {
+                    return Err(ApiError::InvalidArgument(format!(
+                        "the generation for {cluster} must be at least 1, got {n}"
+                    )));
+                }
+            }
+            Ok(Target::Generations {
+                at_least: g.at_least.iter().map(|(c, n)| (c.clone(), *n)).collect(),
+                otherwise: g.otherwise,
+            })
+        }
     }
 }
 

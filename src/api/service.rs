@@ -15,7 +15,7 @@ use super::streams::{self, Streams};
 use super::watch::{self as watch_stream, WatchLimits};
 use super::{ApiError, convert, pb};
 use crate::status::hub::Hub;
-use crate::status::index::{Key, MicroserviceView};
+use crate::status::index::{Key, MicroserviceView, Snapshot};
 use crate::status::view::{self, Entry, RolloutResult, Target};
 use crate::telemetry::links;
 use tracing::Instrument;
@@ -40,14 +40,14 @@ fn progress(
     v: Option<&MicroserviceView>,
     required: &BTreeSet<String>,
     target: &Target,
-    hub: &Hub,
+    snap: &Snapshot,
 ) -> (Vec<Entry>, RolloutResult) {
     let entries: Vec<Entry> = required
         .iter()
         .map(
             |cluster| match v.and_then(|v| v.entries.iter().find(|e| e.cluster == *cluster)) {
                 Some(e) => view::rollout_entry(target, e),
-                None => hub.read(|ix| view::absent_entry(cluster, ix.clusters().get(cluster))),
+                None => view::absent_entry(cluster, snap.clusters().get(cluster)),
             },
         )
         .collect();
@@ -193,23 +193,18 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             deadline::effective(request::timeout(r.timeout.as_ref())?, header, self.max_wait);
         let explicit = request::clusters(&r.clusters)?;
         let hub = self.hub.clone();
-        let required: BTreeSet<String> = hub.read(|ix| {
-            if let Some(unknown) = explicit.iter().find(|c| !ix.clusters().contains_key(*c)) {
-                return Err(ApiError::NotFound(format!(
-                    "cluster {unknown} is not registered"
-                )));
-            }
-            if !explicit.is_empty() {
-                return Ok(explicit.iter().cloned().collect());
-            }
-            match ix.view(&key, None) {
-                Some(v) => Ok(v.entries.iter().map(|e| e.cluster.clone()).collect()),
-                None => Err(ApiError::NotFound(format!(
-                    "Microservice {}/{} is in no registered cluster",
-                    key.0, key.1
-                ))),
-            }
-        })?;
+        if let Some(unknown) = hub.read(|ix| {
+            explicit
+                .iter()
+                .find(|c| !ix.clusters().contains_key(*c))
+                .cloned()
+        }) {
+            return Err(ApiError::NotFound(format!("cluster {unknown} is not registered")).into());
+        }
+        // Named clusters, or every cluster the Microservice is seen in while
+        // the wait runs: one created after the call starts is waited for.
+        let follow = explicit.is_empty();
+        let mut required: BTreeSet<String> = explicit.into_iter().collect();
         let (mut out, inbox) = streams::channel(self.streams.open()?, self.stall);
         let mut shutdown = self.shutdown.clone();
         let mut changed = hub.subscribe();
@@ -227,10 +222,20 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                 let mut last_sent: Option<pb::RolloutProgress> = None;
                 let mut linked: BTreeSet<String> = BTreeSet::new();
                 loop {
-                    let (v, revision) = hub.read(|ix| (ix.view(&key, None), ix.revision()));
-                    let (entries, result) = progress(v.as_ref(), &required, &target, &hub);
+                    let snap = hub.read(|ix| ix.snapshot());
+                    let v = snap.view(&key, None);
+                    if follow && let Some(v) = &v {
+                        required.extend(v.entries.iter().map(|e| e.cluster.clone()));
+                    }
+                    let (entries, result) = progress(v.as_ref(), &required, &target, &snap);
                     link_reconciles(&span, &key, &entries, &mut linked);
-                    let msg = progress_message(&entries, &result, revision);
+                    let mut msg = progress_message(&entries, &result, snap.revision());
+                    if required.is_empty() {
+                        msg.summary = format!(
+                            "waiting for {}/{} to appear in a registered cluster",
+                            key.0, key.1
+                        );
+                    }
                     let same = last_sent
                         .as_ref()
                         .is_some_and(|p| p.clusters == msg.clusters && p.result == msg.result);

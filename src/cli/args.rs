@@ -6,6 +6,17 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use super::parse_duration;
+
+/// Whole seconds, at least one, as Kubernetes takes progressDeadlineSeconds.
+fn parse_progress_deadline(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(1) || d.subsec_nanos() != 0 || d.as_secs() > i32::MAX as u64 {
+        return Err(format!(
+            "{s:?}: the progress deadline is whole seconds, at least 1s"
+        ));
+    }
+    Ok(d)
+}
 use crate::fleet::client_budget::Budget;
 
 #[derive(Parser)]
@@ -51,7 +62,8 @@ pub enum Command {
 
 #[derive(clap::Args)]
 pub struct RemoteArgs {
-    /// A replica's gRPC address: http://HOST:PORT (plaintext) or https://HOST:PORT.
+    /// A replica's gRPC address: http://HOST:PORT (plaintext) or
+    /// https://HOST:PORT; several, comma-separated, are tried in turn.
     #[arg(
         long,
         env = "FLOTILLA_SERVER",
@@ -108,9 +120,17 @@ pub struct WaitArgs {
         required_unless_present = "generation"
     )]
     pub image: Option<String>,
-    /// Done when the generation is at least this, observed and Available.
-    #[arg(long)]
-    pub generation: Option<i64>,
+    /// Done when each cluster's generation is observed and Available:
+    /// alone, the generation each cluster has when the wait starts; N, at
+    /// least N everywhere; CLUSTER=N (repeatable), at least N there.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        default_missing_value = "current",
+        action = clap::ArgAction::Append,
+        value_parser = super::wait::parse_generation
+    )]
+    pub generation: Vec<super::wait::GenerationArg>,
     /// Only these clusters (repeatable); every cluster that has it by default.
     #[arg(long = "cluster")]
     pub clusters: Vec<String>,
@@ -177,6 +197,10 @@ pub struct RunArgs {
         default_value = "http://otel-collector.observability.svc:4317"
     )]
     pub workload_otlp_endpoint: String,
+    /// The Deployments' progressDeadlineSeconds: a rollout that makes no
+    /// progress for this long is Failed (ProgressDeadlineExceeded).
+    #[arg(long, env = "FLOTILLA_PROGRESS_DEADLINE", default_value = "10m", value_parser = parse_progress_deadline)]
+    pub progress_deadline: Duration,
     /// Start watches with streaming lists (WatchList, Kubernetes 1.32+), so
     /// starting or restarting sends no LIST requests. Set false for older clusters.
     #[arg(long, env = "FLOTILLA_STREAMING_LISTS", default_value_t = true, action = clap::ArgAction::Set)]
@@ -234,6 +258,15 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// Fleet mode: members from a kubeconfig directory, from Secrets, or both.
+    /// The platform defaults every Deployment gets, from the flags.
+    pub fn platform_defaults(&self) -> crate::domain::desired::PlatformDefaults {
+        crate::domain::desired::PlatformDefaults {
+            otlp_endpoint: self.workload_otlp_endpoint.clone(),
+            progress_deadline_seconds: self.progress_deadline.as_secs() as i32,
+            ..Default::default()
+        }
+    }
+
     pub fn fleet_mode(&self) -> bool {
         self.kubeconfig_dir.is_some() || self.fleet
     }

@@ -4,6 +4,7 @@
 pub mod args;
 pub mod output;
 pub mod remote;
+pub mod wait;
 
 use std::time::Duration;
 

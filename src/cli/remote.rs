@@ -6,8 +6,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::time::Instant;
 
+use std::collections::BTreeMap;
+
 use super::output;
-use crate::api::client::{ClientOptions, connect};
+use super::wait::{GenerationArg, Generations, retryable, servers};
+use crate::api::client::{Client, ClientOptions, connect};
 use crate::api::pb;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +35,7 @@ fn status_error(s: tonic::Status) -> String {
 }
 
 pub async fn clusters(o: &ClientOptions, format: Format) -> Result<(), String> {
-    let mut client = connect(o).await?;
+    let mut client = connect_first(o).await?;
     let r = client
         .list_clusters(pb::ListClustersRequest {})
         .await
@@ -68,7 +71,7 @@ pub async fn status(
     namespace: Option<String>,
     selector: Option<String>,
 ) -> Result<(), String> {
-    let mut client = connect(o).await?;
+    let mut client = connect_first(o).await?;
     if let Some((namespace, name)) = key {
         let m = client
             .get_microservice(pb::GetMicroserviceRequest { namespace, name })
@@ -121,59 +124,210 @@ pub async fn status(
 pub struct WaitFor {
     pub namespace: String,
     pub name: String,
-    pub target: pb::wait_for_rollout_request::Target,
+    pub target: WaitTarget,
     pub clusters: Vec<String>,
     pub timeout: Duration,
 }
 
-/// Streams progress until the rollout ends; returns the exit code.
-pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, String> {
-    let mut client = connect(o).await?;
-    let mut request = tonic::Request::new(pb::WaitForRolloutRequest {
-        namespace: w.namespace,
-        name: w.name,
-        target: Some(w.target),
-        clusters: w.clusters,
-        timeout: prost_types::Duration::try_from(w.timeout).ok(),
-    });
-    // The server ends the stream at the deadline itself; this is the backstop.
-    request.set_timeout(w.timeout + Duration::from_secs(10));
-    let started = Instant::now();
-    let mut stream = client
-        .wait_for_rollout(request)
+pub enum WaitTarget {
+    Image(String),
+    Generations(Vec<GenerationArg>),
+}
+
+/// What one connection's attempt came to.
+enum Attempt {
+    Verdict(u8),
+    /// Worth another try, on this replica or the next.
+    Lost(String),
+}
+
+/// Asks each server in turn until one connects.
+async fn connect_first(o: &ClientOptions) -> Result<Client, String> {
+    let mut last = String::new();
+    for server in servers(&o.server)? {
+        match connect(&ClientOptions {
+            server,
+            ..o.clone()
+        })
         .await
-        .map_err(status_error)?
-        .into_inner();
-    let mut last = None;
-    let mut printed = None;
-    while let Some(item) = stream.next().await {
-        let p = match item {
-            Ok(p) => p,
-            Err(s) if s.code() == tonic::Code::DeadlineExceeded => return Ok(exit::TIMED_OUT),
-            Err(s) => return Err(status_error(s)),
+        {
+            Ok(c) => return Ok(c),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Each cluster's generation now; none when the Microservice is nowhere yet.
+async fn current_generations(
+    client: &mut Client,
+    namespace: &str,
+    name: &str,
+) -> Result<BTreeMap<String, i64>, tonic::Status> {
+    match client
+        .get_microservice(pb::GetMicroserviceRequest {
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+        .await
+    {
+        Ok(m) => Ok(m
+            .into_inner()
+            .clusters
+            .iter()
+            .map(|c| (c.cluster.clone(), c.generation))
+            .collect()),
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(BTreeMap::new()),
+        Err(s) => Err(s),
+    }
+}
+
+/// Follows the rollout until it ends, across replicas: a dropped stream or
+/// an unreachable replica is retried on the next server with backoff until
+/// the timeout. The verdict is always the server's, recomputed from its
+/// index, so nothing is lost across a reconnect. Returns the exit code.
+pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, String> {
+    let servers = servers(&o.server)?;
+    let started = Instant::now();
+    let deadline = started + w.timeout;
+    let mut resolved: Option<pb::wait_for_rollout_request::Target> = match &w.target {
+        WaitTarget::Image(i) => Some(pb::wait_for_rollout_request::Target::Image(i.clone())),
+        WaitTarget::Generations(args) if !Generations::needs_current(args) => {
+            Some(generations(Generations::resolve(args, &BTreeMap::new())?))
+        }
+        WaitTarget::Generations(_) => None,
+    };
+    let mut printer = Printer::new(format, started);
+    let mut backoff = FIRST_RETRY;
+    let mut lost_at: Option<Instant> = None;
+    for attempt in 0.. {
+        let server = &servers[attempt % servers.len()];
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Ok(exit::TIMED_OUT);
+        }
+        let o = ClientOptions {
+            server: server.clone(),
+            ..o.clone()
         };
-        match format {
-            // People see a line per change of state, not per replica count.
-            Format::Table => {
-                let now = output::progress_signature(&p);
-                if printed.as_ref() != Some(&now) {
-                    print!(
-                        "{}",
-                        output::progress_text(&p, started.elapsed().as_secs_f64())
-                    );
-                    printed = Some(now);
+        let outcome = async {
+            let mut client = connect(&o).await.map_err(Lost::Connect)?;
+            if resolved.is_none()
+                && let WaitTarget::Generations(args) = &w.target
+            {
+                let current = current_generations(&mut client, &w.namespace, &w.name)
+                    .await
+                    .map_err(Lost::Status)?;
+                resolved = Some(generations(
+                    Generations::resolve(args, &current).map_err(Lost::Fatal)?,
+                ));
+            }
+            if let Some(at) = lost_at.take() {
+                eprintln!(
+                    "reconnected to {} after {} ms",
+                    o.server,
+                    at.elapsed().as_millis()
+                );
+            }
+            let mut request = tonic::Request::new(pb::WaitForRolloutRequest {
+                namespace: w.namespace.clone(),
+                name: w.name.clone(),
+                target: resolved.clone(),
+                clusters: w.clusters.clone(),
+                timeout: prost_types::Duration::try_from(remaining).ok(),
+            });
+            // The server ends the stream at the deadline itself; this is the backstop.
+            request.set_timeout(remaining + Duration::from_secs(10));
+            let mut stream = client
+                .wait_for_rollout(request)
+                .await
+                .map_err(Lost::Status)?
+                .into_inner();
+            // Connected: the next loss starts its backoff afresh.
+            backoff = FIRST_RETRY;
+            while let Some(item) = stream.next().await {
+                let p = item.map_err(Lost::Status)?;
+                printer.show(&p);
+                match pb::RolloutResult::try_from(p.result) {
+                    Ok(pb::RolloutResult::Succeeded) => return Ok(Attempt::Verdict(exit::DONE)),
+                    Ok(pb::RolloutResult::Failed) => return Ok(Attempt::Verdict(exit::FAILED)),
+                    Ok(pb::RolloutResult::DeadlineExceeded) => {
+                        return Ok(Attempt::Verdict(exit::TIMED_OUT));
+                    }
+                    _ => {}
                 }
             }
-            Format::Json => println!("{}", output::progress_json(&p)),
+            Ok(Attempt::Lost(
+                "the stream ended before the rollout did".to_string(),
+            ))
         }
-        last = pb::RolloutResult::try_from(p.result).ok();
+        .await;
+        let why = match outcome {
+            Ok(Attempt::Verdict(code)) => return Ok(code),
+            Ok(Attempt::Lost(why)) => why,
+            Err(Lost::Connect(e)) => e,
+            Err(Lost::Status(s)) if retryable(s.code()) => status_error(s),
+            Err(Lost::Status(s)) => return Err(status_error(s)),
+            Err(Lost::Fatal(e)) => return Err(e),
+        };
+        if Instant::now() >= deadline {
+            return Ok(exit::TIMED_OUT);
+        }
+        eprintln!("lost {server}: {why}; retrying");
+        lost_at.get_or_insert_with(Instant::now);
+        tokio::time::sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
-    Ok(match last {
-        Some(pb::RolloutResult::Succeeded) => exit::DONE,
-        Some(pb::RolloutResult::Failed) => exit::FAILED,
-        Some(pb::RolloutResult::DeadlineExceeded) => exit::TIMED_OUT,
-        _ => return Err("the server ended the stream before the rollout ended".into()),
+    unreachable!("the attempts loop ends only by returning")
+}
+
+const FIRST_RETRY: Duration = Duration::from_millis(200);
+
+enum Lost {
+    Connect(String),
+    Status(tonic::Status),
+    Fatal(String),
+}
+
+fn generations(g: Generations) -> pb::wait_for_rollout_request::Target {
+    pb::wait_for_rollout_request::Target::Generations(pb::GenerationTargets {
+        at_least: g.at_least.into_iter().collect(),
+        otherwise: g.otherwise,
     })
+}
+
+/// Prints progress: for people, a line per change of state, not per
+/// replica count, even across reconnects; for machines, every message.
+struct Printer {
+    format: Format,
+    started: Instant,
+    printed: Option<Vec<String>>,
+}
+
+impl Printer {
+    fn new(format: Format, started: Instant) -> Self {
+        Printer {
+            format,
+            started,
+            printed: None,
+        }
+    }
+
+    fn show(&mut self, p: &pb::RolloutProgress) {
+        match self.format {
+            Format::Table => {
+                let now = output::progress_signature(p);
+                if self.printed.as_ref() != Some(&now) {
+                    print!(
+                        "{}",
+                        output::progress_text(p, self.started.elapsed().as_secs_f64())
+                    );
+                    self.printed = Some(now);
+                }
+            }
+            Format::Json => println!("{}", output::progress_json(p)),
+        }
+    }
 }
 
 #[cfg(test)]

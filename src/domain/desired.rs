@@ -31,6 +31,8 @@ pub struct PlatformDefaults {
     pub otlp_endpoint: String,
     pub cpu_request: String,
     pub memory_request: String,
+    /// The Deployment's progressDeadlineSeconds.
+    pub progress_deadline_seconds: i32,
 }
 
 impl Default for PlatformDefaults {
@@ -39,6 +41,7 @@ impl Default for PlatformDefaults {
             otlp_endpoint: "http://otel-collector.observability.svc:4317".into(),
             cpu_request: "25m".into(),
             memory_request: "128Mi".into(),
+            progress_deadline_seconds: 600,
         }
     }
 }
@@ -168,6 +171,7 @@ pub fn desired(ms: &Microservice, defaults: &PlatformDefaults) -> Result<Childre
                     ..PodSpec::default()
                 }),
             },
+            progress_deadline_seconds: Some(defaults.progress_deadline_seconds),
             ..DeploymentSpec::default()
         }),
         status: None,

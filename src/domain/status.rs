@@ -26,17 +26,20 @@ impl RolloutFacts {
         let Some(s) = d.status.as_ref() else {
             return RolloutFacts::default();
         };
+        let observed_current = s.observed_generation.unwrap_or(0) >= generation;
         RolloutFacts {
-            observed_current: s.observed_generation.unwrap_or(0) >= generation,
+            observed_current,
             replicas: s.replicas.unwrap_or(0),
             updated: s.updated_replicas.unwrap_or(0),
             ready: s.ready_replicas.unwrap_or(0),
             available: s.available_replicas.unwrap_or(0),
-            deadline_exceeded: s.conditions.iter().flatten().any(|c| {
-                c.type_ == "Progressing"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
-            }),
+            // A deadline from an older spec says nothing about this one.
+            deadline_exceeded: observed_current
+                && s.conditions.iter().flatten().any(|c| {
+                    c.type_ == "Progressing"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+                }),
         }
     }
 }
@@ -269,6 +272,68 @@ mod tests {
             available: n,
             deadline_exceeded: false,
         }
+    }
+
+    fn deployment(generation: i64, observed: i64, progressing: Option<&str>) -> Deployment {
+        use k8s_openapi::api::apps::v1::{DeploymentCondition, DeploymentStatus};
+        Deployment {
+            metadata: kube::api::ObjectMeta {
+                generation: Some(generation),
+                ..Default::default()
+            },
+            status: Some(DeploymentStatus {
+                observed_generation: Some(observed),
+                replicas: Some(2),
+                updated_replicas: Some(1),
+                ready_replicas: Some(1),
+                available_replicas: Some(1),
+                conditions: progressing.map(|reason| {
+                    vec![DeploymentCondition {
+                        type_: "Progressing".into(),
+                        status: if reason == "ProgressDeadlineExceeded" {
+                            "False".into()
+                        } else {
+                            "True".into()
+                        },
+                        reason: Some(reason.into()),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rollout_facts_count_only_what_the_deployment_controller_has_observed() {
+        let current = RolloutFacts::of(&deployment(3, 3, Some("ReplicaSetUpdated")));
+        assert_eq!(
+            current,
+            RolloutFacts {
+                observed_current: true,
+                replicas: 2,
+                updated: 1,
+                ready: 1,
+                available: 1,
+                deadline_exceeded: false,
+            }
+        );
+        // The controller has not seen generation 3 yet.
+        assert!(!RolloutFacts::of(&deployment(3, 2, None)).observed_current);
+        // A deadline counts at the observed generation only: an older
+        // spec's deadline is about to be replaced.
+        assert!(
+            RolloutFacts::of(&deployment(3, 3, Some("ProgressDeadlineExceeded"))).deadline_exceeded
+        );
+        assert!(
+            !RolloutFacts::of(&deployment(3, 2, Some("ProgressDeadlineExceeded")))
+                .deadline_exceeded
+        );
+        // No status yet: nothing observed, nothing counted.
+        let mut fresh = deployment(1, 0, None);
+        fresh.status = None;
+        assert_eq!(RolloutFacts::of(&fresh), RolloutFacts::default());
     }
 
     #[test]

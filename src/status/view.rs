@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use crate::domain::conditions::{self, AVAILABLE, RECONCILED};
+use crate::domain::conditions::{self, AVAILABLE, PROGRESSING, RECONCILED};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reach {
@@ -95,13 +95,17 @@ pub struct Entry {
     pub message: String,
 }
 
-/// A permanent failure at the current generation: no retry fixes it.
+/// A failure at the current generation: a permanent one no retry fixes,
+/// or a rollout past its progress deadline.
 fn failure(f: &Facts) -> Option<&Condition> {
-    conditions::find(&f.conditions, RECONCILED).filter(|c| {
-        c.status == "False"
-            && conditions::is_permanent_reason(&c.reason)
-            && f.observed_generation == f.generation
-    })
+    if f.observed_generation != f.generation {
+        return None;
+    }
+    let permanent = conditions::find(&f.conditions, RECONCILED)
+        .filter(|c| c.status == "False" && conditions::is_permanent_reason(&c.reason));
+    let stuck = conditions::find(&f.conditions, PROGRESSING)
+        .filter(|c| c.status == "False" && c.reason == "ProgressDeadlineExceeded");
+    permanent.or(stuck)
 }
 
 /// Done means the current generation is observed and Available=True; a
@@ -223,6 +227,25 @@ pub fn aggregate(entries: &[Entry]) -> Aggregate {
 pub enum Target {
     Image(String),
     Generation(i64),
+    /// A minimum per cluster, and one for the rest.
+    Generations {
+        at_least: BTreeMap<String, i64>,
+        otherwise: i64,
+    },
+}
+
+impl Target {
+    /// The generation a cluster must reach, when the target is one.
+    fn generation_for(&self, cluster: &str) -> Option<i64> {
+        match self {
+            Target::Image(_) => None,
+            Target::Generation(g) => Some(*g),
+            Target::Generations {
+                at_least,
+                otherwise,
+            } => Some(at_least.get(cluster).copied().unwrap_or(*otherwise)),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,12 +262,12 @@ pub fn rollout_entry(target: &Target, e: &Entry) -> Entry {
     if e.state == EntryState::Unknown {
         return e;
     }
-    let behind = match target {
-        Target::Image(image) if e.facts.image != *image => Some((
+    let behind = match (target, target.generation_for(&e.cluster)) {
+        (Target::Image(image), _) if e.facts.image != *image => Some((
             "ImageNotInSpec",
             format!("the spec has image {}, not {image}", e.facts.image),
         )),
-        Target::Generation(g) if e.facts.generation < *g => Some((
+        (_, Some(g)) if e.facts.generation < g => Some((
             "GenerationNotReached",
             format!(
                 "the spec is at generation {}, not yet {g}",
@@ -352,6 +375,21 @@ mod tests {
         // The spec moved on since: the old failure says nothing about it.
         f.generation = 4;
         assert_eq!(entry_state(&f, Reach::Reachable).0, EntryState::Progressing);
+        // A rollout past its progress deadline fails the generation it is for.
+        let mut stuck = facts(3, 3, "a:1", "False");
+        stuck
+            .conditions
+            .push(cond(PROGRESSING, "False", "ProgressDeadlineExceeded", 3));
+        let (state, reason, _) = entry_state(&stuck, Reach::Reachable);
+        assert_eq!(
+            (state, reason.as_str()),
+            (EntryState::Failed, "ProgressDeadlineExceeded")
+        );
+        stuck.generation = 4;
+        assert_eq!(
+            entry_state(&stuck, Reach::Reachable).0,
+            EntryState::Progressing
+        );
         // A transient API error is not a failure.
         let mut g = facts(3, 3, "a:1", "False");
         g.conditions[0] = cond(RECONCILED, "False", "ApiError", 3);
@@ -416,6 +454,21 @@ mod tests {
         assert_eq!(
             rollout_entry(&by_generation, &done).reason,
             "GenerationNotReached"
+        );
+        // Per cluster: m1 must reach 3, the rest 2.
+        let per_cluster = Target::Generations {
+            at_least: BTreeMap::from([("m1".to_string(), 3)]),
+            otherwise: 2,
+        };
+        assert_eq!(
+            rollout_entry(&per_cluster, &done).reason,
+            "GenerationNotReached"
+        );
+        let mut done_m2 = done.clone();
+        done_m2.cluster = "m2".into();
+        assert_eq!(
+            rollout_entry(&per_cluster, &done_m2).state,
+            EntryState::Done
         );
         let absent = absent_entry("m9", Some(&info));
         assert_eq!(

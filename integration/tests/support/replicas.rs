@@ -109,14 +109,33 @@ impl Replicas {
     }
 
     pub fn start(&mut self, id: &str) {
-        let log = fleet_dir()
-            .join("logs")
-            .join(format!("test-{}-{id}.log", self.fleet));
-        let out = std::fs::File::create(&log).expect("replica log");
         let port = free_port();
         self.grpc_ports.insert(id.to_string(), port);
         let metrics_port = free_port();
         self.metrics_ports.insert(id.to_string(), metrics_port);
+        self.spawn(id);
+    }
+
+    /// SIGTERM, wait for the exit, and start again on the same ports: a
+    /// rolling restart, as a Deployment does it behind one Service.
+    pub fn restart(&mut self, id: &str) {
+        let mut child = self.sigterm(id);
+        let status = child.wait().expect("reap");
+        assert!(status.success(), "{id} exited {status:?} on SIGTERM");
+        self.spawn(id);
+    }
+
+    fn spawn(&mut self, id: &str) {
+        let log = fleet_dir()
+            .join("logs")
+            .join(format!("test-{}-{id}.log", self.fleet));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("replica log");
+        let port = self.grpc_ports[id];
+        let metrics_port = self.metrics_ports[id];
         let dir = self.own_dirs.get(id).unwrap_or(&self.dir);
         let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .args(["run", "--kubeconfig-dir"])

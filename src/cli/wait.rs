@@ -1,0 +1,195 @@
+//! The pure parts of `flotilla wait`: which generation each cluster must
+//! reach, which servers to ask, and which failures a reconnect can cure.
+
+use std::collections::BTreeMap;
+
+/// One `--generation` value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GenerationArg {
+    /// `--generation` alone: each cluster's generation when the wait starts.
+    Current,
+    /// `--generation N`: every cluster at least N.
+    All(i64),
+    /// `--generation CLUSTER=N`: this cluster at least N.
+    Cluster(String, i64),
+}
+
+pub fn parse_generation(s: &str) -> Result<GenerationArg, String> {
+    let number = |n: &str| -> Result<i64, String> {
+        match n.trim().parse::<i64>() {
+            Ok(g) if g >= 1 => Ok(g),
+            _ => Err(format!("{n:?} is not a generation (a whole number from 1)")),
+        }
+    };
+    match s.split_once('=') {
+        _ if s == "current" => Ok(GenerationArg::Current),
+        Some((cluster, n)) if !cluster.trim().is_empty() => Ok(GenerationArg::Cluster(
+            cluster.trim().to_string(),
+            number(n)?,
+        )),
+        Some(_) => Err(format!("{s:?}: expected CLUSTER=N")),
+        None => number(s).map(GenerationArg::All),
+    }
+}
+
+/// Per-cluster minimums, and the one for clusters not listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generations {
+    pub at_least: BTreeMap<String, i64>,
+    pub otherwise: i64,
+}
+
+impl Generations {
+    /// Whether the answer depends on the clusters' generations now.
+    pub fn needs_current(args: &[GenerationArg]) -> bool {
+        !args.iter().any(|a| matches!(a, GenerationArg::All(_)))
+    }
+
+    /// `current` is each cluster's generation when the wait starts (empty
+    /// if the Microservice is nowhere yet). An explicit CLUSTER=N wins.
+    pub fn resolve(
+        args: &[GenerationArg],
+        current: &BTreeMap<String, i64>,
+    ) -> Result<Self, String> {
+        let all: Vec<i64> = args
+            .iter()
+            .filter_map(|a| match a {
+                GenerationArg::All(n) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        if all.len() > 1 || (!all.is_empty() && args.contains(&GenerationArg::Current)) {
+            return Err(
+                "give one of --generation (each cluster's current), --generation N, plus any CLUSTER=N"
+                    .into(),
+            );
+        }
+        let (mut at_least, otherwise) = match all.first() {
+            Some(n) => (BTreeMap::new(), *n),
+            None => (current.clone(), 1),
+        };
+        for a in args {
+            if let GenerationArg::Cluster(c, n) = a {
+                at_least.insert(c.clone(), *n);
+            }
+        }
+        Ok(Generations {
+            at_least,
+            otherwise,
+        })
+    }
+}
+
+/// `--server`: one address or several, comma-separated. A DNS name that
+/// resolves to several replicas is re-resolved on each connection.
+pub fn servers(s: &str) -> Result<Vec<String>, String> {
+    let list: Vec<String> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    if list.is_empty() {
+        return Err("--server names no address".into());
+    }
+    Ok(list)
+}
+
+/// Failures another attempt, on this replica or another, may get past.
+/// The rest are answers: a bad request, a refused token, an unknown cluster.
+pub fn retryable(code: tonic::Code) -> bool {
+    use tonic::Code::*;
+    matches!(
+        code,
+        Unavailable
+            | Unknown
+            | Internal
+            | Cancelled
+            | Aborted
+            | ResourceExhausted
+            | DeadlineExceeded
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_values_parse_or_say_why_not() {
+        assert_eq!(parse_generation("current").unwrap(), GenerationArg::Current);
+        assert_eq!(parse_generation("7").unwrap(), GenerationArg::All(7));
+        assert_eq!(
+            parse_generation("member-1=4").unwrap(),
+            GenerationArg::Cluster("member-1".into(), 4)
+        );
+        for bad in ["0", "-2", "x", "=3", "member-1=", "member-1=0"] {
+            assert!(parse_generation(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn each_cluster_waits_for_its_own_generation_unless_told_otherwise() {
+        let current = BTreeMap::from([("m1".to_string(), 4), ("m2".to_string(), 9)]);
+        let g = Generations::resolve(&[GenerationArg::Current], &current).unwrap();
+        assert_eq!(g.at_least, current);
+        assert_eq!(g.otherwise, 1);
+        let g = Generations::resolve(
+            &[
+                GenerationArg::Current,
+                GenerationArg::Cluster("m2".into(), 11),
+            ],
+            &current,
+        )
+        .unwrap();
+        assert_eq!(g.at_least["m2"], 11);
+        assert_eq!(g.at_least["m1"], 4);
+        // A bare number is for every cluster; overrides still apply.
+        let g = Generations::resolve(
+            &[
+                GenerationArg::All(5),
+                GenerationArg::Cluster("m1".into(), 6),
+            ],
+            &current,
+        )
+        .unwrap();
+        assert_eq!(g.at_least, BTreeMap::from([("m1".to_string(), 6)]));
+        assert_eq!(g.otherwise, 5);
+        assert!(!Generations::needs_current(&[GenerationArg::All(5)]));
+        assert!(Generations::needs_current(&[GenerationArg::Cluster(
+            "m1".into(),
+            6
+        )]));
+        assert!(
+            Generations::resolve(&[GenerationArg::All(5), GenerationArg::All(6)], &current)
+                .is_err()
+        );
+        assert!(
+            Generations::resolve(&[GenerationArg::All(5), GenerationArg::Current], &current)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn servers_are_a_comma_separated_list() {
+        assert_eq!(
+            servers("http://a:1, http://b:2,").unwrap(),
+            ["http://a:1", "http://b:2"]
+        );
+        assert!(servers(" , ").is_err());
+    }
+
+    #[test]
+    fn only_failures_of_the_connection_are_retried() {
+        assert!(retryable(tonic::Code::Unavailable));
+        assert!(retryable(tonic::Code::ResourceExhausted));
+        for answer in [
+            tonic::Code::InvalidArgument,
+            tonic::Code::NotFound,
+            tonic::Code::Unauthenticated,
+            tonic::Code::PermissionDenied,
+        ] {
+            assert!(!retryable(answer), "{answer:?}");
+        }
+    }
+}
