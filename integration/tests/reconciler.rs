@@ -20,7 +20,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use support::{
     Operator, TestNamespace, client, counting_client, ensure_crd, eventually, from_json,
-    microservice, settings, wait_all_true,
+    microservice, settings, setup, wait_all_true, wait_condition,
 };
 use tokio::sync::{Notify, oneshot};
 
@@ -30,40 +30,6 @@ use flotilla::reconciler::Hooks;
 
 const CLUSTER: &str = "member-1";
 const WAIT: Duration = Duration::from_secs(90);
-
-async fn setup(prefix: &str) -> (Client, TestNamespace) {
-    let client = client(CLUSTER).await;
-    ensure_crd(&client).await;
-    let ns = TestNamespace::create(&client, CLUSTER, prefix).await;
-    (client, ns)
-}
-
-/// Waits until `name` has condition `type_` with `status` (and `reason`, if
-/// given) at its current generation; returns the object.
-async fn wait_condition(
-    api: &Api<Microservice>,
-    name: &str,
-    type_: &str,
-    status: &str,
-    reason: Option<&str>,
-) -> Microservice {
-    let what = format!("{name}: {type_}={status} {reason:?} at the current generation");
-    eventually(&what, WAIT, || {
-        let api = api.clone();
-        async move {
-            let ms = api.get(name).await.ok()?;
-            let st = ms.status.as_ref()?;
-            let generation = ms.metadata.generation?;
-            let c = find(&st.conditions, type_)?;
-            let ok = st.observed_generation == Some(generation)
-                && c.observed_generation == Some(generation)
-                && c.status == status
-                && reason.is_none_or(|r| c.reason == r);
-            ok.then_some(ms.clone())
-        }
-    })
-    .await
-}
 
 fn container_env(d: &Deployment) -> BTreeMap<String, String> {
     let pod = d
@@ -327,8 +293,10 @@ async fn foreign_service_blocks_both_children_until_it_is_gone() {
         .create(&PostParams::default(), &stranger)
         .await
         .expect("stranger");
-    let mut s = settings(CLUSTER, &ns.name);
-    s.resync = Duration::from_secs(2);
+    // The default resync (5 minutes): only a watch on the stranger can
+    // notice it go within the test's time.
+    let s = settings(CLUSTER, &ns.name);
+    assert_eq!(s.resync, Duration::from_secs(300));
     let op = Operator::start(&client, s, Hooks::default());
     let api = ns.api::<Microservice>();
     api.create(
@@ -384,7 +352,14 @@ async fn foreign_service_blocks_both_children_until_it_is_gone() {
         .delete("clash", &DeleteParams::default())
         .await
         .expect("delete stranger");
+    let deleted = std::time::Instant::now();
     wait_condition(&api, "clash", "Reconciled", "True", Some("ChildrenApplied")).await;
+    let took = deleted.elapsed();
+    println!("figure: conflict cleared {took:?} after the stranger's deletion");
+    assert!(
+        took < Duration::from_secs(10),
+        "cleared after {took:?}: by a resync, not by a watch"
+    );
     assert!(
         ns.api::<Deployment>()
             .get_opt("clash")
@@ -632,6 +607,7 @@ async fn result_for_an_old_generation_is_never_written_as_the_new_one() {
             }
             .boxed()
         })),
+        ..Default::default()
     };
 
     // Record every status the CR ever shows.

@@ -110,7 +110,7 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
 
 /// Reasons that no retry can fix; only a spec change (or a resync) looks again.
 pub fn is_permanent_reason(reason: &str) -> bool {
-    matches!(reason, "InvalidSpec" | "OwnershipConflict")
+    matches!(reason, "InvalidSpec" | "OwnershipConflict" | "Invalid")
 }
 
 /// The compatibility phase, derived from the conditions alone.

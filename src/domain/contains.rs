@@ -2,6 +2,11 @@
 //! field we want. Fields the API server adds (defaults, status, allocations)
 //! are not differences; lists are compared by length and position, because a
 //! reordered container or port list is a real change.
+//!
+//! Maps compare as supersets, except where an extra key changes behaviour:
+//! a selector with one more key selects fewer pods. The Service's selector
+//! and the Deployment's selector compare exactly; labels on objects and on
+//! the pod template stay supersets, since others may add their own.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
@@ -37,16 +42,22 @@ fn labels_contained(
     want.iter().all(|(k, v)| cur.get(k) == Some(v))
 }
 
-/// The Deployment is in sync when its labels and spec contain ours.
+/// The Deployment is in sync when its labels and spec contain ours and its
+/// selector is exactly ours.
 pub fn deployment_in_sync(current: &Deployment, desired: &Deployment) -> bool {
+    let selector = |d: &Deployment| d.spec.as_ref().map(|s| json(&s.selector));
     labels_contained(&current.metadata.labels, &desired.metadata.labels)
         && contains(&json(&current.spec), &json(&desired.spec))
+        && selector(current) == selector(desired)
 }
 
-/// The Service is in sync when its labels and spec contain ours.
+/// The Service is in sync when its labels and spec contain ours and its
+/// selector is exactly ours.
 pub fn service_in_sync(current: &Service, desired: &Service) -> bool {
+    let selector = |s: &Service| s.spec.as_ref().and_then(|s| s.selector.clone());
     labels_contained(&current.metadata.labels, &desired.metadata.labels)
         && contains(&json(&current.spec), &json(&desired.spec))
+        && selector(current) == selector(desired)
 }
 
 #[cfg(test)]
@@ -144,6 +155,27 @@ mod tests {
         let mut unlabelled = want.service.clone();
         unlabelled.metadata.labels.as_mut().unwrap().remove("app");
         assert!(!service_in_sync(&unlabelled, &want.service));
+    }
+
+    #[test]
+    fn a_selector_with_a_key_added_is_out_of_sync_while_extra_labels_are_not() {
+        let want = desired(&ms("api").build(), &PlatformDefaults::default()).unwrap();
+        let wider = server_view(
+            &want.service,
+            json!({"spec": {"selector": {"canary": "true"}}}),
+        );
+        assert!(!service_in_sync(&wider, &want.service));
+        let wider = server_view(
+            &want.deployment,
+            json!({"spec": {"selector": {"matchLabels": {"canary": "true"}}}}),
+        );
+        assert!(!deployment_in_sync(&wider, &want.deployment));
+        let labelled = server_view(
+            &want.deployment,
+            json!({"metadata": {"labels": {"team": "pay"}},
+                   "spec": {"template": {"metadata": {"labels": {"team": "pay"}}}}}),
+        );
+        assert!(deployment_in_sync(&labelled, &want.deployment));
     }
 
     #[test]

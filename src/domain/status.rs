@@ -65,6 +65,11 @@ pub enum Outcome {
     },
     InvalidSpec(String),
     OwnershipConflict(String),
+    /// The API server refused a child as invalid (422), e.g. an immutable
+    /// field: no retry can fix it, only a spec or child change.
+    Rejected(String),
+    /// A child is being deleted; it is created again once it is gone.
+    ChildTerminating(String),
     /// A transient failure; backoff retries it.
     ApiError(String),
 }
@@ -181,11 +186,13 @@ pub fn next_status(
                     Some(format!("{}/{desired_replicas}", rollout.available)),
                 )
             }
-            Outcome::InvalidSpec(msg) | Outcome::OwnershipConflict(msg) => {
-                let reason = if matches!(outcome, Outcome::InvalidSpec(_)) {
-                    "InvalidSpec"
-                } else {
-                    "OwnershipConflict"
+            Outcome::InvalidSpec(msg)
+            | Outcome::OwnershipConflict(msg)
+            | Outcome::Rejected(msg) => {
+                let reason = match outcome {
+                    Outcome::InvalidSpec(_) => "InvalidSpec",
+                    Outcome::OwnershipConflict(_) => "OwnershipConflict",
+                    _ => "Invalid",
                 };
                 let accepted = if reason == "InvalidSpec" {
                     Verdict::new(ACCEPTED, Status::False, "InvalidSpec", msg.clone())
@@ -210,23 +217,44 @@ pub fn next_status(
                 ];
                 (v, None, None)
             }
-            Outcome::ApiError(msg) => {
+            Outcome::ChildTerminating(msg) => {
                 let v = vec![
                     accepted_ok,
-                    Verdict::new(RECONCILED, Status::False, "ApiError", msg.clone()),
+                    Verdict::new(RECONCILED, Status::False, "ChildTerminating", msg.clone()),
                     Verdict::new(
                         AVAILABLE,
-                        Status::Unknown,
-                        "ApiError",
-                        "unknown until the children can be applied",
+                        Status::False,
+                        "ChildTerminating",
+                        "a child is being deleted and will be created again",
                     ),
                     Verdict::new(
                         PROGRESSING,
-                        Status::Unknown,
-                        "ApiError",
-                        "unknown until the children can be applied",
+                        Status::True,
+                        "ChildTerminating",
+                        "waiting for the deleted child to go",
                     ),
                 ];
+                (v, None, None)
+            }
+            Outcome::ApiError(msg) => {
+                // A failed read says nothing about the workload: what was
+                // known at this generation stands, transition time and all.
+                let mut v = vec![
+                    accepted_ok,
+                    Verdict::new(RECONCILED, Status::False, "ApiError", msg.clone()),
+                ];
+                for type_ in [AVAILABLE, PROGRESSING] {
+                    let known = conditions::find(prev_conditions, type_)
+                        .is_some_and(|c| c.observed_generation == Some(generation));
+                    if !known {
+                        v.push(Verdict::new(
+                            type_,
+                            Status::Unknown,
+                            "ApiError",
+                            "unknown until the children can be applied",
+                        ));
+                    }
+                }
                 (
                     v,
                     previous.and_then(|p| p.managed_resources.clone()),
@@ -432,6 +460,62 @@ mod tests {
         assert_eq!(find(&s.conditions, RECONCILED).unwrap().status, "False");
         assert_eq!(s.phase, Some(Phase::Accepted));
         assert_eq!(s.managed_resources, ok.managed_resources);
+    }
+
+    #[test]
+    fn a_transient_error_keeps_what_was_known_at_this_generation() {
+        let ok = next_status(None, &applied(complete(2), 2), 2, 3, &now());
+        let later = Time("2026-01-01T00:05:00Z".parse().unwrap());
+        let s = next_status(
+            Some(&ok),
+            &Outcome::ApiError("connection refused".into()),
+            2,
+            3,
+            &later,
+        );
+        let (before, after) = (
+            find(&ok.conditions, AVAILABLE).unwrap(),
+            find(&s.conditions, AVAILABLE).unwrap(),
+        );
+        assert_eq!(after, before, "Available and its transition time stand");
+        assert_eq!(
+            find(&s.conditions, PROGRESSING),
+            find(&ok.conditions, PROGRESSING)
+        );
+        let reconciled = find(&s.conditions, RECONCILED).unwrap();
+        assert_eq!(
+            (reconciled.status.as_str(), reconciled.reason.as_str()),
+            ("False", "ApiError")
+        );
+        assert_eq!(reconciled.message, "connection refused");
+        // Back to normal: Available never moved.
+        let back = next_status(Some(&s), &applied(complete(2), 2), 2, 3, &later);
+        assert_eq!(find(&back.conditions, AVAILABLE).unwrap(), before);
+    }
+
+    #[test]
+    fn a_rejected_child_is_a_permanent_failure_and_a_terminating_one_is_not_in_sync() {
+        let ok = next_status(None, &applied(complete(2), 2), 2, 1, &now());
+        let s = next_status(
+            Some(&ok),
+            &Outcome::Rejected("spec.selector: field is immutable".into()),
+            2,
+            1,
+            &now(),
+        );
+        let r = find(&s.conditions, RECONCILED).unwrap();
+        assert_eq!((r.status.as_str(), r.reason.as_str()), ("False", "Invalid"));
+        assert!(r.message.contains("spec.selector"));
+        assert_eq!(s.phase, Some(Phase::Failed));
+        let t = next_status(
+            Some(&ok),
+            &Outcome::ChildTerminating("Deployment api is being deleted".into()),
+            2,
+            1,
+            &now(),
+        );
+        assert!(!is_true(&t.conditions, AVAILABLE));
+        assert_ne!(t.phase, Some(Phase::Failed));
     }
 
     #[test]

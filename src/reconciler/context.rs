@@ -76,6 +76,16 @@ impl Settings {
 
 type Hook = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
 
+/// One finished reconcile, as the test seam sees it.
+#[derive(Debug, Clone)]
+pub struct Reconciled {
+    pub name: String,
+    /// What woke it: child kinds, "Microservice", "Stranger", or "Requeue".
+    pub triggers: Vec<&'static str>,
+    /// The bounded outcome label (Applied, InSync, an error category...).
+    pub outcome: &'static str,
+}
+
 /// Test seams: points where a test can pause a reconcile to stage a race.
 /// Production code leaves them empty.
 #[derive(Clone, Default)]
@@ -83,6 +93,8 @@ pub struct Hooks {
     /// Runs after both children are written and before status is concluded,
     /// with the Microservice's name.
     pub after_children_applied: Option<Hook>,
+    /// Told of every finished reconcile: tests prove which watch woke it.
+    pub on_reconciled: Option<Arc<dyn Fn(Reconciled) + Send + Sync>>,
 }
 
 impl Context {
@@ -111,4 +123,7 @@ pub(crate) struct Context {
     pub recorder: Recorder,
     pub backoff: Mutex<Backoff<ObjectRef<Microservice>>>,
     pub hooks: Hooks,
+    pub triggers: Arc<super::triggers::Triggers>,
+    pub written: super::written::Written,
+    pub strangers: Arc<super::strangers::Strangers>,
 }

@@ -17,7 +17,22 @@ use kube::{Api, Client};
 use super::Backoff;
 use super::context::{Context, Hooks, Settings};
 use super::reconcile::{error_policy, reconcile};
+use super::strangers::Strangers;
+use super::triggers::{Triggers, owner_of};
+use super::written::Written;
 use crate::crd::Microservice;
+use crate::watching::without_errors;
+
+fn waking(
+    triggers: &Triggers,
+    owner: Option<ObjectRef<Microservice>>,
+    kind: &'static str,
+) -> Option<ObjectRef<Microservice>> {
+    if let Some(o) = &owner {
+        triggers.note(o.clone(), kind);
+    }
+    owner
+}
 
 const BACKOFF_BASE: Duration = Duration::from_millis(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
@@ -46,32 +61,50 @@ pub async fn run(
     let base = crate::watching::config(settings.streaming_lists);
     let managed = crate::watching::managed(settings.streaming_lists);
 
+    // Each trigger notes what it wakes, so a reconcile knows why it ran.
+    let triggers = Arc::new(Triggers::default());
     let (deployments, dep_writer) = reflector::store();
     let dep_stream = watcher(
         scoped::<Deployment>(&client, ns.as_deref()),
         managed.clone(),
     )
-    .default_backoff()
+    .backoff(crate::watching::backoff())
     .reflect(dep_writer)
     .touched_objects();
+    let dep_stream = without_errors(dep_stream, settings.cluster.clone(), "Deployment");
     let (services, svc_writer) = reflector::store();
     let svc_stream = watcher(scoped::<Service>(&client, ns.as_deref()), managed.clone())
-        .default_backoff()
+        .backoff(crate::watching::backoff())
         .reflect(svc_writer)
         .touched_objects();
+    let svc_stream = without_errors(svc_stream, settings.cluster.clone(), "Service");
     let (slices, slice_writer) = reflector::store();
     let slice_stream = watcher(scoped::<EndpointSlice>(&client, ns.as_deref()), managed)
-        .default_backoff()
+        .backoff(crate::watching::backoff())
         .reflect(slice_writer)
         .touched_objects();
+    let slice_stream = without_errors(slice_stream, settings.cluster.clone(), "EndpointSlice");
 
     let (ms_reader, ms_writer) = reflector::store();
+    let notes = triggers.clone();
     // Only spec changes (generation) trigger: our own status writes do not loop.
     let ms_stream = watcher(scoped::<Microservice>(&client, ns.as_deref()), base)
-        .default_backoff()
+        .backoff(crate::watching::backoff())
         .reflect(ms_writer)
         .applied_objects()
-        .predicate_filter(predicates::generation, Default::default());
+        .predicate_filter(predicates::generation, Default::default())
+        .inspect(move |m| {
+            if let Ok(m) = m {
+                notes.note(ObjectRef::from_obj(m), "Microservice");
+            }
+        });
+    let ms_stream = without_errors(ms_stream, settings.cluster.clone(), "Microservice");
+    let (strangers, woken) = Strangers::new();
+    let notes = triggers.clone();
+    let stranger_stream =
+        tokio_stream::wrappers::UnboundedReceiverStream::new(woken).inspect(move |owner| {
+            notes.note(owner.clone(), "Stranger");
+        });
 
     let recorder = Recorder::new(
         client.clone(),
@@ -91,12 +124,21 @@ pub async fn run(
         recorder,
         backoff: Mutex::new(Backoff::new(BACKOFF_BASE, BACKOFF_MAX)),
         hooks,
+        triggers: triggers.clone(),
+        written: Written::default(),
+        strangers,
     });
 
+    // Children wake the Microservice that controls them, noting why as
+    // they do: the note is taken only where the trigger is made.
+    let notes = triggers.clone();
+    let by_deployment = move |d: Deployment| waking(&notes, owner_of(&d.metadata), "Deployment");
+    let notes = triggers.clone();
+    let by_service = move |s: Service| waking(&notes, owner_of(&s.metadata), "Service");
     Controller::for_stream(ms_stream, ms_reader)
-        .owns_stream(dep_stream)
-        .owns_stream(svc_stream)
-        .watches_stream(slice_stream, |slice: EndpointSlice| {
+        .watches_stream(dep_stream, by_deployment)
+        .watches_stream(svc_stream, by_service)
+        .watches_stream(slice_stream, move |slice: EndpointSlice| {
             let ns = slice.metadata.namespace.clone();
             let service = slice
                 .metadata
@@ -104,10 +146,19 @@ pub async fn run(
                 .as_ref()
                 .and_then(|l| l.get("kubernetes.io/service-name").cloned());
             match (ns, service) {
-                (Some(ns), Some(name)) => Some(ObjectRef::<Microservice>::new(&name).within(&ns)),
+                (Some(ns), Some(name)) => waking(
+                    &triggers,
+                    Some(ObjectRef::<Microservice>::new(&name).within(&ns)),
+                    "EndpointSlice",
+                ),
                 _ => None,
             }
         })
+        .reconcile_on(stranger_stream)
+        // The trigger streams' errors pause all triggers by their own
+        // backoff; kube's default grows to 30 s and kept a member that came
+        // back from a 5 s outage unwatched for a minute.
+        .trigger_backoff(crate::watching::backoff())
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

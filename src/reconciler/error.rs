@@ -14,6 +14,14 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    /// The API server refused the object as invalid (422): an immutable
+    /// field, an admission policy. Retrying the same write cannot help.
+    #[error("the API server rejected the {kind} ({verb}): {message}")]
+    Rejected {
+        verb: &'static str,
+        kind: &'static str,
+        message: String,
+    },
     /// A conditional write lost a race: re-read and retry, never overwrite.
     #[error("{kind} changed while we wrote it; retrying from a fresh read")]
     Conflict { kind: &'static str },
@@ -30,6 +38,11 @@ impl ReconcileError {
         match &source {
             _ if crate::fleet::fence::is_fenced(&source) => ReconcileError::NotLeader,
             kube::Error::Api(s) if s.is_conflict() => ReconcileError::Conflict { kind },
+            kube::Error::Api(s) if s.code == 422 => ReconcileError::Rejected {
+                verb,
+                kind,
+                message: s.message.clone(),
+            },
             _ => ReconcileError::Api { verb, kind, source },
         }
     }
@@ -46,6 +59,7 @@ impl ReconcileError {
                 ..
             } => "ApiError",
             ReconcileError::Api { .. } => "ConnectionError",
+            ReconcileError::Rejected { .. } => "Invalid",
             ReconcileError::Conflict { .. } => "Conflict",
             ReconcileError::NotLeader => "NotLeader",
             ReconcileError::Domain(e) => e.category(),

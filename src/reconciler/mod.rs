@@ -9,8 +9,11 @@ mod controller;
 mod error;
 mod reconcile;
 mod status_writer;
+mod strangers;
+mod triggers;
+mod written;
 
 pub use backoff::Backoff;
-pub use context::{Hooks, Settings, WriterIdentity};
+pub use context::{Hooks, Reconciled, Settings, WriterIdentity};
 pub use controller::run;
 pub use error::{ReconcileError, Result};

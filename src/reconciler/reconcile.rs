@@ -13,7 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::{Instrument, field};
 
 use super::children::{self, Write};
-use super::context::Context;
+use super::context::{Context, Reconciled};
 use super::error::{ReconcileError, Result};
 use super::status_writer::{Concluded, conclude};
 use crate::crd::Microservice;
@@ -27,6 +27,7 @@ use crate::telemetry::links;
 use crate::telemetry::metrics::METRICS;
 
 const CACHES_WARMING: &str = "CachesWarming";
+const CHILD_TERMINATING: &str = "ChildTerminating";
 
 /// Requeue soon when a result was dropped because the CR moved on, or the
 /// caches are still warming.
@@ -39,16 +40,26 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
         k8s.namespace.name = ms.metadata.namespace.as_deref().unwrap_or_default(),
         flotilla.microservice = ms.metadata.name.as_deref().unwrap_or_default(),
         flotilla.generation = ms.metadata.generation.unwrap_or_default(),
+        flotilla.triggers = field::Empty,
         outcome = field::Empty,
     );
     async move {
         let started = tokio::time::Instant::now();
+        let triggers = ctx.triggers.take(&ObjectRef::from_obj(ms.as_ref()));
+        tracing::Span::current().record("flotilla.triggers", triggers.join(",").as_str());
         let result = reconcile_inner(&ms, &ctx).await;
         let outcome = match &result {
             Ok(label) => *label,
             Err(e) => e.category(),
         };
         tracing::Span::current().record("outcome", outcome);
+        if let Some(hook) = &ctx.hooks.on_reconciled {
+            hook(Reconciled {
+                name: ms.metadata.name.clone().unwrap_or_default(),
+                triggers,
+                outcome,
+            });
+        }
         let cluster = ctx.settings.cluster.as_str();
         {
             use opentelemetry::trace::TraceContextExt;
@@ -73,6 +84,9 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
                 tracing::debug!(outcome = label, "reconciled");
                 Ok(if label == "Dropped" || label == CACHES_WARMING {
                     Action::requeue(DROPPED_REQUEUE)
+                } else if label == CHILD_TERMINATING {
+                    // The deletion event usually wakes us first.
+                    Action::requeue(std::time::Duration::from_secs(1))
                 } else {
                     Action::requeue(ctx.settings.resync)
                 })
@@ -134,6 +148,27 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         strangers.push(describe("Service", name, controller));
     }
     if !strangers.is_empty() {
+        // Their deletion must wake us: our watches see only our own label.
+        let me = ObjectRef::from_obj(ms);
+        if live_deployment
+            .as_ref()
+            .is_some_and(|d| is_foreign(&d.metadata, &owner))
+        {
+            ctx.strangers.watch::<Deployment>(
+                ctx.client.clone(),
+                "Deployment",
+                ns,
+                name,
+                me.clone(),
+            );
+        }
+        if live_service
+            .as_ref()
+            .is_some_and(|s| is_foreign(&s.metadata, &owner))
+        {
+            ctx.strangers
+                .watch::<Service>(ctx.client.clone(), "Service", ns, name, me);
+        }
         let msg = format!("{}; they are left untouched", strangers.join("; "));
         return permanent(
             ctx,
@@ -144,26 +179,34 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         .await;
     }
 
-    let (deployment, dep_write) = children::apply::<Deployment>(
-        ctx,
-        ns,
-        live_deployment,
-        &children.deployment,
-        "Deployment",
-        deployment_in_sync,
-        deployment_update,
-    )
-    .await?;
-    let (_service, svc_write) = children::apply::<Service>(
-        ctx,
-        ns,
-        live_service,
-        &children.service,
-        "Service",
-        service_in_sync,
-        service_update,
-    )
-    .await?;
+    // A child being deleted is not in sync, and cannot be written until it
+    // is gone; its deletion event wakes us to create it again.
+    let terminating: Vec<&str> = [
+        ("Deployment", live_deployment.as_ref().map(|d| &d.metadata)),
+        ("Service", live_service.as_ref().map(|s| &s.metadata)),
+    ]
+    .into_iter()
+    .filter(|(_, m)| m.is_some_and(|m| m.deletion_timestamp.is_some()))
+    .map(|(kind, _)| kind)
+    .collect();
+    if !terminating.is_empty() {
+        let msg = format!("{} {name} is being deleted", terminating.join(" and "));
+        let outcome = Outcome::ChildTerminating(msg);
+        return Ok(match conclude(ctx, ms, &outcome).await? {
+            Concluded::Dropped => "Dropped",
+            _ => CHILD_TERMINATING,
+        });
+    }
+
+    let applied = apply_both(ctx, ns, live_deployment, live_service, &children).await;
+    let (deployment, dep_write, svc_write) = match applied {
+        Ok(done) => done,
+        Err(ReconcileError::Rejected { message, kind, .. }) => {
+            let msg = format!("the API server rejected the {kind}: {message}");
+            return permanent(ctx, ms, Outcome::Rejected(msg), "Invalid").await;
+        }
+        Err(e) => return Err(e),
+    };
     for (kind, write) in [("Deployment", dep_write), ("Service", svc_write)] {
         if write != Write::Unchanged {
             let (reason, verb) = if write == Write::Created {
@@ -208,6 +251,40 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
     })
 }
 
+async fn apply_both(
+    ctx: &Context,
+    ns: &str,
+    live_deployment: Option<Deployment>,
+    live_service: Option<Service>,
+    children: &crate::domain::desired::Children,
+) -> Result<(Deployment, Write, Write)> {
+    let (deployment, dep_write) = children::apply::<Deployment>(
+        ctx,
+        ns,
+        live_deployment,
+        &children.deployment,
+        "Deployment",
+        deployment_in_sync,
+        deployment_update,
+    )
+    .await?;
+    let (_service, svc_write) = children::apply::<Service>(
+        ctx,
+        ns,
+        live_service,
+        &children.service,
+        "Service",
+        service_in_sync,
+        service_update,
+    )
+    .await?;
+    Ok((deployment, dep_write, svc_write))
+}
+
+fn is_foreign(meta: &kube::api::ObjectMeta, owner: &OwnerIdentity) -> bool {
+    matches!(ownership(meta, owner), Ownership::Foreign { .. })
+}
+
 fn describe(kind: &str, name: &str, controller: Option<String>) -> String {
     match controller {
         Some(c) => format!("{kind} {name} exists and is controlled by {c}"),
@@ -224,7 +301,7 @@ async fn permanent(
     reason: &'static str,
 ) -> Result<&'static str> {
     let message = match &outcome {
-        Outcome::InvalidSpec(m) | Outcome::OwnershipConflict(m) => m.clone(),
+        Outcome::InvalidSpec(m) | Outcome::OwnershipConflict(m) | Outcome::Rejected(m) => m.clone(),
         _ => String::new(),
     };
     tracing::warn!(reason, message = %message, "permanent error");

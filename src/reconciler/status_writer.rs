@@ -28,7 +28,13 @@ fn now() -> Time {
     Time(jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
 }
 
-pub async fn conclude(ctx: &Context, ms: &Microservice, outcome: &Outcome) -> Result<Concluded> {
+pub async fn conclude(
+    ctx: &Context,
+    cached: &Microservice,
+    outcome: &Outcome,
+) -> Result<Concluded> {
+    // What we last wrote is fresher than a cache that has not seen it yet.
+    let ms = &ctx.written.freshest(cached);
     let generation = ms.metadata.generation.unwrap_or(0);
     let now = now();
     let cached = next_status(
@@ -56,7 +62,11 @@ pub async fn conclude(ctx: &Context, ms: &Microservice, outcome: &Outcome) -> Re
     attempt.status = Some(cached);
     ctx.ensure_leading()?;
     match write(&api, name, &attempt).await {
-        Ok(()) => return Ok(Concluded::Written),
+        Ok(result) => {
+            ctx.written
+                .record(attempt.metadata.resource_version.clone(), result);
+            return Ok(Concluded::Written);
+        }
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(ReconcileError::api("update_status", "Microservice", e)),
     }
@@ -88,14 +98,21 @@ pub async fn conclude(ctx: &Context, ms: &Microservice, outcome: &Outcome) -> Re
     }
     fresh.status = Some(next);
     ctx.ensure_leading()?;
-    write(&api, name, &fresh)
+    let result = write(&api, name, &fresh)
         .await
         .map_err(|e| ReconcileError::api("update_status", "Microservice", e))?;
+    ctx.written
+        .record(fresh.metadata.resource_version.clone(), result);
     Ok(Concluded::Written)
 }
 
-/// Replaces the status, conditional on `ms`'s resourceVersion.
-async fn write(api: &Api<Microservice>, name: &str, ms: &Microservice) -> kube::Result<()> {
+/// Replaces the status, conditional on `ms`'s resourceVersion; returns the
+/// object as written.
+async fn write(
+    api: &Api<Microservice>,
+    name: &str,
+    ms: &Microservice,
+) -> kube::Result<Microservice> {
     let pp = PostParams {
         dry_run: false,
         field_manager: Some(FIELD_MANAGER.into()),
@@ -107,5 +124,4 @@ async fn write(api: &Api<Microservice>, name: &str, ms: &Microservice) -> kube::
             kind = "Microservice"
         ))
         .await
-        .map(|_| ())
 }

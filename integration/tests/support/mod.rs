@@ -255,6 +255,8 @@ pub fn settings(cluster: &str, namespace: &str) -> flotilla::reconciler::Setting
 #[derive(Clone, Default)]
 pub struct RequestCounter(
     std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
+    /// Every counted request, as "VERB path".
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 );
 
 impl RequestCounter {
@@ -280,6 +282,21 @@ impl RequestCounter {
             .expect("counter lock")
             .entry(verb.to_string())
             .or_insert(0) += 1;
+        self.1
+            .lock()
+            .expect("counter lock")
+            .push(format!("{verb} {}", uri.path()));
+    }
+
+    /// Requests so far of `verb` whose path ends with `suffix`.
+    pub fn count(&self, verb: &str, suffix: &str) -> usize {
+        let prefix = format!("{verb} ");
+        self.1
+            .lock()
+            .expect("counter lock")
+            .iter()
+            .filter(|r| r.starts_with(&prefix) && r.ends_with(suffix))
+            .count()
     }
 
     pub fn snapshot(&self) -> std::collections::BTreeMap<String, u64> {
@@ -603,4 +620,39 @@ pub async fn http_get(url: &str) -> Option<(u16, String)> {
     let code = text.split_whitespace().nth(1)?.parse().ok()?;
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
     Some((code, body))
+}
+
+/// The reconciler tests' cluster, and a fresh namespace in it.
+pub async fn setup(prefix: &str) -> (Client, TestNamespace) {
+    let client = client("member-1").await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::create(&client, "member-1", prefix).await;
+    (client, ns)
+}
+
+/// Waits until `name` has condition `type_` with `status` (and `reason`, if
+/// given) at its current generation; returns the object.
+pub async fn wait_condition(
+    api: &Api<flotilla::crd::Microservice>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> flotilla::crd::Microservice {
+    let what = format!("{name}: {type_}={status} {reason:?} at the current generation");
+    eventually(&what, Duration::from_secs(90), || {
+        let api = api.clone();
+        async move {
+            let ms = api.get(name).await.ok()?;
+            let st = ms.status.as_ref()?;
+            let generation = ms.metadata.generation?;
+            let c = flotilla::domain::conditions::find(&st.conditions, type_)?;
+            let ok = st.observed_generation == Some(generation)
+                && c.observed_generation == Some(generation)
+                && c.status == status
+                && reason.is_none_or(|r| c.reason == r);
+            ok.then_some(ms.clone())
+        }
+    })
+    .await
 }

@@ -1,0 +1,56 @@
+//! Why a reconcile ran: each trigger stream notes the Microservice it wakes,
+//! and the reconcile takes the notes. Several events before one reconcile
+//! coalesce; a reconcile with no note was a requeue (resync, retry).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use kube::runtime::reflector::ObjectRef;
+
+use crate::crd::Microservice;
+
+#[derive(Debug, Default)]
+pub struct Triggers(Mutex<HashMap<ObjectRef<Microservice>, BTreeSet<&'static str>>>);
+
+impl Triggers {
+    pub fn note(&self, target: ObjectRef<Microservice>, why: &'static str) {
+        if let Ok(mut m) = self.0.lock() {
+            m.entry(target).or_default().insert(why);
+        }
+    }
+
+    /// The notes for `target` since its last reconcile, oldest kinds first.
+    pub fn take(&self, target: &ObjectRef<Microservice>) -> Vec<&'static str> {
+        let notes = self.0.lock().ok().and_then(|mut m| m.remove(target));
+        match notes {
+            Some(n) if !n.is_empty() => n.into_iter().collect(),
+            _ => vec!["Requeue"],
+        }
+    }
+}
+
+/// The Microservice a child names as its controller, if any.
+pub fn owner_of(meta: &kube::api::ObjectMeta) -> Option<ObjectRef<Microservice>> {
+    let ns = meta.namespace.as_deref()?;
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "Microservice")
+        .map(|o| ObjectRef::new(&o.name).within(ns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_coalesce_until_taken_and_none_means_a_requeue() {
+        let t = Triggers::default();
+        let a = ObjectRef::<Microservice>::new("a").within("ns");
+        t.note(a.clone(), "Service");
+        t.note(a.clone(), "EndpointSlice");
+        t.note(a.clone(), "Service");
+        assert_eq!(t.take(&a), ["EndpointSlice", "Service"]);
+        assert_eq!(t.take(&a), ["Requeue"]);
+    }
+}

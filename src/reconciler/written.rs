@@ -1,0 +1,84 @@
+//! The status this controller last wrote, per Microservice. A reconcile
+//! queued during a status write may run on the cached copy from before the
+//! write; comparing against that copy would find "nothing to write" where
+//! the object now says something else. While the cache still holds the
+//! version a write replaced, the write's result is the fresher copy.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kube::runtime::reflector::ObjectRef;
+
+use crate::crd::Microservice;
+
+#[derive(Debug, Default)]
+pub struct Written(Mutex<HashMap<ObjectRef<Microservice>, (String, Microservice)>>);
+
+/// Whether our write (`after`, over version `replaced`) is fresher than
+/// `cached`: the cache still holds the version the write replaced.
+pub fn fresher(cached: &Microservice, (replaced, after): &(String, Microservice)) -> bool {
+    cached.metadata.resource_version.as_deref() == Some(replaced.as_str())
+        && cached.metadata.uid == after.metadata.uid
+}
+
+impl Written {
+    /// The copy to conclude against: the cache, or our later write.
+    pub fn freshest(&self, cached: &Microservice) -> Microservice {
+        let key = ObjectRef::from_obj(cached);
+        let Ok(mut map) = self.0.lock() else {
+            return cached.clone();
+        };
+        match map.get(&key).filter(|e| fresher(cached, e)) {
+            Some((_, after)) => after.clone(),
+            None => {
+                // The cache caught up, or moved on: the note has served.
+                map.remove(&key);
+                cached.clone()
+            }
+        }
+    }
+
+    /// Notes that `result` was written over `replaced`.
+    pub fn record(&self, replaced: Option<String>, result: Microservice) {
+        if let (Some(replaced), Ok(mut map)) = (replaced, self.0.lock()) {
+            map.insert(ObjectRef::from_obj(&result), (replaced, result));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::fixtures::ms;
+
+    fn at(rv: &str) -> Microservice {
+        let mut m = ms("api").build();
+        m.metadata.resource_version = Some(rv.into());
+        m
+    }
+
+    #[test]
+    fn our_write_wins_until_the_cache_moves_past_what_it_replaced() {
+        let written = Written::default();
+        let mut after = at("8");
+        after.status = Some(Default::default());
+        written.record(Some("7".into()), after.clone());
+        let rv = |m: Microservice| (m.metadata.resource_version, m.status.is_some());
+        // The cache still holds version 7: conclude against our write.
+        assert_eq!(rv(written.freshest(&at("7"))), (Some("8".into()), true));
+        // The cache reached 9 (or anything else): it is the truth again.
+        assert_eq!(rv(written.freshest(&at("9"))), (Some("9".into()), false));
+        assert_eq!(
+            rv(written.freshest(&at("7"))),
+            (Some("7".into()), false),
+            "the note is gone"
+        );
+    }
+
+    #[test]
+    fn another_object_of_the_same_name_is_not_ours() {
+        let mut after = at("8");
+        after.metadata.uid = Some("other".into());
+        assert!(!fresher(&at("7"), &("7".to_string(), after)));
+    }
+}
