@@ -101,12 +101,12 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         &self,
         _request: Request<pb::ListClustersRequest>,
     ) -> Result<Response<pb::ListClustersResponse>, Status> {
-        let clusters = self.hub.read(|ix| {
-            ix.clusters()
-                .iter()
-                .map(|(name, c)| convert::cluster(name, c, ix.microservices_in(name)))
-                .collect()
-        });
+        let snap = self.hub.read(|ix| ix.snapshot());
+        let clusters = snap
+            .clusters()
+            .iter()
+            .map(|(name, c)| convert::cluster(name, c, snap.microservices_in(name)))
+            .collect();
         Ok(Response::new(pb::ListClustersResponse {
             clusters,
             replica_id: self.hub.replica_id.clone(),
@@ -119,7 +119,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
     ) -> Result<Response<pb::Microservice>, Status> {
         let r = request.into_inner();
         let key = request::key(&r.namespace, &r.name)?;
-        let view = self.hub.read(|ix| ix.view(&key, None));
+        let view = self.hub.read(|ix| ix.snapshot()).view(&key, None);
         match view {
             Some(v) => Ok(Response::new(convert::microservice(&v))),
             None => Err(ApiError::NotFound(format!(
@@ -138,13 +138,14 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         let filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
         let after = request::after(&r.page_token)?;
         let size = request::page_size(r.page_size);
-        let (page, revision, more) = self.hub.read(|ix| {
-            // One extra tells whether another page follows.
-            let mut page = ix.list(&filter, after.as_ref(), size + 1);
-            let more = page.len() > size;
-            page.truncate(size);
-            (page, ix.revision(), more)
-        });
+        // Views are built outside the index lock, from a snapshot.
+        let snap = self.hub.read(|ix| ix.snapshot());
+        // One extra tells whether another page follows.
+        let mut page: Vec<MicroserviceView> =
+            snap.list(&filter, after.as_ref(), size + 1).collect();
+        let more = page.len() > size;
+        page.truncate(size);
+        let revision = snap.revision();
         let next_page_token = match (more, page.last()) {
             (true, Some(last)) => request::page_token(&(last.namespace.clone(), last.name.clone())),
             _ => String::new(),

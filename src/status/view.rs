@@ -164,7 +164,10 @@ pub fn entry(
         facts: facts.clone(),
         replicas,
         reach,
-        last_seen: info.and_then(|i| i.last_seen),
+        // Only an unreachable cluster's entry says when it was last heard.
+        last_seen: info
+            .filter(|i| i.reach != Reach::Reachable)
+            .and_then(|i| i.last_seen),
         state,
         reason,
         message,
