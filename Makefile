@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-status-api bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -48,6 +48,12 @@ demo: toolchain
 # deploy/member/crd.yaml is generated from the Rust types; a unit test fails on drift.
 crd:
 	cargo run --quiet -- crd > deploy/member/crd.yaml
+
+# The status API under ghz and tonic load; no fleet needed. ghz is installed
+# from the Go module proxy when missing.
+bench-status-api: deps
+	command -v ghz >/dev/null || test -x "$$(go env GOPATH)/bin/ghz" || go install github.com/bojand/ghz/cmd/ghz@v0.121.0
+	cargo bench --locked --bench status_api
 
 # Reconcile throughput, API cost and memory on member-3 of a running fleet.
 bench-reconcile: toolchain

@@ -18,7 +18,7 @@ use flotilla::fleet::election::Timings;
 use flotilla::fleet::runtime::FleetOptions;
 use flotilla::reconciler::{self, Hooks, Settings, WriterIdentity};
 use flotilla::status::hub::Hub;
-use flotilla::supervise::{Critical, supervise};
+use flotilla::supervise::{Critical, supervise, with_fault};
 use flotilla::telemetry;
 
 /// A client with the user agent `flotilla/<replica-id>`, so that an audit
@@ -128,12 +128,18 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         Critical::spawn("gRPC server", {
             let serve =
                 flotilla::api::server::serve(hub.clone(), grpc, listener, stopped(stop_rx.clone()));
-            async move { serve.await.map_err(|e| e.to_string()) }
+            with_fault(
+                "grpc",
+                async move { serve.await.map_err(|e| e.to_string()) },
+            )
         }),
         Critical::spawn("metrics endpoint", {
             let serve =
                 telemetry::http::serve(metrics_listener, hub.readiness(), stopped(stop_rx.clone()));
-            async move { serve.await.map_err(|e| e.to_string()) }
+            with_fault(
+                "metrics",
+                async move { serve.await.map_err(|e| e.to_string()) },
+            )
         }),
     ];
     supervise(tasks, stop_tx).await?;

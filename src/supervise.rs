@@ -39,6 +39,33 @@ fn outcome(name: &str, joined: Result<Result<(), String>, tokio::task::JoinError
 /// task in order, so the first can release what the others serve), or until
 /// one task ends on its own: then asks the others to stop, waits for them,
 /// and returns that task's failure.
+/// A fault injected into the task `name`, in test builds only: with the
+/// `fault-hooks` feature, `FLOTILLA_FAULT=name[,name]` makes it fail after
+/// 2 s. Otherwise it never resolves.
+pub async fn injected(name: &str) -> String {
+    #[cfg(feature = "fault-hooks")]
+    {
+        let asked = std::env::var("FLOTILLA_FAULT").unwrap_or_default();
+        if asked.split(',').any(|t| t.trim() == name) {
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            return format!("injected fault in {name}");
+        }
+    }
+    let _ = name;
+    std::future::pending().await
+}
+
+/// `task`, failing if a fault is injected into it (test builds only).
+pub async fn with_fault(
+    name: &'static str,
+    task: impl Future<Output = Result<(), String>>,
+) -> Result<(), String> {
+    tokio::select! {
+        r = task => r,
+        e = injected(name) => Err(e),
+    }
+}
+
 pub async fn supervise(mut tasks: Vec<Critical>, stop: watch::Sender<bool>) -> Result<(), String> {
     let mut asked = stop.subscribe();
     let first = {

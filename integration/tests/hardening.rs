@@ -716,3 +716,33 @@ async fn a_single_cluster_controller_names_its_replica_in_every_write() {
         assert_eq!(w.user_agent, "flotilla/solo-agent", "{w:?}");
     }
 }
+
+/// Each critical task of a replica, failed on purpose (a fault hook that
+/// exists in test builds only): the replica exits non-zero, naming it, so
+/// that Kubernetes restarts it, instead of staying up and Ready while doing
+/// nothing.
+#[tokio::test]
+async fn a_replica_whose_critical_task_ends_exits_non_zero_and_names_it() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "supervise").await;
+    for (fault, named) in [
+        ("grpc", "gRPC server"),
+        ("metrics", "metrics endpoint"),
+        ("heartbeat", "heartbeat"),
+        ("registry", "registry"),
+    ] {
+        let mut replicas = Replicas::new(&ns, &["member-1"]);
+        replicas.env = vec![("FLOTILLA_FAULT".into(), fault.into())];
+        replicas.start("r1");
+        // Blocking is fine: nothing else runs on this test's runtime.
+        let status = replicas
+            .exit_within("r1", std::time::Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("a replica with a failed {named} is still running"));
+        assert!(!status.success(), "{fault}: exited {status:?}");
+        let log = replicas.log("r1");
+        assert!(
+            log.contains(named) && log.contains("injected fault"),
+            "{fault}: the log does not name the failed task:\n{log}"
+        );
+    }
+}

@@ -4,6 +4,9 @@
 
 mod support;
 
+/// member-3 is stopped by two tests here; one at a time.
+static MEMBER_3: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -52,6 +55,7 @@ async fn available_and_its_transition_time_stand_across_an_apiserver_blip() {
     use kube::api::PostParams;
     use support::{Operator, TestNamespace, ensure_crd, microservice, settings, wait_condition};
 
+    let _one_at_a_time = MEMBER_3.lock().await;
     let member_3 = client("member-3").await;
     ensure_crd(&member_3).await;
     let ns = TestNamespace::create(&member_3, "member-3", "blip").await;
@@ -146,4 +150,195 @@ async fn available_and_its_transition_time_stand_across_an_apiserver_blip() {
         deployment.metadata.generation, deployment.status
     );
     op.stop().await;
+}
+
+/// kubectl against member-3, failing the test if it fails.
+fn k3(args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new(support::kubectl())
+        .arg("--kubeconfig")
+        .arg(support::kubeconfig_path("member-3"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().expect("kubectl");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "kubectl {args:?}: {text}");
+    text
+}
+
+/// A replica whose status watch of a cluster fails while its Lease reads
+/// still work (here: the right to read Microservices revoked, then the
+/// apiserver restarted so that the watch must start again) shows that
+/// cluster's entries Unknown, `StatusWatchFailing`, not its last state as
+/// fresh; and recovers when the right comes back.
+#[tokio::test]
+async fn a_failing_status_watch_makes_the_entries_unknown_and_recovers() {
+    use flotilla::api::client::{ClientOptions, connect};
+    use flotilla::api::pb;
+    use kube::api::PostParams;
+    use support::microservice;
+    use support::replicas::{Replicas, member_clients, namespaces};
+
+    let _one_at_a_time = MEMBER_3.lock().await;
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "feed").await;
+    // A ServiceAccount with what a replica needs, Microservices bound apart.
+    let rbac = format!(
+        r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: feed, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {ns}-base}}
+rules:
+- {{apiGroups: [coordination.k8s.io], resources: [leases], verbs: ["*"]}}
+- {{apiGroups: [""], resources: [namespaces], verbs: [get, create]}}
+- {{apiGroups: [""], resources: [services, events], verbs: ["*"]}}
+- {{apiGroups: [events.k8s.io], resources: [events], verbs: ["*"]}}
+- {{apiGroups: [apps], resources: [deployments], verbs: ["*"]}}
+- {{apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [get, list, watch]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {ns}-ms}}
+rules:
+- {{apiGroups: [platform.example.io], resources: [microservices, microservices/status], verbs: ["*"]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {ns}-base}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {ns}-base}}
+subjects: [{{kind: ServiceAccount, name: feed, namespace: {ns}}}]
+"#
+    );
+    let ms_binding = format!(
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {ns}-ms}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {ns}-ms}}
+subjects: [{{kind: ServiceAccount, name: feed, namespace: {ns}}}]
+"#
+    );
+    k3(&["apply", "-f", "-"], Some(&rbac));
+    k3(&["apply", "-f", "-"], Some(&ms_binding));
+    let token = k3(
+        &["create", "token", "feed", "-n", &ns, "--duration", "1h"],
+        None,
+    );
+    let mut replicas = Replicas::new(&ns, &["member-3"]);
+    let admin: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(support::kubeconfig_path("member-3")).unwrap(),
+    )
+    .unwrap();
+    let c = &admin["clusters"][0]["cluster"];
+    let kubeconfig = serde_json::json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "member-3", "cluster": {
+            "server": c["server"], "certificate-authority-data": c["certificate-authority-data"],
+        }}],
+        "users": [{"name": "feed", "user": {"token": token.trim()}}],
+        "contexts": [{"name": "member-3", "context": {"cluster": "member-3", "user": "feed"}}],
+        "current-context": "member-3",
+    });
+    std::fs::write(
+        replicas.dir.join("member-3.yaml"),
+        serde_yaml::to_string(&kubeconfig).unwrap(),
+    )
+    .unwrap();
+    replicas.start("r1");
+    let url = replicas.grpc_url("r1");
+    Api::<flotilla::crd::Microservice>::namespaced(clients["member-3"].clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &microservice("watched", "ghcr.io/acme/w:1", 8080, Some(1)),
+        )
+        .await
+        .expect("create");
+    let entry = |state: pb::EntryState, reason: Option<&'static str>| {
+        let url = url.clone();
+        let ns = ns.clone();
+        move || {
+            let url = url.clone();
+            let ns = ns.clone();
+            async move {
+                let mut c = connect(&ClientOptions {
+                    server: url,
+                    ..Default::default()
+                })
+                .await
+                .ok()?;
+                let m = c
+                    .get_microservice(pb::GetMicroserviceRequest {
+                        namespace: ns,
+                        name: "watched".into(),
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                let e = m.clusters.first()?.clone();
+                (e.state == state as i32 && reason.is_none_or(|r| e.reason == r)).then_some(e)
+            }
+        }
+    };
+    eventually(
+        "the entry Done",
+        Duration::from_secs(90),
+        entry(pb::EntryState::Done, None),
+    )
+    .await;
+
+    // No more Microservices for this replica; the watch must start again.
+    k3(&["delete", "clusterrolebinding", &format!("{ns}-ms")], None);
+    drop(StoppedMember::stop("member-3"));
+    let back = std::time::Instant::now();
+    let stale = eventually(
+        "the entry Unknown (StatusWatchFailing)",
+        Duration::from_secs(60),
+        entry(pb::EntryState::Unknown, Some("StatusWatchFailing")),
+    )
+    .await;
+    println!(
+        "figure: entries Unknown {:?} after the apiserver came back without the right to watch",
+        back.elapsed()
+    );
+    assert!(
+        stale.message.contains("forbidden") || stale.message.contains("403"),
+        "{}",
+        stale.message
+    );
+
+    k3(&["apply", "-f", "-"], Some(&ms_binding));
+    eventually(
+        "the entry Done again",
+        Duration::from_secs(60),
+        entry(pb::EntryState::Done, None),
+    )
+    .await;
+    for name in [format!("{ns}-base"), format!("{ns}-ms")] {
+        k3(
+            &[
+                "delete",
+                "clusterrolebinding,clusterrole",
+                &name,
+                "--ignore-not-found",
+            ],
+            None,
+        );
+    }
 }

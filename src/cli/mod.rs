@@ -2,6 +2,8 @@
 //! output (`output`, pure) and calls (`remote`).
 
 pub mod args;
+#[cfg(test)]
+mod doc_examples;
 pub mod output;
 pub mod remote;
 pub mod wait;

@@ -200,11 +200,14 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
     let mut printer = Printer::new(format, started);
     let mut backoff = FIRST_RETRY;
     let mut lost_at: Option<Instant> = None;
+    // Whether any replica ever took the question: if none did, the timeout
+    // says nothing about the rollout.
+    let mut answered = false;
     for attempt in 0.. {
         let server = &servers[attempt % servers.len()];
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
-            return Ok(exit::TIMED_OUT);
+            return timed_out(answered);
         }
         let o = ClientOptions {
             server: server.clone(),
@@ -245,6 +248,7 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
                 .into_inner();
             // Connected: the next loss starts its backoff afresh.
             backoff = FIRST_RETRY;
+            answered = true;
             while let Some(item) = stream.next().await {
                 let p = item.map_err(Lost::Status)?;
                 printer.show(&p);
@@ -271,7 +275,7 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
             Err(Lost::Fatal(e)) => return Err(e),
         };
         if Instant::now() >= deadline {
-            return Ok(exit::TIMED_OUT);
+            return timed_out(answered);
         }
         eprintln!("lost {server}: {why}; retrying");
         lost_at.get_or_insert_with(Instant::now);
@@ -279,6 +283,16 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
     unreachable!("the attempts loop ends only by returning")
+}
+
+/// The deadline passed: a verdict (2) if some replica followed the
+/// rollout, otherwise the question was never asked (3).
+fn timed_out(answered: bool) -> Result<u8, String> {
+    if answered {
+        Ok(exit::TIMED_OUT)
+    } else {
+        Err("no replica in --server answered before the timeout".into())
+    }
 }
 
 const FIRST_RETRY: Duration = Duration::from_millis(200);

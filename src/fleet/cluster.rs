@@ -89,15 +89,18 @@ fn set_state(hub: &Hub, cluster: &str, me: &str, state: ClusterState) {
                 ClusterState::Reachable => {
                     info.reach = Reach::Reachable;
                     info.reason.clear();
+                    info.last_seen = None;
                 }
                 ClusterState::Following { holder, epoch } => {
                     info.reach = Reach::Reachable;
                     info.reason.clear();
+                    info.last_seen = None;
                     info.holder = holder.clone();
                     info.epoch = *epoch;
                     info.led_here = false;
                 }
                 ClusterState::Leading { epoch } => {
+                    info.last_seen = None;
                     info.reach = Reach::Reachable;
                     info.reason.clear();
                     info.holder = Some(me.to_string());

@@ -85,6 +85,9 @@ pub async fn run(
     let secrets_api: Api<Secret> = Api::namespaced(opts.home.clone(), &opts.home_namespace);
     let mut running_from_secrets: BTreeMap<String, registry::Found> = BTreeMap::new();
     let mut failure: Option<String> = None;
+    // Never resolve outside test builds (see `supervise::injected`).
+    let mut heartbeat_fault = std::pin::pin!(crate::supervise::injected("heartbeat"));
+    let mut registry_fault = std::pin::pin!(crate::supervise::injected("registry"));
     loop {
         // The registry: start new and changed clusters, stop removed ones.
         let files = match &opts.kubeconfig_dir {
@@ -212,6 +215,15 @@ pub async fn run(
                     Ok(()) => "the heartbeat stopped".to_string(),
                     Err(e) => format!("the heartbeat task failed: {e}"),
                 });
+                break;
+            }
+            e = &mut heartbeat_fault => {
+                heartbeat.abort();
+                failure = Some(format!("the heartbeat task failed: {e}"));
+                break;
+            }
+            e = &mut registry_fault => {
+                failure = Some(format!("the registry failed: {e}"));
                 break;
             }
         }

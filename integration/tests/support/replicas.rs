@@ -169,6 +169,24 @@ impl Replicas {
         self.children.insert(id.to_string(), child);
     }
 
+    /// Waits up to `limit` for replica `id` to exit by itself.
+    pub fn exit_within(
+        &mut self,
+        id: &str,
+        limit: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let until = std::time::Instant::now() + limit;
+        let child = self.children.get_mut(id).expect("known replica");
+        while std::time::Instant::now() < until {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.children.remove(id);
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        None
+    }
+
     pub fn kill_9(&mut self, id: &str) {
         let mut child = self.children.remove(id).expect("known replica");
         child.kill().expect("SIGKILL");
