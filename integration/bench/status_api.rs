@@ -132,7 +132,17 @@ fn ghz_bin() -> String {
 fn ghz(addr: &str, method: &str, data: Value, seconds: u64) -> (f64, f64, f64, u64) {
     let proto = concat!(env!("CARGO_MANIFEST_DIR"), "/proto/flotilla/v1/fleet.proto");
     let include = concat!(env!("CARGO_MANIFEST_DIR"), "/proto");
-    let out = Command::new(ghz_bin())
+    // Under /usr/bin/time, when there is one, to see what the load client
+    // itself costs: on 2 cores it competes with the server it measures.
+    let timed = std::path::Path::new("/usr/bin/time").exists();
+    let mut cmd = if timed {
+        let mut c = Command::new("/usr/bin/time");
+        c.args(["-f", "ghz-cpu %U %S", &ghz_bin()]);
+        c
+    } else {
+        Command::new(ghz_bin())
+    };
+    let out = cmd
         .args(["--insecure", "--proto", proto, "--import-paths", include])
         .args(["--call", &format!("flotilla.v1.FleetStatus/{method}")])
         .args([
@@ -170,6 +180,21 @@ fn ghz(addr: &str, method: &str, data: Value, seconds: u64) -> (f64, f64, f64, u
                 .sum()
         })
         .unwrap_or(0);
+    let count = report["count"].as_f64().unwrap_or(0.0);
+    if let Some(line) = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .find(|l| l.starts_with("ghz-cpu "))
+    {
+        let cpu: f64 = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse::<f64>().ok())
+            .sum();
+        println!(
+            "  (ghz itself used {:.1} ms of CPU per {method} call)",
+            cpu * 1e3 / count.max(1.0)
+        );
+    }
     if errors > 0 {
         eprintln!("ghz {method}: errors {}", report["errorDistribution"]);
     }

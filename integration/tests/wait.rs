@@ -327,3 +327,15 @@ async fn generation_targets_are_per_cluster_and_explicit_ones_win() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a generation"));
 }
+
+#[tokio::test]
+async fn a_wait_no_replica_ever_answers_exits_3_not_a_verdict() {
+    let nobody = format!("http://127.0.0.1:{}", free_port());
+    let (code, _, stderr) = finish(
+        wait(&["ns/x", "--image", "x:1", "--timeout", "2s", "--server", &nobody]),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(stderr.contains("no replica"), "{stderr}");
+}
