@@ -52,8 +52,7 @@ async fn available_and_its_transition_time_stand_across_an_apiserver_blip() {
     use flotilla::crd::Microservice;
     use flotilla::domain::conditions::find;
     use flotilla::reconciler::Hooks;
-    use kube::api::PostParams;
-    use support::{Operator, TestNamespace, ensure_crd, microservice, settings, wait_condition};
+    use support::{Operator, TestNamespace, create_available, ensure_crd, settings};
 
     let _one_at_a_time = MEMBER_3.lock().await;
     let member_3 = client("member-3").await;
@@ -71,16 +70,7 @@ async fn available_and_its_transition_time_stand_across_an_apiserver_blip() {
     };
     let op = Operator::start(&member_3, settings("member-3", &ns.name), hooks);
     let api = ns.api::<Microservice>();
-    api.create(
-        &PostParams::default(),
-        &microservice("steady", "ghcr.io/acme/steady:1", 8080, Some(1)),
-    )
-    .await
-    .expect("create");
-    let before = wait_condition(&api, "steady", "Available", "True", None).await;
-    let available = find(&before.status.unwrap().conditions, "Available")
-        .unwrap()
-        .clone();
+    let available = create_available(&api, "steady", "ghcr.io/acme/steady:1").await;
 
     let restart = StoppedMember::stop("member-3");
     tokio::time::sleep(Duration::from_secs(5)).await;

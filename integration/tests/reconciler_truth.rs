@@ -366,16 +366,7 @@ async fn a_transient_error_leaves_available_and_its_transition_time_alone() {
     let (client, ns) = setup("rec-transient").await;
     let op = Operator::start(&client, settings(CLUSTER, &ns.name), Hooks::default());
     let api = ns.api::<Microservice>();
-    api.create(
-        &PostParams::default(),
-        &microservice("steady", "ghcr.io/acme/steady:1", 8080, Some(1)),
-    )
-    .await
-    .expect("create");
-    let before = wait_condition(&api, "steady", "Available", "True", None).await;
-    let available = find(&before.status.unwrap().conditions, "Available")
-        .unwrap()
-        .clone();
+    let available = support::create_available(&api, "steady", "ghcr.io/acme/steady:1").await;
     op.stop().await;
 
     // While no controller runs: a hand edit to repair, then updates of the

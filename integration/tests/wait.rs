@@ -332,7 +332,15 @@ async fn generation_targets_are_per_cluster_and_explicit_ones_win() {
 async fn a_wait_no_replica_ever_answers_exits_3_not_a_verdict() {
     let nobody = format!("http://127.0.0.1:{}", free_port());
     let (code, _, stderr) = finish(
-        wait(&["ns/x", "--image", "x:1", "--timeout", "2s", "--server", &nobody]),
+        wait(&[
+            "ns/x",
+            "--image",
+            "x:1",
+            "--timeout",
+            "2s",
+            "--server",
+            &nobody,
+        ]),
         Duration::from_secs(30),
     )
     .await;

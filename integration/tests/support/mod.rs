@@ -656,3 +656,22 @@ pub async fn wait_condition(
     })
     .await
 }
+
+/// Creates Microservice `name` (image `image`, one replica) and waits until
+/// it is Available at its generation; returns that condition.
+pub async fn create_available(
+    api: &Api<flotilla::crd::Microservice>,
+    name: &str,
+    image: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    api.create(
+        &PostParams::default(),
+        &microservice(name, image, 8080, Some(1)),
+    )
+    .await
+    .expect("create");
+    let ms = wait_condition(api, name, "Available", "True", None).await;
+    flotilla::domain::conditions::find(&ms.status.expect("status").conditions, "Available")
+        .expect("Available")
+        .clone()
+}
