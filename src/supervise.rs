@@ -35,10 +35,6 @@ fn outcome(name: &str, joined: Result<Result<(), String>, tokio::task::JoinError
     }
 }
 
-/// Runs until shutdown is asked for through `stop` (then waits for every
-/// task in order, so the first can release what the others serve), or until
-/// one task ends on its own: then asks the others to stop, waits for them,
-/// and returns that task's failure.
 /// A fault injected into the task `name`, in test builds only: with the
 /// `fault-hooks` feature, `FLOTILLA_FAULT=name[,name]` makes it fail after
 /// 2 s. Otherwise it never resolves.
@@ -66,6 +62,10 @@ pub async fn with_fault(
     }
 }
 
+/// Runs until shutdown is asked for through `stop` (then waits for every
+/// task in order, so the first can release what the others serve), or until
+/// one task ends on its own: then asks the others to stop, waits for them,
+/// and returns that task's failure.
 pub async fn supervise(mut tasks: Vec<Critical>, stop: watch::Sender<bool>) -> Result<(), String> {
     let mut asked = stop.subscribe();
     let first = {

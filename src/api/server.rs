@@ -85,6 +85,10 @@ impl ServerOptions {
     }
 }
 
+/// How long open connections may take to finish once shutdown has begun
+/// and every stream has been told to end.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// tonic reports an oversized request as OUT_OF_RANGE; gRPC's convention
 /// (and every other implementation) says RESOURCE_EXHAUSTED.
 fn oversized_is_resource_exhausted(
@@ -147,6 +151,7 @@ pub async fn serve(
     // Streams end UNAVAILABLE as shutdown begins; tonic's graceful
     // shutdown would otherwise wait for them forever.
     let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+    let mut stop_flag = stopping.clone();
     let shutdown = async move {
         shutdown.await;
         stopping_tx.send(true).ok();
@@ -206,15 +211,29 @@ pub async fn serve(
         .with_keepalive(Some(Duration::from_secs(60)));
     // TLS is terminated here rather than by tonic, so that rotated files
     // apply to new connections without a restart.
-    let result = match tls {
-        Some(tls) => {
-            router
-                .serve_with_incoming_shutdown(tls.accept(tcp), shutdown)
-                .await
+    let served = async {
+        match tls {
+            Some(tls) => {
+                router
+                    .serve_with_incoming_shutdown(tls.accept(tcp), shutdown)
+                    .await
+            }
+            None => router.serve_with_incoming_shutdown(tcp, shutdown).await,
         }
-        None => router.serve_with_incoming_shutdown(tcp, shutdown).await,
-    }
-    .map_err(|e| ApiError::Transport(e.to_string()));
+        .map_err(|e| ApiError::Transport(e.to_string()))
+    };
+    // Graceful shutdown waits for every connection; a client that reads
+    // nothing would hold it open forever. After the grace, stop waiting.
+    let result = tokio::select! {
+        r = served => r,
+        _ = async {
+            super::streams::shutting_down(&mut stop_flag).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!("gRPC connections still open {SHUTDOWN_GRACE:?} after shutdown began; closing them");
+            Ok(())
+        }
+    };
     reporter.abort();
     watcher.abort();
     result

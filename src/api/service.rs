@@ -206,6 +206,10 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         // the wait runs: one created after the call starts is waited for.
         let follow = explicit.is_empty();
         let mut required: BTreeSet<String> = explicit.into_iter().collect();
+        // A cluster given its own generation target is waited for too.
+        if follow && let Target::Generations { at_least, .. } = &target {
+            required.extend(at_least.keys().cloned());
+        }
         let (mut out, inbox) = streams::channel(self.streams.open()?, self.stall);
         let mut shutdown = self.shutdown.clone();
         let mut changed = hub.subscribe();
@@ -223,14 +227,24 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                 let mut last_sent: Option<pb::RolloutProgress> = None;
                 let mut linked: BTreeSet<String> = BTreeSet::new();
                 loop {
-                    let snap = hub.read(|ix| ix.snapshot());
-                    let v = snap.view(&key, None);
-                    if follow && let Some(v) = &v {
-                        required.extend(v.entries.iter().map(|e| e.cluster.clone()));
-                    }
-                    let (entries, result) = progress(v.as_ref(), &required, &target, &snap);
+                    // The snapshot is dropped before the next await: a
+                    // held snapshot makes the index copy on its next write.
+                    let (entries, result, revision) = {
+                        let snap = hub.read(|ix| ix.snapshot());
+                        let v = snap.view(&key, None);
+                        if follow {
+                            if let Some(v) = &v {
+                                required.extend(v.entries.iter().map(|e| e.cluster.clone()));
+                            }
+                            // A cluster no longer registered is no longer
+                            // part of the fleet's rollout.
+                            required.retain(|c| snap.clusters().contains_key(c));
+                        }
+                        let (entries, result) = progress(v.as_ref(), &required, &target, &snap);
+                        (entries, result, snap.revision())
+                    };
                     link_reconciles(&span, &key, &entries, &mut linked);
-                    let mut msg = progress_message(&entries, &result, snap.revision());
+                    let mut msg = progress_message(&entries, &result, revision);
                     if required.is_empty() {
                         msg.summary = format!(
                             "waiting for {}/{} to appear in a registered cluster",

@@ -75,18 +75,21 @@ pub enum Ended {
     Stalled,
 }
 
-/// The sending half, for the task that produces the stream.
+/// The sending half, for the task that produces the stream. It holds the
+/// stream's slot: when the producer ends (the client left, it stalled, the
+/// server stops), the slot is free, even if a stuck client's connection
+/// keeps the other half alive.
 pub struct Outbox<T> {
     tx: mpsc::Sender<Result<T, Status>>,
     end: Option<oneshot::Sender<Status>>,
     stall: Duration,
+    _slot: Slot,
 }
 
-/// The half tonic reads. It holds the stream's slot.
+/// The half tonic reads.
 pub struct Inbox<T> {
     rx: mpsc::Receiver<Result<T, Status>>,
     end: Option<oneshot::Receiver<Status>>,
-    _slot: Slot,
 }
 
 pub fn channel<T>(slot: Slot, stall: Duration) -> (Outbox<T>, Inbox<T>) {
@@ -97,11 +100,11 @@ pub fn channel<T>(slot: Slot, stall: Duration) -> (Outbox<T>, Inbox<T>) {
             tx,
             end: Some(end_tx),
             stall,
+            _slot: slot,
         },
         Inbox {
             rx,
             end: Some(end_rx),
-            _slot: slot,
         },
     )
 }
@@ -185,11 +188,12 @@ mod tests {
             out.send(i).await.unwrap();
         }
         assert_eq!(out.send(999).await, Err(Ended::Stalled));
+        // The producer gives up: its slot is free even though nobody read.
+        drop(out);
+        assert_eq!(streams.count(), 0);
         let first = inbox.next().await.unwrap();
         assert_eq!(first.unwrap_err().code(), tonic::Code::ResourceExhausted);
         assert!(inbox.next().await.is_none());
-        drop(inbox);
-        assert_eq!(streams.count(), 0);
     }
 
     #[tokio::test]

@@ -213,7 +213,9 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
             server: server.clone(),
             ..o.clone()
         };
-        let outcome = async {
+        // The grpc-timeout header bounds the server, not this client: a
+        // replica that hangs mid-stream must not keep the wait past its time.
+        let attempt = async {
             let mut client = connect(&o).await.map_err(Lost::Connect)?;
             if resolved.is_none()
                 && let WaitTarget::Generations(args) = &w.target
@@ -264,8 +266,12 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
             Ok(Attempt::Lost(
                 "the stream ended before the rollout did".to_string(),
             ))
-        }
-        .await;
+        };
+        let outcome =
+            match tokio::time::timeout_at(deadline + Duration::from_secs(2), attempt).await {
+                Ok(outcome) => outcome,
+                Err(_) => return timed_out(answered),
+            };
         let why = match outcome {
             Ok(Attempt::Verdict(code)) => return Ok(code),
             Ok(Attempt::Lost(why)) => why,

@@ -124,6 +124,6 @@ pub(crate) struct Context {
     pub backoff: Mutex<Backoff<ObjectRef<Microservice>>>,
     pub hooks: Hooks,
     pub triggers: Arc<super::triggers::Triggers>,
-    pub written: super::written::Written,
+    pub written: Arc<super::written::Written>,
     pub strangers: Arc<super::strangers::Strangers>,
 }

@@ -86,11 +86,22 @@ pub async fn run(
     let slice_stream = without_errors(slice_stream, settings.cluster.clone(), "EndpointSlice");
 
     let (ms_reader, ms_writer) = reflector::store();
+    let written = Arc::new(Written::default());
+    let (forget_notes, forget_written) = (triggers.clone(), written.clone());
     let notes = triggers.clone();
     // Only spec changes (generation) trigger: our own status writes do not loop.
     let ms_stream = watcher(scoped::<Microservice>(&client, ns.as_deref()), base)
         .backoff(crate::watching::backoff())
         .reflect(ms_writer)
+        // A deleted Microservice is not reconciled again: drop what the
+        // controller remembers of it here.
+        .inspect(move |e| {
+            if let Ok(watcher::Event::Delete(gone)) = e {
+                let gone = ObjectRef::from_obj(gone);
+                forget_notes.forget(&gone);
+                forget_written.forget(&gone);
+            }
+        })
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default())
         .inspect(move |m| {
@@ -125,7 +136,7 @@ pub async fn run(
         backoff: Mutex::new(Backoff::new(BACKOFF_BASE, BACKOFF_MAX)),
         hooks,
         triggers: triggers.clone(),
-        written: Written::default(),
+        written,
         strangers,
     });
 

@@ -85,8 +85,9 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
                 Ok(if label == "Dropped" || label == CACHES_WARMING {
                     Action::requeue(DROPPED_REQUEUE)
                 } else if label == CHILD_TERMINATING {
-                    // The deletion event usually wakes us first.
-                    Action::requeue(std::time::Duration::from_secs(1))
+                    // The deletion event wakes us first; this is the
+                    // backstop, and a child held for long costs little.
+                    Action::requeue(std::time::Duration::from_secs(5))
                 } else {
                     Action::requeue(ctx.settings.resync)
                 })

@@ -19,6 +19,13 @@ impl Triggers {
         }
     }
 
+    /// The Microservice is gone: its notes (its children's deletions) go too.
+    pub fn forget(&self, gone: &ObjectRef<Microservice>) {
+        if let Ok(mut m) = self.0.lock() {
+            m.remove(gone);
+        }
+    }
+
     /// The notes for `target` since its last reconcile, oldest kinds first.
     pub fn take(&self, target: &ObjectRef<Microservice>) -> Vec<&'static str> {
         let notes = self.0.lock().ok().and_then(|mut m| m.remove(target));

@@ -38,6 +38,13 @@ impl Written {
         }
     }
 
+    /// The Microservice is gone: nothing to remember for it.
+    pub fn forget(&self, gone: &ObjectRef<Microservice>) {
+        if let Ok(mut map) = self.0.lock() {
+            map.remove(gone);
+        }
+    }
+
     /// Notes that `result` was written over `replaced`.
     pub fn record(&self, replaced: Option<String>, result: Microservice) {
         if let (Some(replaced), Ok(mut map)) = (replaced, self.0.lock()) {

@@ -134,7 +134,24 @@ async fn watch_until_error(
     let mut events = std::pin::pin!(stream::select(ms, deps));
     let (mut ms_init, mut dep_init) = (Vec::new(), Vec::new());
     let (mut ms_synced, mut dep_synced, mut announced) = (false, false, false);
-    while let Some(event) = events.next().await {
+    // Recovery counts once the watches have stayed up this long after their
+    // listing: one that lists and then fails at once keeps backing off, and
+    // stays marked, rather than relisting every half second.
+    let mut stable_at: Option<Instant> = None;
+    loop {
+        let event = tokio::select! {
+            e = events.next() => e,
+            _ = tokio::time::sleep_until(stable_at.unwrap_or_else(Instant::now)), if stable_at.is_some() => {
+                stable_at = None;
+                if health.marked {
+                    tracing::info!(k8s.cluster.name = %cluster, "status watch recovered");
+                    hub.update(|ix| ix.update_cluster(cluster, "", |c| c.feed_error = None));
+                }
+                *health = Health::default();
+                continue;
+            }
+        };
+        let Some(event) = event else { break };
         let item = match event {
             Ok(item) => item,
             Err(e) => return e.to_string(),
@@ -169,16 +186,8 @@ async fn watch_until_error(
         }
         if ms_synced && dep_synced && !announced {
             announced = true;
-            if health.marked {
-                tracing::info!(k8s.cluster.name = %cluster, "status watch recovered");
-            }
-            *health = Health::default();
-            hub.update(|ix| {
-                ix.update_cluster(cluster, "", |c| {
-                    c.synced = true;
-                    c.feed_error = None;
-                })
-            });
+            stable_at = Some(Instant::now() + STALE_AFTER);
+            hub.update(|ix| ix.update_cluster(cluster, "", |c| c.synced = true));
         }
     }
     "the watch ended".to_string()
