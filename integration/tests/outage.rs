@@ -179,11 +179,15 @@ async fn a_failing_status_watch_makes_the_entries_unknown_and_recovers() {
     use flotilla::api::client::{ClientOptions, connect};
     use flotilla::api::pb;
     use kube::api::PostParams;
+    use support::ensure_crd;
     use support::microservice;
-    use support::replicas::{Replicas, member_clients, namespaces};
+    use support::replicas::{Replicas, namespaces};
 
     let _one_at_a_time = MEMBER_3.lock().await;
-    let clients = member_clients().await;
+    // member-3 only: the test beside this one stops member-2.
+    let member_3 = client("member-3").await;
+    ensure_crd(&member_3).await;
+    let clients = std::collections::BTreeMap::from([("member-3", member_3)]);
     let (ns, _guards) = namespaces(&clients, "feed").await;
     // A ServiceAccount with what a replica needs, Microservices bound apart.
     let rbac = format!(
