@@ -446,3 +446,42 @@ async fn shutdown_ends_open_streams_unavailable_and_the_server_returns() {
         .expect("the server returns once its streams ended")
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_resume_from_before_the_tombstone_horizon_gets_a_reset_and_the_exact_set() {
+    let hub = hub_with(5);
+    let server = Server::start(hub.clone(), |_| {}).await;
+    let mut client = server.client().await;
+    let mut mirror = Mirror::default();
+    let mut stream = client
+        .watch_microservices(request("", "", 0, ""))
+        .await
+        .expect("watch")
+        .into_inner();
+    while !mirror.apply(&next(&mut stream).await.expect("event")) {}
+    drop(stream);
+    // While the client is away, more deletions than the index remembers.
+    hub.update(|ix| {
+        ix.delete_microservice("member-1", &key("s0000"));
+        for i in 0..10_050 {
+            let k = key(&format!("brief-{i:05}"));
+            ix.upsert_microservice("member-1", k.clone(), facts("pay", "a:1"));
+            ix.delete_microservice("member-1", &k);
+        }
+    });
+    let mut resumed = client
+        .watch_microservices(request("", "", mirror.resume, &mirror.index_id))
+        .await
+        .expect("resume")
+        .into_inner();
+    let first = next(&mut resumed).await.expect("event");
+    assert_eq!(
+        kind(&first),
+        pb::WatchEventType::Reset,
+        "too old to resume: a snapshot, framed"
+    );
+    mirror.apply(&first);
+    while !mirror.apply(&next(&mut resumed).await.expect("event")) {}
+    let expected: BTreeSet<String> = (1..5).map(|i| format!("s{i:04}")).collect();
+    assert_eq!(mirror.items, expected, "s0000's deletion was not lost");
+}
