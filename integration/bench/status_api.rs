@@ -97,16 +97,21 @@ fn hub(names: usize) -> Arc<Hub> {
     hub
 }
 
+/// A runtime of 2 workers, as many as the machine has cores.
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Serves `hub` on a loopback port from a runtime of its own (2 workers,
 /// as many as the machine has cores); returns the address.
 fn start(hub: Arc<Hub>) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = two_workers();
         rt.block_on(async move {
             let mut opts = ServerOptions::new("127.0.0.1:0".parse().unwrap());
             opts.insecure = true;
@@ -216,11 +221,7 @@ where
     Fut: std::future::Future<Output = ()> + Send,
 {
     let url = format!("http://{addr}");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     rt.block_on(async move {
         let until = Instant::now() + Duration::from_secs(seconds);
         let mut tasks = Vec::new();

@@ -47,6 +47,11 @@ async fn finish(child: Child, limit: Duration) -> (i32, String, String) {
     )
 }
 
+/// `flotilla wait ARGS`, run to its end within `limit`.
+async fn wait_done(args: &[&str], limit: Duration) -> (i32, String, String) {
+    finish(wait(args), limit).await
+}
+
 async fn serving(url: &str) {
     eventually(
         &format!("{url} answers"),
@@ -139,8 +144,8 @@ async fn a_rollout_stuck_past_its_progress_deadline_fails_the_wait() {
     serving(&url).await;
     let member1 = clients["member-1"].clone();
     create(&member1, &ns, "stuck", "ghcr.io/acme/api:1").await;
-    let (code, stdout, stderr) = finish(
-        wait(&[
+    let (code, stdout, stderr) = wait_done(
+        &[
             &format!("{ns}/stuck"),
             "--image",
             "ghcr.io/acme/api:1",
@@ -148,7 +153,7 @@ async fn a_rollout_stuck_past_its_progress_deadline_fails_the_wait() {
             "60s",
             "--server",
             &url,
-        ]),
+        ],
         Duration::from_secs(70),
     )
     .await;
@@ -156,8 +161,8 @@ async fn a_rollout_stuck_past_its_progress_deadline_fails_the_wait() {
 
     set_image(&member1, &ns, "stuck", "ghcr.io/acme/api:never-ready").await;
     let started = std::time::Instant::now();
-    let (code, stdout, stderr) = finish(
-        wait(&[
+    let (code, stdout, stderr) = wait_done(
+        &[
             &format!("{ns}/stuck"),
             "--image",
             "ghcr.io/acme/api:never-ready",
@@ -167,7 +172,7 @@ async fn a_rollout_stuck_past_its_progress_deadline_fails_the_wait() {
             &url,
             "-o",
             "json",
-        ]),
+        ],
         Duration::from_secs(130),
     )
     .await;
@@ -213,8 +218,8 @@ async fn a_wait_started_before_the_microservice_exists_waits_for_it() {
     );
 
     // Nothing ever appears: a timeout (2), not an error (3).
-    let (code, stdout, _) = finish(
-        wait(&[
+    let (code, stdout, _) = wait_done(
+        &[
             &format!("{ns}/never"),
             "--image",
             "x:1",
@@ -222,7 +227,7 @@ async fn a_wait_started_before_the_microservice_exists_waits_for_it() {
             "3s",
             "--server",
             &url,
-        ]),
+        ],
         Duration::from_secs(30),
     )
     .await;
@@ -273,23 +278,23 @@ async fn generation_targets_are_per_cluster_and_explicit_ones_win() {
     let _ = &mut client;
 
     // Each cluster's own generation: done once both are observed.
-    let (code, stdout, stderr) = finish(
-        wait(&[
+    let (code, stdout, stderr) = wait_done(
+        &[
             &format!("{ns}/gen"),
             "--generation",
             "--timeout",
             "60s",
             "--server",
             &url,
-        ]),
+        ],
         Duration::from_secs(70),
     )
     .await;
     assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
 
     // One number for all would wait for member-2 to reach 3: it times out.
-    let (code, ..) = finish(
-        wait(&[
+    let (code, ..) = wait_done(
+        &[
             &format!("{ns}/gen"),
             "--generation",
             "3",
@@ -297,7 +302,7 @@ async fn generation_targets_are_per_cluster_and_explicit_ones_win() {
             "3s",
             "--server",
             &url,
-        ]),
+        ],
         Duration::from_secs(30),
     )
     .await;
@@ -331,8 +336,8 @@ async fn generation_targets_are_per_cluster_and_explicit_ones_win() {
 #[tokio::test]
 async fn a_wait_no_replica_ever_answers_exits_3_not_a_verdict() {
     let nobody = format!("http://127.0.0.1:{}", free_port());
-    let (code, _, stderr) = finish(
-        wait(&[
+    let (code, _, stderr) = wait_done(
+        &[
             "ns/x",
             "--image",
             "x:1",
@@ -340,7 +345,7 @@ async fn a_wait_no_replica_ever_answers_exits_3_not_a_verdict() {
             "2s",
             "--server",
             &nobody,
-        ]),
+        ],
         Duration::from_secs(30),
     )
     .await;

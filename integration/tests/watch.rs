@@ -112,6 +112,18 @@ async fn next(
         .expect("the stream is open")
 }
 
+/// Opens a watch; the call itself must succeed.
+async fn open(
+    client: &mut Client,
+    r: pb::WatchMicroservicesRequest,
+) -> tonic::Streaming<pb::WatchEvent> {
+    client
+        .watch_microservices(r)
+        .await
+        .expect("watch")
+        .into_inner()
+}
+
 fn kind(e: &pb::WatchEvent) -> pb::WatchEventType {
     pb::WatchEventType::try_from(e.r#type).unwrap()
 }
@@ -163,11 +175,7 @@ async fn a_client_dropped_halfway_through_a_snapshot_resumes_to_exactly_the_serv
     let server = Server::start(hub.clone(), |_| {}).await;
     let mut client = server.client().await;
     let mut mirror = Mirror::default();
-    let mut stream = client
-        .watch_microservices(request("", "", 0, ""))
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut stream = open(&mut client, request("", "", 0, "")).await;
     for _ in 0..151 {
         let e = next(&mut stream).await.expect("event");
         assert!(!mirror.apply(&e), "synced before the snapshot ended");
@@ -185,11 +193,11 @@ async fn a_client_dropped_halfway_through_a_snapshot_resumes_to_exactly_the_serv
         }
     });
 
-    let mut resumed = client
-        .watch_microservices(request("", "", mirror.resume, &mirror.index_id))
-        .await
-        .expect("resume")
-        .into_inner();
+    let mut resumed = open(
+        &mut client,
+        request("", "", mirror.resume, &mirror.index_id),
+    )
+    .await;
     while !mirror.apply(&next(&mut resumed).await.expect("event")) {}
     let server_set: BTreeSet<String> = hub.read(|ix| {
         ix.list(&Default::default(), None, usize::MAX)
@@ -206,16 +214,8 @@ async fn a_filtered_watch_deletes_only_what_it_sent_and_what_leaves_its_filter()
     let hub = hub_with(3);
     let server = Server::start(hub.clone(), |_| {}).await;
     let mut client = server.client().await;
-    let mut by_cluster = client
-        .watch_microservices(request("member-1", "", 0, ""))
-        .await
-        .expect("watch")
-        .into_inner();
-    let mut by_label = client
-        .watch_microservices(request("", "team=pay", 0, ""))
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut by_cluster = open(&mut client, request("member-1", "", 0, "")).await;
+    let mut by_label = open(&mut client, request("", "team=pay", 0, "")).await;
     for stream in [&mut by_cluster, &mut by_label] {
         let mut m = Mirror::default();
         while !m.apply(&next(stream).await.expect("event")) {}
@@ -267,16 +267,8 @@ async fn a_reader_that_reads_nothing_is_cut_off_while_others_keep_being_served()
     let mut client = server.client().await;
     // Its own connection, so that its full window does not stall the others.
     let mut stuck_client = server.client().await;
-    let mut stuck = stuck_client
-        .watch_microservices(request("", "", 0, ""))
-        .await
-        .expect("watch")
-        .into_inner();
-    let mut healthy = client
-        .watch_microservices(request("", "", 0, ""))
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut stuck = open(&mut stuck_client, request("", "", 0, "")).await;
+    let mut healthy = open(&mut client, request("", "", 0, "")).await;
     let mut mirror = Mirror::default();
     while !mirror.apply(&next(&mut healthy).await.expect("event")) {}
 
@@ -367,11 +359,7 @@ async fn the_stream_cap_refuses_and_the_maximum_age_ends_a_stream_unavailable() 
     })
     .await;
     let mut client = server.client().await;
-    let mut a = client
-        .watch_microservices(request("", "", 0, ""))
-        .await
-        .expect("first")
-        .into_inner();
+    let mut a = open(&mut client, request("", "", 0, "")).await;
     let _b = client
         .watch_microservices(request("", "", 0, ""))
         .await
@@ -388,11 +376,11 @@ async fn the_stream_cap_refuses_and_the_maximum_age_ends_a_stream_unavailable() 
     let end = next(&mut a).await.expect_err("the age ends the stream");
     assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
     // Its slot is free again; a resume sends only SYNCED.
-    let mut again = client
-        .watch_microservices(request("", "", mirror.resume, &mirror.index_id))
-        .await
-        .expect("resume after the age")
-        .into_inner();
+    let mut again = open(
+        &mut client,
+        request("", "", mirror.resume, &mirror.index_id),
+    )
+    .await;
     assert_eq!(
         kind(&next(&mut again).await.unwrap()),
         pb::WatchEventType::Synced
@@ -404,11 +392,7 @@ async fn an_idle_stream_carries_a_bookmark_within_35_seconds() {
     let hub = hub_with(1);
     let server = Server::start(hub.clone(), |_| {}).await;
     let mut client = server.client().await;
-    let mut stream = client
-        .watch_microservices(request("", "", 0, ""))
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut stream = open(&mut client, request("", "", 0, "")).await;
     let mut mirror = Mirror::default();
     while !mirror.apply(&next(&mut stream).await.expect("event")) {}
     let synced_at = Instant::now();
@@ -427,11 +411,7 @@ async fn shutdown_ends_open_streams_unavailable_and_the_server_returns() {
     let mut client = server.client().await;
     let mut streams = Vec::new();
     for _ in 0..3 {
-        let mut s = client
-            .watch_microservices(request("", "", 0, ""))
-            .await
-            .expect("watch")
-            .into_inner();
+        let mut s = open(&mut client, request("", "", 0, "")).await;
         let mut m = Mirror::default();
         while !m.apply(&next(&mut s).await.expect("event")) {}
         streams.push(s);
@@ -453,11 +433,7 @@ async fn a_resume_from_before_the_tombstone_horizon_gets_a_reset_and_the_exact_s
     let server = Server::start(hub.clone(), |_| {}).await;
     let mut client = server.client().await;
     let mut mirror = Mirror::default();
-    let mut stream = client
-        .watch_microservices(request("", "", 0, ""))
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut stream = open(&mut client, request("", "", 0, "")).await;
     while !mirror.apply(&next(&mut stream).await.expect("event")) {}
     drop(stream);
     // While the client is away, more deletions than the index remembers.
@@ -469,11 +445,11 @@ async fn a_resume_from_before_the_tombstone_horizon_gets_a_reset_and_the_exact_s
             ix.delete_microservice("member-1", &k);
         }
     });
-    let mut resumed = client
-        .watch_microservices(request("", "", mirror.resume, &mirror.index_id))
-        .await
-        .expect("resume")
-        .into_inner();
+    let mut resumed = open(
+        &mut client,
+        request("", "", mirror.resume, &mirror.index_id),
+    )
+    .await;
     let first = next(&mut resumed).await.expect("event");
     assert_eq!(
         kind(&first),

@@ -155,8 +155,6 @@ impl<T> Stream for Inbox<T> {
                 Poll::Ready(Err(_)) => self.end = None,
                 Poll::Pending => {}
             }
-        } else if self.rx.is_closed() && self.rx.is_empty() {
-            return Poll::Ready(None);
         }
         self.rx.poll_recv(cx)
     }

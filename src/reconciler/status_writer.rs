@@ -34,7 +34,8 @@ pub async fn conclude(
     outcome: &Outcome,
 ) -> Result<Concluded> {
     // What we last wrote is fresher than a cache that has not seen it yet.
-    let ms = &ctx.written.freshest(cached);
+    let ours = ctx.written.fresher_than(cached);
+    let ms = ours.as_ref().unwrap_or(cached);
     let generation = ms.metadata.generation.unwrap_or(0);
     let now = now();
     let cached = next_status(

@@ -22,18 +22,17 @@ pub fn fresher(cached: &Microservice, (replaced, after): &(String, Microservice)
 }
 
 impl Written {
-    /// The copy to conclude against: the cache, or our later write.
-    pub fn freshest(&self, cached: &Microservice) -> Microservice {
+    /// Our later write, when it is fresher than the cache; `None` when the
+    /// cache is the truth (the common case costs no copy).
+    pub fn fresher_than(&self, cached: &Microservice) -> Option<Microservice> {
         let key = ObjectRef::from_obj(cached);
-        let Ok(mut map) = self.0.lock() else {
-            return cached.clone();
-        };
+        let mut map = self.0.lock().ok()?;
         match map.get(&key).filter(|e| fresher(cached, e)) {
-            Some((_, after)) => after.clone(),
+            Some((_, after)) => Some(after.clone()),
             None => {
                 // The cache caught up, or moved on: the note has served.
                 map.remove(&key);
-                cached.clone()
+                None
             }
         }
     }
@@ -70,16 +69,16 @@ mod tests {
         let mut after = at("8");
         after.status = Some(Default::default());
         written.record(Some("7".into()), after.clone());
-        let rv = |m: Microservice| (m.metadata.resource_version, m.status.is_some());
+        let rv =
+            |m: Option<Microservice>| m.map(|m| (m.metadata.resource_version, m.status.is_some()));
         // The cache still holds version 7: conclude against our write.
-        assert_eq!(rv(written.freshest(&at("7"))), (Some("8".into()), true));
-        // The cache reached 9 (or anything else): it is the truth again.
-        assert_eq!(rv(written.freshest(&at("9"))), (Some("9".into()), false));
         assert_eq!(
-            rv(written.freshest(&at("7"))),
-            (Some("7".into()), false),
-            "the note is gone"
+            rv(written.fresher_than(&at("7"))),
+            Some((Some("8".into()), true))
         );
+        // The cache reached 9 (or anything else): it is the truth again.
+        assert_eq!(rv(written.fresher_than(&at("9"))), None);
+        assert_eq!(rv(written.fresher_than(&at("7"))), None, "the note is gone");
     }
 
     #[test]

@@ -341,21 +341,29 @@ impl Snapshot {
         })
     }
 
+    /// Whether the key matches `filter`, without building its view.
+    pub fn matches(&self, key: &Key, filter: &Filter) -> bool {
+        filter.namespace_matches(key)
+            && self.objects.get(key).is_some_and(|by| {
+                by.iter().any(|(c, f)| {
+                    filter.cluster.as_ref().is_none_or(|only| only == c)
+                        && filter.selector.matches(&f.labels)
+                })
+            })
+    }
+
     /// The key's view under `filter`, or `None` when it does not match.
     pub fn matching(&self, key: &Key, filter: &Filter) -> Option<MicroserviceView> {
-        if !filter.namespace_matches(key) {
-            return None;
-        }
-        // Labels are checked before building the view: most keys fail here.
-        let by = self.objects.get(key)?;
-        let selected = by.iter().any(|(c, f)| {
-            filter.cluster.as_ref().is_none_or(|only| only == c)
-                && filter.selector.matches(&f.labels)
-        });
-        if !selected {
+        // Checked before building the view: most keys fail here.
+        if !self.matches(key, filter) {
             return None;
         }
         self.view(key, filter.cluster.as_deref())
+    }
+
+    /// The keys matching `filter`, in order, without their views.
+    pub fn matching_keys<'a>(&'a self, filter: &'a Filter) -> impl Iterator<Item = &'a Key> + 'a {
+        self.objects.keys().filter(move |k| self.matches(k, filter))
     }
 
     /// Matching views in (namespace, name) order, starting after `after`.

@@ -68,10 +68,7 @@ impl Cursor {
     /// `Synced`. The stream cannot know which keys the client held, so a
     /// changed key that does not match now is deleted either way.
     pub fn resume(&mut self, snap: &Snapshot, changes: &[(u64, Key)]) -> Vec<Event> {
-        self.sent = snap
-            .list(&self.filter, None, usize::MAX)
-            .map(|v| (v.namespace, v.name))
-            .collect();
+        self.sent = snap.matching_keys(&self.filter).cloned().collect();
         let mut events: Vec<Event> = changes
             .iter()
             .filter(|(_, k)| self.filter.namespace_matches(k))
