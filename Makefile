@@ -48,6 +48,7 @@ demo: toolchain
 # deploy/member/crd.yaml is generated from the Rust types; a unit test fails on drift.
 crd:
 	cargo run --quiet -- crd > deploy/member/crd.yaml
+	cargo run --quiet -- crd fleet > deploy/home/fleet-crd.yaml
 
 # The status API under ghz and tonic load; no fleet needed. ghz is installed
 # from the Go module proxy when missing.

@@ -43,6 +43,24 @@ pub struct MicroserviceSpec {
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: i32,
+    /// Extra environment variables for the container, after the platform's
+    /// own; a name the platform sets is rejected as `InvalidSpec`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub env: Vec<EnvEntry>,
+}
+
+/// One environment variable: a literal value, never a reference.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub struct EnvEntry {
+    #[schemars(
+        length(min = 1, max = 256),
+        regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]*$")
+    )]
+    pub name: String,
+    #[serde(default)]
+    #[schemars(length(max = 4096))]
+    pub value: String,
 }
 
 fn default_replicas() -> i32 {

@@ -280,7 +280,10 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Crd => match flotilla::crd::crd_yaml() {
+        Command::Crd { kind } => match match kind {
+            args::CrdKind::Microservice => flotilla::crd::crd_yaml(),
+            args::CrdKind::Fleet => flotilla::rollout::spec::crd_yaml(),
+        } {
             Ok(yaml) => {
                 print!("{yaml}");
                 ExitCode::SUCCESS

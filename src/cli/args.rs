@@ -45,10 +45,20 @@ pub enum LogFormat {
     Json,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+pub enum CrdKind {
+    Microservice,
+    Fleet,
+}
+
 #[derive(Subcommand)]
 pub enum Command {
-    /// Print the Microservice CRD as YAML.
-    Crd,
+    /// Print a CRD as YAML: the member clusters' Microservice (the default)
+    /// or the home cluster's FleetMicroservice (`flotilla crd fleet`).
+    Crd {
+        #[arg(value_enum, default_value = "microservice")]
+        kind: CrdKind,
+    },
     /// Run the operator.
     Run(Box<RunArgs>),
     /// List the member clusters, as a replica sees them.

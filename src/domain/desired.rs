@@ -128,16 +128,21 @@ pub fn desired(ms: &Microservice, defaults: &PlatformDefaults) -> Result<Childre
             protocol: Some("TCP".into()),
             ..ContainerPort::default()
         }]),
-        env: Some(vec![
-            // The app must listen where the probes and the Service point.
-            env("ASPNETCORE_URLS", format!("http://+:{}", spec.port)),
-            env("OTEL_SERVICE_NAME", name.into()),
-            env("OTEL_SERVICE_VERSION", spec.image.clone()),
-            env(
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
-                defaults.otlp_endpoint.clone(),
-            ),
-        ]),
+        env: Some(
+            [
+                // The app must listen where the probes and the Service point.
+                env("ASPNETCORE_URLS", format!("http://+:{}", spec.port)),
+                env("OTEL_SERVICE_NAME", name.into()),
+                env("OTEL_SERVICE_VERSION", spec.image.clone()),
+                env(
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    defaults.otlp_endpoint.clone(),
+                ),
+            ]
+            .into_iter()
+            .chain(spec.env.iter().map(|e| env(&e.name, e.value.clone())))
+            .collect(),
+        ),
         readiness_probe: Some(http_probe(READINESS_PATH, spec.port)),
         liveness_probe: Some(http_probe(LIVENESS_PATH, spec.port)),
         resources: Some(ResourceRequirements {
@@ -204,6 +209,18 @@ pub fn desired(ms: &Microservice, defaults: &PlatformDefaults) -> Result<Childre
 mod tests {
     use super::*;
     use crate::domain::fixtures::ms;
+
+    #[test]
+    fn user_env_follows_the_platform_env() {
+        let m = ms("todo-api").env("REGION", "eu").build();
+        let d = desired(&m, &PlatformDefaults::default())
+            .unwrap()
+            .deployment;
+        let c = &d.spec.unwrap().template.spec.unwrap().containers[0];
+        let names: Vec<_> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+        assert_eq!(names.len(), 5);
+        assert_eq!(names[4], "REGION");
+    }
 
     fn env_of(d: &Deployment) -> BTreeMap<String, String> {
         let c = &d

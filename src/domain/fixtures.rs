@@ -19,6 +19,7 @@ pub fn ms(name: &str) -> MsBuilder {
             image: "registry.example.com/team/app:1.0.0".into(),
             port: 8080,
             replicas: 2,
+            env: Vec::new(),
         },
         status: None,
     })
@@ -35,6 +36,13 @@ impl MsBuilder {
     }
     pub fn replicas(mut self, replicas: i32) -> Self {
         self.0.spec.replicas = replicas;
+        self
+    }
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.0.spec.env.push(crate::crd::EnvEntry {
+            name: name.into(),
+            value: value.into(),
+        });
         self
     }
     pub fn uid(mut self, uid: &str) -> Self {

@@ -29,8 +29,31 @@ pub fn validate(name: &str, spec: &MicroserviceSpec) -> Result<(), DomainError> 
             spec.replicas
         )));
     }
+    let mut seen = std::collections::BTreeSet::new();
+    for e in &spec.env {
+        if PLATFORM_ENV.contains(&e.name.as_str()) {
+            return Err(DomainError::InvalidSpec(format!(
+                "env {:?} is set by the platform and cannot be overridden",
+                e.name
+            )));
+        }
+        if !seen.insert(e.name.as_str()) {
+            return Err(DomainError::InvalidSpec(format!(
+                "env {:?} is listed twice",
+                e.name
+            )));
+        }
+    }
     Ok(())
 }
+
+/// The variables the platform sets on every container.
+pub const PLATFORM_ENV: [&str; 4] = [
+    "ASPNETCORE_URLS",
+    "OTEL_SERVICE_NAME",
+    "OTEL_SERVICE_VERSION",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
 
 fn is_dns1035_label(s: &str) -> bool {
     let b = s.as_bytes();
@@ -51,7 +74,30 @@ mod tests {
             image: image.into(),
             port,
             replicas,
+            env: Vec::new(),
         }
+    }
+
+    fn with_env(names: &[&str]) -> MicroserviceSpec {
+        MicroserviceSpec {
+            env: names
+                .iter()
+                .map(|n| crate::crd::EnvEntry {
+                    name: n.to_string(),
+                    value: "v".into(),
+                })
+                .collect(),
+            ..spec("app:1", 80, 1)
+        }
+    }
+
+    #[test]
+    fn env_may_not_override_the_platform_or_repeat() {
+        assert!(validate("a", &with_env(&["LOG_LEVEL", "REGION"])).is_ok());
+        let e = validate("a", &with_env(&["OTEL_SERVICE_NAME"])).unwrap_err();
+        assert!(e.to_string().contains("set by the platform"), "{e}");
+        let e = validate("a", &with_env(&["A", "A"])).unwrap_err();
+        assert!(e.to_string().contains("twice"), "{e}");
     }
 
     #[test]

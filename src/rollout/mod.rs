@@ -1,0 +1,9 @@
+//! Fleet rollouts: a `FleetMicroservice` in the home cluster, placed on
+//! member clusters by label and rolled out in waves. `spec`, `placement`,
+//! `revision`, `plan` and `events` are pure; the controller does the I/O.
+
+pub mod events;
+pub mod placement;
+pub mod plan;
+pub mod revision;
+pub mod spec;

@@ -1,0 +1,280 @@
+//! Where a FleetMicroservice goes and what each cluster gets: label
+//! selectors over cluster labels, waves, and overrides. All pure.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::spec::{Override, Wave};
+use crate::crd::{EnvEntry, MicroserviceSpec};
+
+pub type Labels = BTreeMap<String, String>;
+
+/// The name of the wave that holds the clusters no declared wave selects.
+pub const REMAINING: &str = "remaining";
+
+/// Whether `selector` selects `labels`, with Kubernetes' semantics: the
+/// empty selector selects everything. An unknown operator is an error,
+/// never a silent match.
+pub fn selects(selector: &LabelSelector, labels: &Labels) -> Result<bool, String> {
+    let by_labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    if !by_labels {
+        return Ok(false);
+    }
+    for e in selector.match_expressions.iter().flatten() {
+        let values = e.values.as_deref().unwrap_or_default();
+        let have = labels.get(&e.key);
+        let ok = match e.operator.as_str() {
+            "In" => have.is_some_and(|v| values.contains(v)),
+            "NotIn" => have.is_none_or(|v| !values.contains(v)),
+            "Exists" => have.is_some(),
+            "DoesNotExist" => have.is_none(),
+            other => {
+                return Err(format!(
+                    "operator {other:?} on {:?} is not one of In, NotIn, Exists, DoesNotExist",
+                    e.key
+                ));
+            }
+        };
+        if !ok {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Checks every selector once, so that planning can use them infallibly.
+pub fn check_selector(what: &str, selector: &LabelSelector) -> Result<(), String> {
+    selects(selector, &Labels::new())
+        .map(|_| ())
+        .map_err(|e| format!("{what}: {e}"))
+}
+
+/// Each cluster's wave: the first wave that selects it, else [`REMAINING`].
+/// Returns the waves in order with their clusters (sorted), leaving out an
+/// empty `remaining` wave.
+pub fn waves<'a>(
+    declared: &'a [Wave],
+    clusters: impl IntoIterator<Item = (&'a str, &'a Labels)>,
+) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = declared
+        .iter()
+        .map(|w| (w.name.clone(), Vec::new()))
+        .collect();
+    let mut rest = Vec::new();
+    for (name, labels) in clusters {
+        let first = declared
+            .iter()
+            .position(|w| selects(&w.cluster_selector, labels).unwrap_or(false));
+        match first {
+            Some(i) => out[i].1.push(name.to_string()),
+            None => rest.push(name.to_string()),
+        }
+    }
+    if !rest.is_empty() || declared.is_empty() {
+        out.push((REMAINING.to_string(), rest));
+    }
+    for (_, clusters) in &mut out {
+        clusters.sort();
+    }
+    out
+}
+
+/// How many of `size` clusters may update at once: a count, or a
+/// percentage rounded up; at least one, and all when unset.
+pub fn max_parallel(value: Option<&IntOrString>, size: usize) -> Result<usize, String> {
+    let n = match value {
+        None => size,
+        Some(IntOrString::Int(n)) if *n >= 1 => *n as usize,
+        Some(IntOrString::Int(n)) => return Err(format!("maxParallel {n} must be at least 1")),
+        Some(IntOrString::String(s)) => {
+            let pct: u32 = s
+                .strip_suffix('%')
+                .and_then(|p| p.parse().ok())
+                .filter(|p| (1..=100).contains(p))
+                .ok_or_else(|| {
+                    format!("maxParallel {s:?} must be a count or a percentage from 1% to 100%")
+                })?;
+            (size * pct as usize).div_ceil(100)
+        }
+    };
+    Ok(n.max(1))
+}
+
+/// The Microservice spec one cluster gets: the template with every
+/// override that selects the cluster applied in order.
+pub fn member_spec(
+    template: &MicroserviceSpec,
+    overrides: &[Override],
+    labels: &Labels,
+) -> MicroserviceSpec {
+    let mut spec = template.clone();
+    for o in overrides {
+        if !selects(&o.cluster_selector, labels).unwrap_or(false) {
+            continue;
+        }
+        if let Some(r) = o.replicas {
+            spec.replicas = r;
+        }
+        for e in &o.env {
+            set_env(&mut spec.env, e);
+        }
+    }
+    spec
+}
+
+fn set_env(env: &mut Vec<EnvEntry>, entry: &EnvEntry) {
+    match env.iter_mut().find(|e| e.name == entry.name) {
+        Some(e) => e.value = entry.value.clone(),
+        None => env.push(entry.clone()),
+    }
+}
+
+/// A stable digest of a spec, to tell whether a member object still holds
+/// exactly what was written (FNV-1a over its JSON; field order is fixed).
+pub fn digest(spec: &MicroserviceSpec) -> u64 {
+    digest_bytes(&serde_json::to_vec(spec).unwrap_or_default())
+}
+
+/// FNV-1a: stable across builds and platforms, unlike `DefaultHasher`.
+pub fn digest_bytes(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    pub fn by_label(k: &str, v: &str) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(labels(&[(k, v)])),
+            ..Default::default()
+        }
+    }
+
+    fn expr(key: &str, op: &str, values: &[&str]) -> LabelSelector {
+        LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: key.into(),
+                operator: op.into(),
+                values: Some(values.iter().map(|v| v.to_string()).collect()),
+            }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn selectors_follow_kubernetes() {
+        let l = labels(&[("ring", "canary"), ("region", "eu")]);
+        assert!(selects(&LabelSelector::default(), &l).unwrap());
+        assert!(selects(&by_label("ring", "canary"), &l).unwrap());
+        assert!(!selects(&by_label("ring", "main"), &l).unwrap());
+        assert!(selects(&expr("region", "In", &["eu", "us"]), &l).unwrap());
+        assert!(!selects(&expr("region", "NotIn", &["eu"]), &l).unwrap());
+        assert!(selects(&expr("zone", "NotIn", &["a"]), &l).unwrap());
+        assert!(selects(&expr("ring", "Exists", &[]), &l).unwrap());
+        assert!(selects(&expr("zone", "DoesNotExist", &[]), &l).unwrap());
+        let e = selects(&expr("ring", "Near", &[]), &l).unwrap_err();
+        assert!(e.contains("\"Near\""), "{e}");
+    }
+
+    #[test]
+    fn a_cluster_joins_the_first_wave_that_selects_it() {
+        let a = labels(&[("ring", "canary")]);
+        let b = labels(&[("ring", "canary"), ("tier", "1")]);
+        let c = labels(&[]);
+        let declared = vec![
+            Wave {
+                name: "canary".into(),
+                cluster_selector: by_label("ring", "canary"),
+                max_parallel: None,
+            },
+            Wave {
+                name: "tier1".into(),
+                cluster_selector: by_label("tier", "1"),
+                max_parallel: None,
+            },
+        ];
+        let w = waves(&declared, [("b", &b), ("a", &a), ("c", &c)]);
+        assert_eq!(
+            w,
+            vec![
+                ("canary".to_string(), vec!["a".to_string(), "b".to_string()]),
+                ("tier1".to_string(), vec![]),
+                (REMAINING.to_string(), vec!["c".to_string()]),
+            ]
+        );
+        // No declared waves: one wave with everything.
+        let w = waves(&[], [("a", &a)]);
+        assert_eq!(w, vec![(REMAINING.to_string(), vec!["a".to_string()])]);
+    }
+
+    #[test]
+    fn parallelism_counts_and_percentages() {
+        assert_eq!(max_parallel(None, 5).unwrap(), 5);
+        assert_eq!(max_parallel(Some(&IntOrString::Int(2)), 5).unwrap(), 2);
+        let pct = |s: &str| IntOrString::String(s.into());
+        assert_eq!(max_parallel(Some(&pct("50%")), 5).unwrap(), 3);
+        assert_eq!(max_parallel(Some(&pct("1%")), 5).unwrap(), 1);
+        assert_eq!(max_parallel(Some(&pct("100%")), 0).unwrap(), 1);
+        for bad in ["0%", "101%", "half", "50"] {
+            assert!(max_parallel(Some(&pct(bad)), 5).is_err(), "{bad}");
+        }
+        assert!(max_parallel(Some(&IntOrString::Int(0)), 5).is_err());
+    }
+
+    #[test]
+    fn later_overrides_win_and_env_merges_by_name() {
+        let template = MicroserviceSpec {
+            image: "a:1".into(),
+            port: 80,
+            replicas: 2,
+            env: vec![EnvEntry {
+                name: "LOG".into(),
+                value: "info".into(),
+            }],
+        };
+        let env = |n: &str, v: &str| EnvEntry {
+            name: n.into(),
+            value: v.into(),
+        };
+        let overrides = vec![
+            Override {
+                cluster_selector: by_label("region", "eu"),
+                replicas: Some(3),
+                env: vec![env("LOG", "debug"), env("REGION", "eu")],
+            },
+            Override {
+                cluster_selector: by_label("big", "yes"),
+                replicas: Some(5),
+                env: vec![],
+            },
+        ];
+        let eu_big = member_spec(
+            &template,
+            &overrides,
+            &labels(&[("region", "eu"), ("big", "yes")]),
+        );
+        assert_eq!(eu_big.replicas, 5);
+        assert_eq!(eu_big.env, vec![env("LOG", "debug"), env("REGION", "eu")]);
+        let other = member_spec(&template, &overrides, &labels(&[]));
+        assert_eq!(other, template);
+        assert_ne!(digest(&other), digest(&eu_big));
+        assert_eq!(digest(&other), digest(&template.clone()));
+    }
+}

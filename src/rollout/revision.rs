@@ -1,0 +1,175 @@
+//! Revisions of a FleetMicroservice, as Kubernetes keeps them for
+//! DaemonSets: each distinct (template, overrides) is one ControllerRevision,
+//! named by a hash of its data and numbered in the order it became current.
+//! Pure: the edge lists, creates, bumps and deletes what this decides.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::placement::digest_bytes;
+use super::spec::{FleetMicroserviceSpec, Override};
+use crate::crd::MicroserviceSpec;
+
+/// What a revision holds: everything that decides what a member gets.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
+pub struct RevisionData {
+    pub template: MicroserviceSpec,
+    #[serde(default)]
+    pub overrides: Vec<Override>,
+}
+
+impl RevisionData {
+    pub fn of(spec: &FleetMicroserviceSpec) -> Self {
+        RevisionData {
+            template: spec.template.clone(),
+            overrides: spec.overrides.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Revision {
+    pub name: String,
+    pub number: i64,
+    pub data: RevisionData,
+}
+
+/// `<fleet-microservice>-<hash>`, short enough for any object name.
+pub fn name_for(owner: &str, data: &RevisionData) -> String {
+    let bytes = serde_json::to_vec(data).unwrap_or_default();
+    let hash = format!("{:016x}", digest_bytes(&bytes));
+    let keep = owner.len().min(253 - hash.len() - 1);
+    format!("{}-{hash}", &owner[..keep])
+}
+
+/// How the spec's revision comes to exist and be the newest.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// It exists and is the newest.
+    Current(Revision),
+    /// Create it with the next number.
+    Create(Revision),
+    /// It exists with an older number (the spec went back to it): renumber
+    /// it as the newest, as DaemonSets do on a rollback.
+    Renumber(Revision),
+}
+
+impl Step {
+    pub fn revision(&self) -> &Revision {
+        match self {
+            Step::Current(r) | Step::Create(r) | Step::Renumber(r) => r,
+        }
+    }
+}
+
+/// The update revision for `data`, given the existing revisions.
+pub fn update_revision(
+    owner: &str,
+    existing: &[Revision],
+    data: &RevisionData,
+) -> Result<Step, String> {
+    let name = name_for(owner, data);
+    let newest = existing.iter().map(|r| r.number).max().unwrap_or(0);
+    match existing.iter().find(|r| r.name == name) {
+        Some(r) if r.data != *data => Err(format!(
+            "revision {name} exists with different data (a hash collision); rename the FleetMicroservice"
+        )),
+        Some(r) if r.number == newest => Ok(Step::Current(r.clone())),
+        Some(r) => Ok(Step::Renumber(Revision {
+            number: newest + 1,
+            ..r.clone()
+        })),
+        None => Ok(Step::Create(Revision {
+            name,
+            number: newest + 1,
+            data: data.clone(),
+        })),
+    }
+}
+
+/// Revisions to delete: the oldest beyond `limit`, never one in `keep`
+/// (the update revision, the last good one, and any a member runs).
+pub fn prune(existing: &[Revision], limit: usize, keep: &BTreeSet<String>) -> Vec<String> {
+    let mut old: Vec<&Revision> = existing.iter().collect();
+    old.sort_by_key(|r| std::cmp::Reverse(r.number));
+    old.into_iter()
+        .skip(limit)
+        .filter(|r| !keep.contains(&r.name))
+        .map(|r| r.name.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(image: &str) -> RevisionData {
+        RevisionData {
+            template: MicroserviceSpec {
+                image: image.into(),
+                port: 80,
+                replicas: 2,
+                env: vec![],
+            },
+            overrides: vec![],
+        }
+    }
+
+    #[test]
+    fn names_are_stable_and_differ_by_data() {
+        assert_eq!(name_for("api", &data("a:1")), name_for("api", &data("a:1")));
+        assert_ne!(name_for("api", &data("a:1")), name_for("api", &data("a:2")));
+        assert!(name_for(&"x".repeat(300), &data("a:1")).len() <= 253);
+    }
+
+    #[test]
+    fn new_data_is_the_next_number_and_old_data_is_renumbered() {
+        let step = update_revision("api", &[], &data("a:1")).unwrap();
+        let first = match step {
+            Step::Create(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(first.number, 1);
+        let second = Revision {
+            name: name_for("api", &data("a:2")),
+            number: 2,
+            data: data("a:2"),
+        };
+        let existing = vec![first.clone(), second.clone()];
+        assert_eq!(
+            update_revision("api", &existing, &data("a:2")).unwrap(),
+            Step::Current(second)
+        );
+        // Going back to a:1 makes it revision 3, as a DaemonSet rollback does.
+        match update_revision("api", &existing, &data("a:1")).unwrap() {
+            Step::Renumber(r) => assert_eq!((r.name, r.number), (first.name, 3)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_collision_is_an_error_not_an_overwrite() {
+        let mut r = Revision {
+            name: name_for("api", &data("a:1")),
+            number: 1,
+            data: data("a:1"),
+        };
+        r.data = data("a:9");
+        assert!(update_revision("api", &[r], &data("a:1")).is_err());
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_and_what_is_in_use() {
+        let revs: Vec<Revision> = (1..=5)
+            .map(|n| Revision {
+                name: format!("r{n}"),
+                number: n,
+                data: data(&format!("a:{n}")),
+            })
+            .collect();
+        let keep = BTreeSet::from(["r1".to_string()]);
+        assert_eq!(prune(&revs, 2, &keep), vec!["r3", "r2"]);
+        assert!(prune(&revs, 10, &keep).is_empty());
+    }
+}

@@ -1,0 +1,313 @@
+//! The `FleetMicroservice` custom resource (platform.example.io/v1alpha1),
+//! in the home cluster: one Microservice template, placed on member
+//! clusters by their labels and rolled out in waves.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::crd::{EnvEntry, MicroserviceSpec};
+
+pub const KIND: &str = "FleetMicroservice";
+/// Names the FleetMicroservice on every member object it writes.
+pub const FLEET_LABEL: &str = "platform.example.io/fleet-microservice";
+/// The revision (a ControllerRevision's name) a member object was written from.
+pub const REVISION_ANNOTATION: &str = "platform.example.io/fleet-revision";
+/// Holds member objects until they are deleted from every cluster.
+pub const FINALIZER: &str = "platform.example.io/fleet-cleanup";
+/// Every cluster carries its own name as a label, so waves can name clusters.
+pub const CLUSTER_NAME_LABEL: &str = "platform.example.io/cluster-name";
+pub const DEFAULT_HISTORY: i32 = 10;
+
+/// One Microservice for many clusters: where it goes, how each cluster
+/// differs, and in what order a change reaches them.
+// Printer columns repeat `type_ = "string"`, which clippy takes for a
+// duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "platform.example.io",
+    version = "v1alpha1",
+    kind = "FleetMicroservice",
+    namespaced,
+    shortname = "fms",
+    status = "FleetMicroserviceStatus",
+    doc = "A Microservice placed on member clusters by label and rolled out in waves",
+    printcolumn(
+        name = "Revision",
+        type_ = "integer",
+        json_path = ".status.updateRevisionNumber"
+    ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Wave", type_ = "string", json_path = ".status.wave"),
+    printcolumn(name = "Updated", type_ = "string", json_path = ".status.updated"),
+    printcolumn(name = "Available", type_ = "string", json_path = ".status.available"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetMicroserviceSpec {
+    /// The Microservice every placed cluster runs, before overrides.
+    pub template: MicroserviceSpec,
+    /// Which member clusters run it; an empty selector places it everywhere.
+    #[serde(default)]
+    pub placement: Placement,
+    /// Per-cluster differences, applied in order; later entries win.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<Override>,
+    #[serde(default)]
+    pub rollout: Rollout,
+    /// Write nothing to any member until this is false again.
+    #[serde(default)]
+    pub paused: bool,
+    /// How many old revisions to keep as ControllerRevisions.
+    #[serde(default = "default_history")]
+    #[schemars(range(min = 1, max = 100))]
+    pub revision_history_limit: i32,
+}
+
+fn default_history() -> i32 {
+    DEFAULT_HISTORY
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    #[serde(default)]
+    pub cluster_selector: LabelSelector,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Override {
+    /// The clusters this override applies to.
+    pub cluster_selector: LabelSelector,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: Option<i32>,
+    /// Added to the template's env; an entry with the same name replaces it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvEntry>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    /// A cluster joins the first wave that selects it; the clusters no wave
+    /// selects form a last wave, `remaining`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waves: Vec<Wave>,
+    /// How long every cluster of a wave must stay done before the next wave
+    /// starts, e.g. `30s`; none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"))]
+    pub bake: Option<String>,
+    /// How long one cluster may take to be done after it is written; 10m by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"))]
+    pub progress_deadline: Option<String>,
+    /// Failed clusters tolerated before the release counts as failed.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub max_failed_clusters: i32,
+    #[serde(default)]
+    pub on_failure: OnFailure,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Wave {
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    pub cluster_selector: LabelSelector,
+    /// How many of the wave's clusters may be updating at once: a count or
+    /// a percentage such as `50%`; all of them by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<IntOrString>,
+}
+
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum OnFailure {
+    /// Put every cluster that got the failed revision back on the last good one.
+    #[default]
+    Rollback,
+    /// Stop writing until the failures clear or someone acts.
+    Pause,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetMicroserviceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The revision every placed cluster runs, when they agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_revision: Option<String>,
+    /// The revision of the spec as it is now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_revision: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_revision_number: Option<i64>,
+    /// The newest revision that completed; the target of a rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_good_revision: Option<String>,
+    /// The number of an update revision that failed; it is not retried until
+    /// the spec names another revision (a new or re-applied one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_revision_number: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RolloutPhase>,
+    /// The wave being rolled out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave: Option<String>,
+    /// Placed clusters on the update revision, e.g. `2/3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated: Option<String>,
+    /// Placed clusters done at the revision they run, e.g. `3/3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waves: Vec<WaveStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<ClusterStatus>,
+    /// Progressing, Available, RolledBack and, while deletion waits, CleanupBlocked.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum RolloutPhase {
+    Progressing,
+    Paused,
+    Complete,
+    RolledBack,
+    Failed,
+}
+
+impl RolloutPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutPhase::Progressing => "Progressing",
+            RolloutPhase::Paused => "Paused",
+            RolloutPhase::Complete => "Complete",
+            RolloutPhase::RolledBack => "RolledBack",
+            RolloutPhase::Failed => "Failed",
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WaveStatus {
+    pub name: String,
+    pub clusters: Vec<String>,
+    pub state: WaveState,
+    /// When the update revision was first written to one of its clusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<Time>,
+    /// When every cluster had been done for the bake time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished: Option<Time>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum WaveState {
+    Pending,
+    Progressing,
+    Baking,
+    Done,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    pub name: String,
+    /// The revision the member object was written from, as observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// The revision this cluster is being given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    pub state: ClusterState,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When the cluster entered this state for this target.
+    pub since: Time,
+    /// When the target was first chosen; the progress deadline counts from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targeted: Option<Time>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ClusterState {
+    /// Placed, waiting for its wave.
+    Pending,
+    /// Written; not yet done.
+    Updating,
+    /// Observed at its generation and Available at its target.
+    Done,
+    Failed,
+    /// Not answering, or its labels cannot be read.
+    Unknown,
+    /// Left the placement; its member object is being deleted.
+    Removing,
+}
+
+/// The CRD as YAML, as `flotilla crd fleet` prints it and `deploy/home/fleet-crd.yaml` holds it.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    serde_yaml::to_string(&FleetMicroservice::crd())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deploy_crd_matches_the_types() {
+        let generated = crd_yaml().expect("serialize CRD");
+        let committed = include_str!("../../deploy/home/fleet-crd.yaml");
+        assert!(
+            generated == committed,
+            "deploy/home/fleet-crd.yaml is stale: run `make crd`"
+        );
+    }
+
+    #[test]
+    fn names_and_columns() {
+        let crd = FleetMicroservice::crd();
+        assert_eq!(crd.spec.names.kind, KIND);
+        assert_eq!(crd.spec.names.short_names, Some(vec!["fms".to_string()]));
+        let columns: Vec<_> = crd.spec.versions[0]
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            columns,
+            ["Revision", "Phase", "Wave", "Updated", "Available", "Age"]
+        );
+    }
+
+    #[test]
+    fn defaults_when_absent() {
+        let spec: FleetMicroserviceSpec = serde_json::from_value(serde_json::json!({
+            "template": {"image": "a:1", "port": 80}
+        }))
+        .expect("spec");
+        assert_eq!(spec.revision_history_limit, DEFAULT_HISTORY);
+        assert_eq!(spec.rollout.on_failure, OnFailure::Rollback);
+        assert!(!spec.paused);
+        assert_eq!(spec.placement.cluster_selector, LabelSelector::default());
+    }
+}
