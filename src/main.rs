@@ -24,6 +24,11 @@ use flotilla::telemetry;
 /// A client with the user agent `flotilla/<replica-id>`, so that an audit
 /// log names this replica in every mode.
 async fn client_for(kubeconfig: Option<&PathBuf>, replica_id: &str) -> Result<Client, String> {
+    let config = config_for(kubeconfig, replica_id).await?;
+    Client::try_from(config).map_err(|e| format!("client: {e}"))
+}
+
+async fn config_for(kubeconfig: Option<&PathBuf>, replica_id: &str) -> Result<Config, String> {
     let mut config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
@@ -40,7 +45,7 @@ async fn client_for(kubeconfig: Option<&PathBuf>, replica_id: &str) -> Result<Cl
         http::header::USER_AGENT,
         flotilla::fleet::cluster::user_agent(replica_id)?,
     ));
-    Client::try_from(config).map_err(|e| format!("client: {e}"))
+    Ok(config)
 }
 
 async fn shutdown_signal() {
@@ -85,8 +90,20 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let metrics_listener = telemetry::http::bind(args.metrics_addr)
         .await
         .map_err(|e| e.to_string())?;
-    let home = client_for(args.home_kubeconfig.as_ref(), &replica_id).await?;
+    let home_config = config_for(args.home_kubeconfig.as_ref(), &replica_id).await?;
+    let home = Client::try_from(home_config.clone()).map_err(|e| format!("client: {e}"))?;
     let hub = Hub::new(&replica_id);
+    let (credentials, credentials_rx) = tokio::sync::watch::channel(Default::default());
+    let rollouts = flotilla::rollout::controller::Options {
+        home: home_config,
+        namespace: args.home_namespace.clone(),
+        fleet_name: args.fleet_name.clone(),
+        replica_id: replica_id.clone(),
+        timings,
+        hub: hub.clone(),
+        credentials: credentials_rx,
+        watch_namespace: args.namespace.clone(),
+    };
     let defaults = args.platform_defaults();
     let options = FleetOptions {
         home,
@@ -107,6 +124,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         },
         rescan: Duration::from_secs(2),
         hub: hub.clone(),
+        credentials,
     };
     tracing::info!(replica = %options.replica.replica_id, grpc = %grpc.addr, "starting fleet replica");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -124,6 +142,10 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         Critical::spawn(
             "fleet runtime",
             flotilla::fleet::runtime::run(options, stopped(stop_rx.clone())),
+        ),
+        Critical::spawn(
+            "fleet rollouts",
+            flotilla::rollout::controller::run(rollouts, stopped(stop_rx.clone())),
         ),
         Critical::spawn("gRPC server", {
             let serve =

@@ -68,6 +68,8 @@ fn hub(names: usize) -> Arc<Hub> {
                     generation: 3,
                     observed_generation: 3,
                     image: format!("ghcr.io/acme/service-{n}:1.4.2"),
+                    fleet_revision: None,
+                    spec_digest: 0,
                     labels: BTreeMap::from([
                         ("team".to_string(), format!("team-{}", n % 7)),
                         ("tier".to_string(), "backend".to_string()),

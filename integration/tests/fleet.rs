@@ -346,7 +346,7 @@ async fn each_member_client_is_held_to_its_request_budget() {
         "member-1",
         kubeconfig,
         trust,
-        "budget-test",
+        &flotilla::fleet::cluster::user_agent("budget-test").unwrap(),
         budget,
         None,
     )

@@ -42,6 +42,8 @@ pub fn cluster(name: &str, c: &ClusterInfo, microservices: usize) -> pb::Cluster
         led_by_this_replica: c.led_here,
         microservices: microservices as u32,
         synced: c.synced,
+        labels: c.labels.clone().into_iter().collect(),
+        labels_error: c.labels_error.clone().unwrap_or_default(),
     }
 }
 

@@ -67,6 +67,25 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The registration's labels, without the name label every cluster has.
+fn cluster_labels(c: &pb::Cluster) -> String {
+    let mut pairs: Vec<String> = c
+        .labels
+        .iter()
+        .filter(|(k, _)| k.as_str() != crate::rollout::spec::CLUSTER_NAME_LABEL)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    pairs.sort();
+    if !c.labels_error.is_empty() {
+        pairs.push("(labels file unreadable)".into());
+    }
+    if pairs.is_empty() {
+        "-".into()
+    } else {
+        pairs.join(",")
+    }
+}
+
 pub fn clusters_table(r: &pb::ListClustersResponse) -> String {
     let rows: Vec<Vec<String>> = r
         .clusters
@@ -87,6 +106,7 @@ pub fn clusters_table(r: &pb::ListClustersResponse) -> String {
                     c.epoch.to_string()
                 },
                 c.microservices.to_string(),
+                cluster_labels(c),
                 if c.reason.is_empty() {
                     c.source.clone()
                 } else {
@@ -105,6 +125,7 @@ pub fn clusters_table(r: &pb::ListClustersResponse) -> String {
                 "LEADER",
                 "EPOCH",
                 "MICROSERVICES",
+                "LABELS",
                 "SOURCE / REASON"
             ],
             &rows

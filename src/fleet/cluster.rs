@@ -137,7 +137,7 @@ pub async fn client_for(
     cluster: &str,
     kubeconfig: Kubeconfig,
     trust: Trust,
-    replica_id: &str,
+    agent: &http::HeaderValue,
     budget: Budget,
     fence: Option<&Fence>,
 ) -> Result<Client, String> {
@@ -148,7 +148,7 @@ pub async fn client_for(
         .map_err(|e| format!("kubeconfig is not usable: {}", credentials::describe(&e)))?;
     config
         .headers
-        .push((http::header::USER_AGENT, user_agent(replica_id)?));
+        .push((http::header::USER_AGENT, agent.clone()));
     let builder = ClientBuilder::try_from(config)
         .map_err(|e| format!("client: {}", credentials::describe(&e)))?;
     Ok(builder
@@ -160,7 +160,17 @@ pub async fn client_for(
 
 /// `flotilla/<replica-id>`, the user agent every request of this replica carries.
 pub fn user_agent(replica_id: &str) -> Result<http::HeaderValue, String> {
-    http::HeaderValue::from_str(&format!("flotilla/{replica_id}"))
+    agent_named("flotilla", replica_id)
+}
+
+/// `flotilla-fleet/<replica-id>`: the fleet controller's writes to members,
+/// told apart from the member leader's in audit logs.
+pub fn fleet_user_agent(replica_id: &str) -> Result<http::HeaderValue, String> {
+    agent_named("flotilla-fleet", replica_id)
+}
+
+fn agent_named(product: &str, replica_id: &str) -> Result<http::HeaderValue, String> {
+    http::HeaderValue::from_str(&format!("{product}/{replica_id}"))
         .map_err(|_| format!("replica id {replica_id:?} is not a valid header value"))
 }
 
@@ -230,11 +240,15 @@ pub async fn run(
     // member's own client is fenced by the leadership that Lease decides.
     let id = settings.replica_id.clone();
     let invalid = |reason: String| set_state(&hub, &name, &id, ClusterState::Invalid { reason });
+    let agent = match user_agent(&id) {
+        Ok(a) => a,
+        Err(reason) => return invalid(reason),
+    };
     let lease_client = match client_for(
         &name,
         kubeconfig.clone(),
         trust,
-        &id,
+        &agent,
         Budget::ELECTION,
         None,
     )
@@ -250,11 +264,19 @@ pub async fn run(
     );
     let (elector, mut leadership) = Elector::new(id.clone(), settings.timings, store);
     let fence = Fence::new(&name, leadership.clone());
-    let client =
-        match client_for(&name, kubeconfig, trust, &id, settings.budget, Some(&fence)).await {
-            Ok(c) => c,
-            Err(reason) => return invalid(reason),
-        };
+    let client = match client_for(
+        &name,
+        kubeconfig,
+        trust,
+        &agent,
+        settings.budget,
+        Some(&fence),
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(reason) => return invalid(reason),
+    };
     // Reachability, with backoff; nothing else waits on this cluster.
     let mut delay = Duration::from_millis(200);
     loop {

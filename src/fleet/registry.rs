@@ -7,6 +7,7 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::Secret;
 
 use super::credentials::{self, Trust};
+use super::labels::{self, Labels};
 
 /// One file's verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +45,8 @@ pub struct Found {
     pub kubeconfig: Option<kube::config::Kubeconfig>,
     /// What the kubeconfig may ask for, by where it came from.
     pub trust: Trust,
+    /// The cluster's labels (its name included), or why they cannot be read.
+    pub labels: Result<Labels, String>,
 }
 
 fn found(
@@ -56,11 +59,16 @@ fn found(
         .file_name()
         .and_then(|f| f.to_str())
         .unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default();
     Found {
         source: format!("file {file}"),
         entry,
         kubeconfig,
         trust,
+        labels: labels::from_side_file(path, stem),
     }
 }
 
@@ -75,7 +83,10 @@ pub fn scan(dir: &Path, allow_exec: bool) -> std::io::Result<BTreeMap<String, Fo
         let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
             continue;
         };
-        if file.starts_with('.') || file.ends_with('~') || !path.is_file() {
+        let side_file = path
+            .extension()
+            .is_some_and(|e| e == labels::SIDE_FILE_EXTENSION);
+        if file.starts_with('.') || file.ends_with('~') || side_file || !path.is_file() {
             continue;
         }
         let stem = path
@@ -138,11 +149,18 @@ pub fn from_secrets(secrets: &[Secret]) -> BTreeMap<String, Found> {
         };
         let ns = secret.metadata.namespace.clone().unwrap_or_default();
         let source = format!("secret {ns}/{name}");
+        // The Secret's labels are the cluster's, less the one that registers it.
+        let mut own = secret.metadata.labels.clone().unwrap_or_default();
+        own.remove(SECRET_LABEL);
+        let cluster_labels = labels::check(&own)
+            .map(|_| labels::with_name(own, &name))
+            .map_err(|e| format!("{source}: {e}"));
         let invalid = |reason: String| Found {
             source: source.clone(),
             entry: Entry::Invalid { reason },
             kubeconfig: None,
             trust: Trust::Secret,
+            labels: cluster_labels.clone(),
         };
         let entry = if !valid_name(&name) {
             invalid(format!("{source}: not a valid cluster name"))
@@ -157,6 +175,7 @@ pub fn from_secrets(secrets: &[Secret]) -> BTreeMap<String, Found> {
                         },
                         kubeconfig: Some(kc),
                         trust: Trust::Secret,
+                        labels: cluster_labels.clone(),
                     },
                     Err(why) => invalid(format!("{source}: {why}")),
                 },
@@ -191,6 +210,7 @@ pub fn merge(
                         entry: Entry::Invalid { reason },
                         kubeconfig: None,
                         trust: from_file.trust,
+                        labels: from_file.labels,
                     },
                 );
             }

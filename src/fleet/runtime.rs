@@ -14,12 +14,23 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::cluster::{self, ReplicaSettings};
+use super::labels::Labels;
 use super::registry::{self, Entry};
 use super::replicas;
 use super::shard::assign;
 use crate::status::hub::Hub;
-use crate::status::view::Reach;
+use crate::status::view::{ClusterInfo, Reach};
 use crate::telemetry::metrics::METRICS;
+
+/// A valid member's credentials, for clients other than the cluster's own
+/// (the fleet controller's, fenced by the home cluster's term).
+#[derive(Clone)]
+pub struct Credentials {
+    pub kubeconfig: kube::config::Kubeconfig,
+    pub trust: super::credentials::Trust,
+    /// Changes whenever the kubeconfig does.
+    pub fingerprint: u64,
+}
 
 pub struct FleetOptions {
     pub home: Client,
@@ -34,12 +45,34 @@ pub struct FleetOptions {
     pub rescan: Duration,
     /// Where cluster states and every cluster's status go.
     pub hub: Arc<Hub>,
+    /// Every valid member's credentials, as the registry reads them.
+    pub credentials: watch::Sender<BTreeMap<String, Credentials>>,
 }
 
 struct Running {
     fingerprint: u64,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
+}
+
+/// Labels that cannot be read keep the last good ones: a typo in a labels
+/// file must not move a cluster out of every placement.
+fn set_labels(name: &str, info: &mut ClusterInfo, labels: &Result<Labels, String>) {
+    match labels {
+        Ok(l) => {
+            if info.labels != *l {
+                tracing::info!(k8s.cluster.name = name, labels = ?l, "cluster labels");
+                info.labels = l.clone();
+            }
+            info.labels_error = None;
+        }
+        Err(e) => {
+            if info.labels_error.as_ref() != Some(e) {
+                tracing::warn!(k8s.cluster.name = name, error = %e, "cluster labels cannot be read; keeping the last good ones");
+            }
+            info.labels_error = Some(e.clone());
+        }
+    }
 }
 
 async fn stop_cluster(name: &str, running: Running) {
@@ -111,6 +144,11 @@ pub async fn run(
         running_from_secrets = secrets.clone();
         let found = registry::merge(files, secrets);
         let mut valid = BTreeSet::new();
+        hub.update(|ix| {
+            for (name, f) in found.iter() {
+                ix.update_cluster(name, &f.source, |c| set_labels(name, c, &f.labels));
+            }
+        });
         for (name, f) in found.iter() {
             match (&f.entry, &f.kubeconfig) {
                 (Entry::Valid { fingerprint }, Some(kc)) => {
@@ -165,6 +203,32 @@ pub async fn run(
                 _ => {}
             }
         }
+        let credentials: BTreeMap<String, Credentials> = found
+            .iter()
+            .filter_map(|(name, f)| match (&f.entry, &f.kubeconfig) {
+                (Entry::Valid { fingerprint }, Some(kc)) => Some((
+                    name.clone(),
+                    Credentials {
+                        kubeconfig: kc.clone(),
+                        trust: f.trust,
+                        fingerprint: *fingerprint,
+                    },
+                )),
+                _ => None,
+            })
+            .collect();
+        opts.credentials.send_if_modified(|cur| {
+            let fingerprints = |m: &BTreeMap<String, Credentials>| {
+                m.iter()
+                    .map(|(n, c)| (n.clone(), c.fingerprint))
+                    .collect::<Vec<_>>()
+            };
+            let changed = fingerprints(cur) != fingerprints(&credentials);
+            if changed {
+                *cur = credentials;
+            }
+            changed
+        });
         let gone: Vec<String> = running
             .keys()
             .filter(|n| !found.contains_key(*n))

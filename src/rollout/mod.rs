@@ -2,7 +2,12 @@
 //! member clusters by label and rolled out in waves. `spec`, `placement`,
 //! `revision`, `plan` and `events` are pure; the controller does the I/O.
 
+pub mod controller;
+pub mod error;
 pub mod events;
+pub mod home;
+pub mod members;
+pub mod observe;
 pub mod placement;
 pub mod plan;
 pub mod revision;

@@ -51,6 +51,8 @@ pub struct Cluster {
     /// `None` when its labels cannot be read: it is neither written nor emptied.
     pub labels: Option<Labels>,
     pub reachable: bool,
+    /// Its caches were listed at least once, so `member` is known.
+    pub synced: bool,
     pub member: Option<Member>,
 }
 

@@ -70,6 +70,7 @@ impl World {
                         .collect(),
                 ),
                 reachable: true,
+                synced: true,
                 member: None,
             })
             .collect();

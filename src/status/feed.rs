@@ -25,6 +25,11 @@ pub fn facts(ms: &Microservice) -> Facts {
         observed_generation: status.observed_generation.unwrap_or(0),
         image: ms.spec.image.clone(),
         labels: ms.labels().clone(),
+        fleet_revision: ms
+            .annotations()
+            .get(crate::rollout::spec::REVISION_ANNOTATION)
+            .cloned(),
+        spec_digest: crate::rollout::placement::digest(&ms.spec),
         phase: status
             .phase
             .map(|p| p.as_str().to_string())

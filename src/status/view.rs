@@ -31,6 +31,10 @@ pub struct ClusterInfo {
     /// The status watch has been failing for a while: what this replica
     /// shows for the cluster may be stale even though its Lease answers.
     pub feed_error: Option<String>,
+    /// From the registration, with the cluster's own name.
+    pub labels: BTreeMap<String, String>,
+    /// Why the registration's labels cannot be read; the last good ones stay.
+    pub labels_error: Option<String>,
 }
 
 impl ClusterInfo {
@@ -45,6 +49,8 @@ impl ClusterInfo {
             led_here: false,
             synced: false,
             feed_error: None,
+            labels: BTreeMap::new(),
+            labels_error: None,
         }
     }
 
@@ -63,6 +69,10 @@ pub struct Facts {
     pub labels: BTreeMap<String, String>,
     pub conditions: Vec<Condition>,
     pub phase: String,
+    /// The FleetMicroservice revision it was written from, if any.
+    pub fleet_revision: Option<String>,
+    /// Its spec's digest, so the fleet can tell a drifted copy.
+    pub spec_digest: u64,
 }
 
 /// The Deployment's replica counts.

@@ -32,6 +32,11 @@ pub struct Family {
     series: Mutex<BTreeMap<Vec<String>, Series>>,
 }
 
+/// Waves take seconds to hours.
+const WAVE_SECONDS: &[f64] = &[
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
 const SECONDS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
@@ -51,6 +56,11 @@ impl Family {
             buckets: SECONDS,
             series: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    const fn with_buckets(mut self, buckets: &'static [f64]) -> Self {
+        self.buckets = buckets;
+        self
     }
 
     fn with<R>(&self, values: &[&str], f: impl FnOnce(&mut Series) -> R) -> R {
@@ -171,6 +181,11 @@ pub struct Metrics {
     pub grpc_duration: Family,
     pub fenced_writes_total: Family,
     pub grpc_panics_total: Family,
+    pub rollout_phase_total: Family,
+    pub rollout_failures_total: Family,
+    pub rollout_wave_duration: Family,
+    pub rollout_home_writes_total: Family,
+    pub rollout_member_writes_total: Family,
 }
 
 impl Metrics {
@@ -237,10 +252,41 @@ impl Metrics {
                 Counter,
                 &["method"],
             ),
+            rollout_phase_total: Family::new(
+                "flotilla_rollout_phase_total",
+                "FleetMicroservice phase changes, by the phase entered.",
+                Counter,
+                &["phase"],
+            ),
+            rollout_failures_total: Family::new(
+                "flotilla_rollout_failures_total",
+                "Failed update revisions, by what followed: rollback, pause or failed (nothing to go back to).",
+                Counter,
+                &["action"],
+            ),
+            rollout_wave_duration: Family::new(
+                "flotilla_rollout_wave_duration_seconds",
+                "From a wave's first write to the end of its bake.",
+                Histogram,
+                &[],
+            )
+            .with_buckets(WAVE_SECONDS),
+            rollout_home_writes_total: Family::new(
+                "flotilla_rollout_home_writes_total",
+                "Writes of the fleet controller to the home cluster, by kind.",
+                Counter,
+                &["kind"],
+            ),
+            rollout_member_writes_total: Family::new(
+                "flotilla_rollout_member_writes_total",
+                "Member Microservice writes of the fleet controller, by cluster and verb.",
+                Counter,
+                &["cluster", "verb"],
+            ),
         }
     }
 
-    fn families(&self) -> [&Family; 10] {
+    fn families(&self) -> [&Family; 15] {
         [
             &self.reconcile_total,
             &self.reconcile_duration,
@@ -252,6 +298,11 @@ impl Metrics {
             &self.grpc_duration,
             &self.fenced_writes_total,
             &self.grpc_panics_total,
+            &self.rollout_phase_total,
+            &self.rollout_failures_total,
+            &self.rollout_wave_duration,
+            &self.rollout_home_writes_total,
+            &self.rollout_member_writes_total,
         ]
     }
 
@@ -273,6 +324,7 @@ impl Metrics {
             &self.cluster_leader,
             &self.lease_transitions_total,
             &self.cluster_reachable,
+            &self.rollout_member_writes_total,
             &self.fenced_writes_total,
         ] {
             f.forget(cluster);

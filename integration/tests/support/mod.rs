@@ -6,6 +6,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod replicas;
+pub mod rollout;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -157,11 +158,23 @@ pub fn from_json<K: serde::de::DeserializeOwned>(value: serde_json::Value) -> K 
 /// Installs (or updates) the Microservice CRD in a cluster and waits until
 /// the API server serves it.
 pub async fn ensure_crd(client: &Client) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::CustomResourceExt;
+    ensure_crd_of(client, flotilla::crd::Microservice::crd()).await;
+}
+
+/// Installs (or updates) the FleetMicroservice CRD, for the home cluster.
+pub async fn ensure_fleet_crd(client: &Client) {
+    use kube::CustomResourceExt;
+    ensure_crd_of(client, flotilla::rollout::spec::FleetMicroservice::crd()).await;
+}
+
+async fn ensure_crd_of(
+    client: &Client,
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Patch, PatchParams};
 
-    let crd = flotilla::crd::Microservice::crd();
     let name = crd.metadata.name.clone().expect("crd name");
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     api.patch(
@@ -170,7 +183,7 @@ pub async fn ensure_crd(client: &Client) {
         &Patch::Apply(&crd),
     )
     .await
-    .expect("apply Microservice CRD");
+    .expect("apply CRD");
     eventually("CRD established", Duration::from_secs(30), || {
         let api = api.clone();
         let name = name.clone();

@@ -1,0 +1,229 @@
+//! Fleet rollouts on the local fleet: replicas with labelled members, a
+//! FleetMicroservice in home, and what the members' audit logs say the
+//! fleet controller wrote.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use super::replicas::*;
+use super::{TestNamespace, client, ensure_fleet_crd, eventually, fleet_dir, from_json};
+use flotilla::crd::Microservice;
+use flotilla::rollout::spec::{FleetMicroservice, REVISION_ANNOTATION, RolloutPhase};
+
+pub struct RolloutFleet {
+    pub home: Client,
+    pub members: BTreeMap<&'static str, Client>,
+    pub namespace: String,
+    pub guards: Vec<TestNamespace>,
+    pub replicas: Replicas,
+}
+
+/// Three replicas over the three members, each member labelled by its
+/// side file (`labels`: member -> YAML), with the FleetMicroservice CRD in home.
+pub async fn rollout_fleet(prefix: &str, labels: &[(&str, &str)]) -> RolloutFleet {
+    let members = member_clients().await;
+    let home = client("home").await;
+    ensure_fleet_crd(&home).await;
+    let (namespace, guards) = namespaces(&members, prefix).await;
+    let mut replicas = Replicas::new(&namespace, &MEMBERS);
+    for (member, yaml) in labels {
+        std::fs::write(replicas.dir.join(format!("{member}.labels")), yaml).expect("labels file");
+    }
+    for id in REPLICA_IDS {
+        replicas.start(id);
+    }
+    balanced(&members, &replicas.lease_name(), &REPLICA_IDS).await;
+    let fleet = RolloutFleet {
+        home,
+        members,
+        namespace,
+        guards,
+        replicas,
+    };
+    fleet.rollout_leader().await;
+    fleet
+}
+
+impl RolloutFleet {
+    pub fn api(&self) -> Api<FleetMicroservice> {
+        Api::namespaced(self.home.clone(), &self.namespace)
+    }
+
+    pub fn member_api(&self, member: &str) -> Api<Microservice> {
+        Api::namespaced(self.members[member].clone(), &self.namespace)
+    }
+
+    /// The replica holding the home cluster's rollout Lease.
+    pub async fn rollout_leader(&self) -> String {
+        let lease = format!("{}-rollouts", self.replicas.lease_name());
+        let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.home.clone(), &self.namespace);
+        eventually("a rollout leader", Duration::from_secs(30), || {
+            let api = api.clone();
+            let lease = lease.clone();
+            async move {
+                api.get_opt(&lease)
+                    .await
+                    .ok()??
+                    .spec?
+                    .holder_identity
+                    .filter(|h| !h.is_empty())
+            }
+        })
+        .await
+    }
+
+    pub async fn create(&self, fms: serde_json::Value) -> FleetMicroservice {
+        let obj: FleetMicroservice = from_json(fms);
+        self.api()
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect("create FleetMicroservice")
+    }
+
+    pub async fn set_image(&self, name: &str, image: &str) {
+        self.api()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"template": {"image": image}}})),
+            )
+            .await
+            .expect("patch image");
+    }
+
+    /// Waits for `phase` at the object's current generation.
+    pub async fn wait_phase(
+        &self,
+        name: &str,
+        phase: RolloutPhase,
+        limit: Duration,
+    ) -> FleetMicroservice {
+        let api = self.api();
+        eventually(&format!("{name} {phase:?}"), limit, || {
+            let api = api.clone();
+            async move {
+                let f = api.get(name).await.ok()?;
+                let st = f.status.as_ref()?;
+                (st.observed_generation == f.metadata.generation && st.phase == Some(phase))
+                    .then_some(f)
+            }
+        })
+        .await
+    }
+
+    /// The member's Microservice, once it is done at `revision`: observed at
+    /// its generation and Available.
+    pub async fn done_at(
+        &self,
+        member: &str,
+        name: &str,
+        revision: &str,
+        limit: Duration,
+    ) -> Microservice {
+        let api = self.member_api(member);
+        eventually(
+            &format!("{member}/{name} done at {revision}"),
+            limit,
+            || {
+                let api = api.clone();
+                async move {
+                    let ms = api.get(name).await.ok()?;
+                    (ms.metadata.annotations.as_ref()?.get(REVISION_ANNOTATION)? == revision
+                        && done(&ms))
+                    .then_some(ms)
+                }
+            },
+        )
+        .await
+    }
+}
+
+pub fn done(ms: &Microservice) -> bool {
+    let Some(st) = &ms.status else { return false };
+    st.observed_generation == ms.metadata.generation
+        && flotilla::domain::conditions::find(&st.conditions, "Available")
+            .is_some_and(|c| c.status == "True" && c.observed_generation == ms.metadata.generation)
+}
+
+/// A FleetMicroservice manifest: canary wave `ring=canary`, then the rest.
+pub fn fleet_microservice(
+    name: &str,
+    image: &str,
+    rollout: serde_json::Value,
+) -> serde_json::Value {
+    json!({
+        "apiVersion": "platform.example.io/v1alpha1",
+        "kind": "FleetMicroservice",
+        "metadata": {"name": name},
+        "spec": {
+            "template": {"image": image, "port": 8080, "replicas": 1},
+            "rollout": rollout,
+        }
+    })
+}
+
+/// One Microservice write of the fleet controller, from a member's audit log.
+#[derive(Debug, Clone)]
+pub struct FleetWrite {
+    pub received: jiff::Timestamp,
+    pub user_agent: String,
+    pub verb: String,
+    pub name: String,
+    /// The revision annotation of the written object (none for deletes).
+    pub revision: Option<String>,
+}
+
+/// The fleet controller's successful Microservice writes in `namespace` of
+/// `cluster`, in the order the apiserver received them.
+pub fn fleet_writes(cluster: &str, namespace: &str) -> Vec<FleetWrite> {
+    let path = fleet_dir()
+        .join("logs")
+        .join(format!("{cluster}-audit.log"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("audit log {}: {e}", path.display()));
+    let mut out: Vec<FleetWrite> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["objectRef"]["namespace"] == namespace)
+        .filter(|e| e["objectRef"]["resource"] == "microservices")
+        .filter(|e| e["objectRef"]["subresource"].is_null())
+        .filter(|e| {
+            matches!(
+                e["verb"].as_str(),
+                Some("create" | "update" | "patch" | "delete")
+            )
+        })
+        .filter(|e| {
+            e["userAgent"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("flotilla-fleet/"))
+        })
+        .filter(|e| {
+            e["responseStatus"]["code"]
+                .as_u64()
+                .is_some_and(|c| c < 300)
+        })
+        .filter_map(|e| {
+            Some(FleetWrite {
+                received: e["requestReceivedTimestamp"].as_str()?.parse().ok()?,
+                user_agent: e["userAgent"].as_str()?.to_string(),
+                verb: e["verb"].as_str()?.to_string(),
+                name: e["objectRef"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                revision: e["requestObject"]["metadata"]["annotations"][REVISION_ANNOTATION]
+                    .as_str()
+                    .map(str::to_string),
+            })
+        })
+        .collect();
+    out.sort_by_key(|w| w.received);
+    out
+}

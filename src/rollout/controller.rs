@@ -1,0 +1,499 @@
+//! The fleet controller: on the replica that leads the home cluster's
+//! rollout Lease, plan every FleetMicroservice and carry the plan out.
+//!
+//! Each round is level-triggered: it reads the FleetMicroservices and
+//! ControllerRevisions from watch caches and the members from the status
+//! index, plans, writes the status (so that the decisions survive a
+//! failover) and only then writes to members.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Config, ResourceExt};
+use tokio::sync::{Notify, watch};
+use tracing::Instrument;
+
+use super::error::{Result, RolloutError};
+use super::events;
+use super::home::{self, Home};
+use super::members::{Members, Written};
+use super::observe;
+use super::placement::member_spec;
+use super::plan::{self, Action, Inputs};
+use super::revision::{self, RevisionData, Step};
+use super::spec::{
+    ClusterState, FINALIZER, FLEET_LABEL, FleetMicroservice, FleetMicroserviceStatus, RolloutPhase,
+    WaveState,
+};
+use crate::domain::conditions::{self, CLEANUP_BLOCKED, Status, Verdict};
+use crate::fleet::election::Timings;
+use crate::fleet::elector::{Elector, Leadership, release};
+use crate::fleet::fence::Fence;
+use crate::fleet::lease_store::KubeLeaseStore;
+use crate::fleet::runtime::Credentials;
+use crate::status::hub::Hub;
+use crate::telemetry::metrics::METRICS;
+
+pub struct Options {
+    /// The home cluster, with this replica's user agent.
+    pub home: Config,
+    pub namespace: String,
+    pub fleet_name: String,
+    pub replica_id: String,
+    pub timings: Timings,
+    pub hub: Arc<Hub>,
+    pub credentials: watch::Receiver<BTreeMap<String, Credentials>>,
+    /// FleetMicroservices of this namespace only (as `--namespace` limits
+    /// the members' reconcilers); `None` is every namespace.
+    pub watch_namespace: Option<String>,
+}
+
+/// Plan again at least this often: cluster labels change without a
+/// status-index revision.
+const RESYNC: Duration = Duration::from_secs(5);
+/// How long one member write may take.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn client(config: &Config, fence: Option<&Fence>) -> Result<Client, String> {
+    let builder = kube::client::ClientBuilder::try_from(config.clone())
+        .map_err(|e| format!("home client: {e}"))?;
+    Ok(builder
+        .with_layer(&tower::util::option_layer(fence.map(Fence::layer)))
+        .build())
+}
+
+/// Runs until `shutdown` resolves: contests the rollout Lease in the home
+/// cluster, and while leading, runs the fleet controller. On shutdown the
+/// controller stops first, then the Lease is released.
+pub async fn run(
+    opts: Options,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let lease_client = client(&opts.home, None)?;
+    let store = KubeLeaseStore::new(
+        lease_client,
+        &opts.namespace,
+        &format!("flotilla-{}-rollouts", opts.fleet_name),
+    );
+    let (elector, mut leadership) = Elector::new(opts.replica_id.clone(), opts.timings, store);
+    let fence = Fence::new("home", leadership.clone());
+    let drain = fence.clone();
+    let elector = elector.with_drain(Box::new(move || {
+        let f = drain.clone();
+        Box::pin(async move { f.drained().await })
+    }));
+    let home = client(&opts.home, Some(&fence))?;
+    let ctx = Arc::new(Ctx {
+        home: Home::new(home.clone(), &opts.replica_id),
+        client: home,
+        members: Members::new(fence.clone(), &opts.replica_id, opts.credentials.clone()),
+        hub: opts.hub.clone(),
+        written: std::sync::Mutex::new(BTreeMap::new()),
+        namespace: opts.watch_namespace.clone(),
+    });
+    let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
+    let elector_task = tokio::spawn(elector.run(async move {
+        stop_elector_rx.wait_for(|s| *s).await.ok();
+    }));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let state = leadership.borrow_and_update().clone();
+        if let Leadership::Leading { epoch, .. } = state {
+            tracing::info!(epoch, "leading fleet rollouts");
+            fence.arm(Some(epoch));
+            let over = crate::fleet::cluster::term_over(leadership.clone(), epoch);
+            let stopped = tokio::select! {
+                _ = work(ctx.clone()) => false,
+                _ = over => false,
+                _ = &mut shutdown => true,
+            };
+            fence.arm(None);
+            tracing::info!(epoch, "fleet rollouts term over; writers stopped");
+            if stopped {
+                break;
+            }
+        }
+        tokio::select! {
+            changed = leadership.changed() => if changed.is_err() { break },
+            _ = &mut shutdown => break,
+        }
+    }
+    stop_elector_tx.send(true).ok();
+    if let Ok((store, Some(held))) = elector_task.await {
+        match tokio::time::timeout(opts.timings.renew_deadline, release(&store, &held)).await {
+            Ok(Ok(())) => tracing::info!("rollout lease released"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "rollout lease release failed"),
+            Err(_) => tracing::warn!("rollout lease release timed out"),
+        }
+    }
+    Ok(())
+}
+
+struct Ctx {
+    home: Home,
+    client: Client,
+    members: Members,
+    hub: Arc<Hub>,
+    namespace: Option<String>,
+    /// The last status this term wrote per FleetMicroservice uid, with the
+    /// resourceVersion it replaced: until the watch cache moves past that
+    /// version, the written copy is the fresher one.
+    written: std::sync::Mutex<BTreeMap<String, (String, FleetMicroservice)>>,
+}
+
+impl Ctx {
+    fn freshest(&self, cached: &FleetMicroservice) -> FleetMicroservice {
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        match (cached.uid(), cached.resource_version()) {
+            (Some(uid), Some(rv)) => match written.get(&uid) {
+                Some((replaced, copy)) if *replaced == rv => copy.clone(),
+                _ => cached.clone(),
+            },
+            _ => cached.clone(),
+        }
+    }
+
+    fn remember(&self, replaced: &FleetMicroservice, written: FleetMicroservice) {
+        if let (Some(uid), Some(rv)) = (replaced.uid(), replaced.resource_version()) {
+            self.written
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uid, (rv, written));
+        }
+    }
+}
+
+/// Watches, then plans every FleetMicroservice whenever something may
+/// have changed: the objects, the revisions, the status index, or a timer.
+async fn work(ctx: Arc<Ctx>) {
+    let changed = Arc::new(Notify::new());
+    let ns = ctx.namespace.as_deref();
+    let (fleet, fleet_task) = cache::<FleetMicroservice>(&ctx.client, ns, None, changed.clone());
+    let (revisions, revisions_task) =
+        cache::<ControllerRevision>(&ctx.client, ns, Some(FLEET_LABEL), changed.clone());
+    let _guard = AbortOnDrop(vec![fleet_task, revisions_task]);
+    let mut index = ctx.hub.subscribe();
+    if fleet.wait_until_ready().await.is_err() || revisions.wait_until_ready().await.is_err() {
+        return;
+    }
+    loop {
+        let mut next = RESYNC;
+        for fms in fleet.state() {
+            let fms = ctx.freshest(&fms);
+            let key = format!("{}/{}", fms.namespace().unwrap_or_default(), fms.name_any());
+            let span = tracing::info_span!(
+                "rollout step",
+                flotilla.fleet_microservice = %key,
+                flotilla.revision = tracing::field::Empty
+            );
+            match round(&ctx, &fms, &revisions).instrument(span).await {
+                Ok(Some(after)) => next = next.min(after),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(flotilla.fleet_microservice = %key, error = %e, category = e.category(), "rollout step failed");
+                    next = next.min(Duration::from_secs(1));
+                }
+            }
+        }
+        tokio::select! {
+            _ = changed.notified() => {}
+            _ = index.changed() => {}
+            _ = tokio::time::sleep(next) => {}
+        }
+        // Let a burst of changes settle into one round.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// A watch cache of `K` in every namespace, waking `changed` on each event.
+fn cache<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    label: Option<&str>,
+    changed: Arc<Notify>,
+) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let mut config = watcher::Config::default();
+    if let Some(l) = label {
+        config = config.labels(l);
+    }
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config))
+        .default_backoff()
+        .touched_objects();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(e) = event {
+                tracing::debug!(error = %e, "fleet controller watch error");
+            }
+            changed.notify_one();
+        }
+    });
+    (reader, task)
+}
+
+/// One FleetMicroservice, one round. Returns when to plan again at the latest.
+async fn round(
+    ctx: &Ctx,
+    fms: &FleetMicroservice,
+    revisions: &Store<ControllerRevision>,
+) -> Result<Option<Duration>> {
+    let name = fms.name_any();
+    let namespace = fms.namespace().unwrap_or_default();
+    let snapshot = ctx.hub.read(|ix| ix.snapshot());
+    let view = snapshot.view(&(namespace.clone(), name.clone()), None);
+    let clusters = observe::clusters(snapshot.clusters(), view.as_ref(), &name);
+
+    if fms.metadata.deletion_timestamp.is_some() {
+        return cleanup(ctx, fms, &clusters).await;
+    }
+    if !fms.finalizers().iter().any(|f| f == FINALIZER) {
+        ctx.home.set_finalizer(fms, true).await?;
+        return Ok(Some(Duration::ZERO));
+    }
+
+    let stored = revisions.state();
+    let owned = home::revisions_of(fms, stored.iter().map(|r| r.as_ref()));
+    let existing: Vec<_> = owned.iter().map(|(r, _)| r.clone()).collect();
+    let step = revision::update_revision(&name, &existing, &RevisionData::of(&fms.spec))
+        .map_err(RolloutError::Revision)?;
+    match &step {
+        Step::Current(_) => {}
+        Step::Create(r) => {
+            ctx.home.create_revision(fms, r).await?;
+            return Ok(Some(Duration::ZERO));
+        }
+        Step::Renumber(r) => {
+            if let Some((_, cr)) = owned.iter().find(|(o, _)| o.name == r.name) {
+                ctx.home.renumber(cr, r.number).await?;
+            }
+            return Ok(Some(Duration::ZERO));
+        }
+    }
+    let update = step.revision();
+
+    let previous = fms.status.clone().unwrap_or_default();
+    let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+        .unwrap_or_else(|_| jiff::Timestamp::now());
+    let plan = plan::plan(&Inputs {
+        name: &name,
+        generation: fms.metadata.generation.unwrap_or(0),
+        spec: &fms.spec,
+        update,
+        revisions: &existing,
+        previous: &previous,
+        clusters: &clusters,
+        now,
+    });
+    tracing::Span::current().record("flotilla.revision", update.number);
+
+    // The decisions first, so that a successor reads them.
+    if fms.status.as_ref() != Some(&plan.status) {
+        let written = ctx.home.write_status(fms, &plan.status).await?;
+        ctx.remember(fms, written);
+        for note in events::changes(&previous, &plan.status) {
+            ctx.home.publish(fms, &note).await;
+        }
+        record_metrics(&previous, &plan.status);
+    }
+
+    let labels: BTreeMap<&str, _> = clusters
+        .iter()
+        .filter_map(|c| c.labels.as_ref().map(|l| (c.name.as_str(), l)))
+        .collect();
+    let writes = plan.actions.iter().map(|action| {
+        let (ctx, namespace, name) = (ctx, namespace.clone(), name.clone());
+        let labels = &labels;
+        let existing = &existing;
+        async move {
+            let (cluster, verb) = match action {
+                Action::Apply { cluster, .. } => (cluster.clone(), "apply"),
+                Action::Delete { cluster } => (cluster.clone(), "delete"),
+            };
+            let span = tracing::info_span!("rollout write", k8s.cluster.name = %cluster, verb);
+            let work = async {
+                match action {
+                    Action::Apply { cluster, revision } => {
+                        let (Some(rev), Some(l)) = (
+                            existing.iter().find(|r| &r.name == revision),
+                            labels.get(cluster.as_str()),
+                        ) else {
+                            return Ok(());
+                        };
+                        let spec = member_spec(&rev.data.template, &rev.data.overrides, l);
+                        let w = ctx
+                            .members
+                            .apply(cluster, &namespace, &name, &name, revision, &spec)
+                            .await?;
+                        if w == Written::NotOurs {
+                            tracing::warn!(k8s.cluster.name = %cluster, "a Microservice that is not ours is in the way");
+                        }
+                        tracing::debug!(k8s.cluster.name = %cluster, revision = %revision, written = ?w, "member");
+                        Ok(())
+                    }
+                    Action::Delete { cluster } => {
+                        ctx.members.delete(cluster, &namespace, &name, &name).await
+                    }
+                }
+            };
+            let outcome = match tokio::time::timeout(WRITE_TIMEOUT, work).instrument(span).await {
+                Ok(r) => r,
+                Err(_) => Err(RolloutError::NoClient {
+                    cluster: cluster.clone(),
+                    reason: format!("no answer within {WRITE_TIMEOUT:?}"),
+                }),
+            };
+            if let Err(e) = &outcome {
+                tracing::warn!(k8s.cluster.name = %cluster, error = %e, category = e.category(), "member write failed");
+            }
+            outcome
+        }
+    });
+    let outcomes = futures::future::join_all(writes).await;
+    let failed = outcomes.iter().any(|o| o.is_err());
+
+    // History: keep what is in use, drop the oldest beyond the limit.
+    let mut keep: BTreeSet<String> = [update.name.clone()].into();
+    keep.extend(plan.status.last_good_revision.clone());
+    for c in &plan.status.clusters {
+        keep.extend(c.revision.clone());
+        keep.extend(c.target.clone());
+    }
+    let limit = fms.spec.revision_history_limit.max(1) as usize;
+    for old in revision::prune(&existing, limit, &keep) {
+        ctx.home.delete_revision(&namespace, &old).await?;
+    }
+    let again = if failed {
+        Some(Duration::from_secs(1))
+    } else if plan.actions.is_empty() {
+        plan.requeue_after
+    } else {
+        // Look again soon: the writes change what the index shows.
+        Some(Duration::from_millis(500))
+    };
+    Ok(again)
+}
+
+fn record_metrics(before: &FleetMicroserviceStatus, after: &FleetMicroserviceStatus) {
+    if before.phase != after.phase
+        && let Some(p) = after.phase
+    {
+        METRICS.rollout_phase_total.inc(&[p.as_str()]);
+        match p {
+            RolloutPhase::RolledBack => METRICS.rollout_failures_total.inc(&["rollback"]),
+            RolloutPhase::Failed => METRICS.rollout_failures_total.inc(&["failed"]),
+            _ => {}
+        }
+    }
+    for w in &after.waves {
+        let was = before.waves.iter().find(|b| b.name == w.name);
+        if w.state == WaveState::Done
+            && was.map(|b| b.state) != Some(WaveState::Done)
+            && let (Some(start), Some(end)) = (&w.started, &w.finished)
+        {
+            let secs = (end.0.as_millisecond() - start.0.as_millisecond()).max(0) as f64 / 1000.0;
+            METRICS.rollout_wave_duration.observe(&[], secs);
+        }
+    }
+    let held = |s: &FleetMicroserviceStatus| {
+        s.clusters.iter().any(|c| c.state == ClusterState::Failed)
+            && s.phase == Some(RolloutPhase::Paused)
+    };
+    if held(after) && !held(before) {
+        METRICS.rollout_failures_total.inc(&["pause"]);
+    }
+}
+
+/// Deleting: remove every member object, then the finalizer. A cluster
+/// that does not answer holds the finalizer, and says so.
+async fn cleanup(
+    ctx: &Ctx,
+    fms: &FleetMicroservice,
+    clusters: &[plan::Cluster],
+) -> Result<Option<Duration>> {
+    if !fms.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(None);
+    }
+    let (name, namespace) = (fms.name_any(), fms.namespace().unwrap_or_default());
+    let todo = observe::cleanup(clusters);
+    let deletes = todo
+        .delete
+        .iter()
+        .map(|c| ctx.members.delete(c, &namespace, &name, &name));
+    for r in futures::future::join_all(deletes).await {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, category = e.category(), "member delete failed");
+        }
+    }
+    let previous = fms.status.clone().unwrap_or_default();
+    let generation = fms.metadata.generation.unwrap_or(0);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+            .unwrap_or_else(|_| jiff::Timestamp::now()),
+    );
+    let verdict = if todo.blocked.is_empty() {
+        Verdict::new(CLEANUP_BLOCKED, Status::False, "CleanupProceeding", "")
+    } else {
+        Verdict::new(
+            CLEANUP_BLOCKED,
+            Status::True,
+            "ClusterUnreachable",
+            format!(
+                "waiting for {} to answer, to delete this FleetMicroservice's Microservice there",
+                todo.blocked.join(", ")
+            ),
+        )
+    };
+    let mut status = previous.clone();
+    status.conditions = conditions::transition(&previous.conditions, &[verdict], generation, &now);
+    if status != previous {
+        let written = ctx.home.write_status(fms, &status).await?;
+        ctx.remember(fms, written);
+        if !todo.blocked.is_empty() {
+            ctx.home
+                .publish(
+                    fms,
+                    &events::Note {
+                        warning: true,
+                        reason: "CleanupBlocked",
+                        message: format!("waiting for {} to answer", todo.blocked.join(", ")),
+                    },
+                )
+                .await;
+        }
+        return Ok(Some(Duration::ZERO));
+    }
+    if todo.blocked.is_empty() && todo.delete.is_empty() {
+        ctx.home.set_finalizer(fms, false).await?;
+        return Ok(None);
+    }
+    Ok(Some(Duration::from_secs(1)))
+}

@@ -1,0 +1,66 @@
+//! The fleet controller's errors.
+
+use crate::fleet::fence;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    /// A call to the home cluster failed.
+    #[error("home cluster: {verb} {kind}: {source}")]
+    Home {
+        verb: &'static str,
+        kind: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    /// A call to a member cluster failed.
+    #[error("cluster {cluster}: {verb} Microservice: {source}")]
+    Member {
+        cluster: String,
+        verb: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    /// The member is registered but no client can be built for it.
+    #[error("cluster {cluster}: no client ({reason})")]
+    NoClient { cluster: String, reason: String },
+    /// The stored revisions cannot be used.
+    #[error("revisions: {0}")]
+    Revision(String),
+}
+
+pub type Result<T, E = RolloutError> = std::result::Result<T, E>;
+
+impl RolloutError {
+    pub fn home(verb: &'static str, kind: &'static str, source: kube::Error) -> Self {
+        RolloutError::Home { verb, kind, source }
+    }
+
+    pub fn member(cluster: &str, verb: &'static str, source: kube::Error) -> Self {
+        RolloutError::Member {
+            cluster: cluster.to_string(),
+            verb,
+            source,
+        }
+    }
+
+    fn source(&self) -> Option<&kube::Error> {
+        match self {
+            RolloutError::Home { source, .. } | RolloutError::Member { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// A bounded label for metrics and logs.
+    pub fn category(&self) -> &'static str {
+        match self.source() {
+            Some(e) if fence::is_fenced(e) => "not_leader",
+            Some(kube::Error::Api(s)) if s.is_conflict() => "conflict",
+            _ => match self {
+                RolloutError::Home { .. } => "home_api",
+                RolloutError::Member { .. } => "member_api",
+                RolloutError::NoClient { .. } => "no_client",
+                RolloutError::Revision(_) => "revision",
+            },
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The fleet controller's writes to the home cluster: the finalizer, the
+//! revisions (ControllerRevisions), the status and Events. Every one goes
+//! through the home term's fence, and every one is conditional.
+
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource, ResourceExt};
+
+use super::error::{Result, RolloutError};
+use super::events::Note;
+use super::revision::{Revision, RevisionData};
+use super::spec::{FINALIZER, FLEET_LABEL, FleetMicroservice, FleetMicroserviceStatus};
+use crate::telemetry::metrics::METRICS;
+
+pub struct Home {
+    client: Client,
+    recorder: Recorder,
+}
+
+fn counted(kind: &str) {
+    METRICS.rollout_home_writes_total.inc(&[kind]);
+}
+
+impl Home {
+    pub fn new(client: Client, replica_id: &str) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "flotilla-fleet".into(),
+                instance: Some(replica_id.to_string()),
+            },
+        );
+        Home { client, recorder }
+    }
+
+    fn api(&self, namespace: &str) -> Api<FleetMicroservice> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    fn revisions_api(&self, namespace: &str) -> Api<ControllerRevision> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Sets or clears the finalizer, conditioned on the resourceVersion read.
+    pub async fn set_finalizer(&self, fms: &FleetMicroservice, present: bool) -> Result<()> {
+        let mut finalizers: Vec<String> = fms.finalizers().to_vec();
+        finalizers.retain(|f| f != FINALIZER);
+        if present {
+            finalizers.push(FINALIZER.to_string());
+        }
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": fms.resource_version(),
+                "finalizers": finalizers,
+            }
+        });
+        let ns = fms.namespace().unwrap_or_default();
+        self.api(&ns)
+            .patch(
+                &fms.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| RolloutError::home("patch", "FleetMicroservice", e))?;
+        counted("finalizer");
+        Ok(())
+    }
+
+    /// Writes the whole status, conditioned on the resourceVersion read;
+    /// returns the object as written.
+    pub async fn write_status(
+        &self,
+        fms: &FleetMicroservice,
+        status: &FleetMicroserviceStatus,
+    ) -> Result<FleetMicroservice> {
+        let mut next = fms.clone();
+        next.status = Some(status.clone());
+        let ns = fms.namespace().unwrap_or_default();
+        let written = self
+            .api(&ns)
+            .replace_status(&fms.name_any(), &PostParams::default(), &next)
+            .await
+            .map_err(|e| RolloutError::home("replace status", "FleetMicroservice", e))?;
+        counted("status");
+        Ok(written)
+    }
+
+    pub async fn publish(&self, fms: &FleetMicroservice, note: &Note) {
+        let event = Event {
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.to_string(),
+            note: Some(note.message.clone()),
+            action: "Rollout".into(),
+            secondary: None,
+        };
+        match self.recorder.publish(&event, &fms.object_ref(&())).await {
+            Ok(()) => counted("event"),
+            Err(e) => tracing::debug!(error = %e, "could not publish event"),
+        }
+    }
+
+    /// Stores a new revision, owned by the FleetMicroservice.
+    pub async fn create_revision(&self, fms: &FleetMicroservice, r: &Revision) -> Result<()> {
+        let owner = fms
+            .controller_owner_ref(&())
+            .ok_or_else(|| RolloutError::Revision("the FleetMicroservice has no uid".into()))?;
+        let cr = revision_object(fms, r, owner)?;
+        match self
+            .revisions_api(&fms.namespace().unwrap_or_default())
+            .create(&PostParams::default(), &cr)
+            .await
+        {
+            Ok(_) => counted("revision"),
+            // Created in a round whose result the cache has not shown yet.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(RolloutError::home("create", "ControllerRevision", e)),
+        }
+        Ok(())
+    }
+
+    /// Gives an existing revision a new number, conditioned on its resourceVersion.
+    pub async fn renumber(&self, stored: &ControllerRevision, number: i64) -> Result<()> {
+        let mut next = stored.clone();
+        next.revision = number;
+        self.revisions_api(&stored.namespace().unwrap_or_default())
+            .replace(&stored.name_any(), &PostParams::default(), &next)
+            .await
+            .map_err(|e| RolloutError::home("replace", "ControllerRevision", e))?;
+        counted("revision");
+        Ok(())
+    }
+
+    pub async fn delete_revision(&self, namespace: &str, name: &str) -> Result<()> {
+        match self
+            .revisions_api(namespace)
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {
+                counted("revision");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(RolloutError::home("delete", "ControllerRevision", e)),
+        }
+    }
+}
+
+fn revision_object(
+    fms: &FleetMicroservice,
+    r: &Revision,
+    owner: OwnerReference,
+) -> Result<ControllerRevision> {
+    let data = serde_json::to_value(&r.data).map_err(|e| RolloutError::Revision(e.to_string()))?;
+    Ok(ControllerRevision {
+        metadata: ObjectMeta {
+            name: Some(r.name.clone()),
+            namespace: fms.namespace(),
+            labels: Some([(FLEET_LABEL.to_string(), fms.name_any())].into()),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        data: Some(RawExtension(data)),
+        revision: r.number,
+    })
+}
+
+/// The revisions of `fms` among stored ControllerRevisions: owned by its
+/// uid, with data that parses. Anything else is left alone.
+pub fn revisions_of<'a>(
+    fms: &FleetMicroservice,
+    stored: impl IntoIterator<Item = &'a ControllerRevision>,
+) -> Vec<(Revision, &'a ControllerRevision)> {
+    let uid = fms.uid();
+    stored
+        .into_iter()
+        .filter(|cr| {
+            cr.namespace() == fms.namespace()
+                && cr
+                    .owner_references()
+                    .iter()
+                    .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+        })
+        .filter_map(|cr| {
+            let data: RevisionData = serde_json::from_value(cr.data.clone()?.0)
+                .inspect_err(|e| {
+                    tracing::warn!(revision = %cr.name_any(), error = %e, "revision data does not parse; ignored")
+                })
+                .ok()?;
+            Some((
+                Revision {
+                    name: cr.name_any(),
+                    number: cr.revision,
+                    data,
+                },
+                cr,
+            ))
+        })
+        .collect()
+}

@@ -1,0 +1,209 @@
+//! The fleet controller's writes to member clusters: each FleetMicroservice's
+//! Microservice, created, replaced or deleted. The clients are fenced by the
+//! home cluster's term, not the member's: the member's own leader stays the
+//! only writer of status and children.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+
+use super::error::{Result, RolloutError};
+use super::spec::{FLEET_LABEL, REVISION_ANNOTATION};
+use crate::crd::{Microservice, MicroserviceSpec};
+use crate::fleet::client_budget::Budget;
+use crate::fleet::cluster::{client_for, fleet_user_agent};
+use crate::fleet::fence::Fence;
+use crate::fleet::runtime::Credentials;
+use crate::telemetry::metrics::METRICS;
+
+/// What a write found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    Created,
+    Replaced,
+    /// It already holds exactly this revision: nothing was written.
+    Unchanged,
+    /// Someone else's Microservice is there; it is never written.
+    NotOurs,
+}
+
+pub struct Members {
+    fence: Fence,
+    replica_id: String,
+    credentials: watch::Receiver<BTreeMap<String, Credentials>>,
+    clients: Mutex<BTreeMap<String, (u64, Client)>>,
+}
+
+impl Members {
+    pub fn new(
+        fence: Fence,
+        replica_id: &str,
+        credentials: watch::Receiver<BTreeMap<String, Credentials>>,
+    ) -> Self {
+        Members {
+            fence,
+            replica_id: replica_id.to_string(),
+            credentials,
+            clients: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// A fenced client for `cluster`, rebuilt when its credentials change.
+    async fn client(&self, cluster: &str) -> Result<Client> {
+        let creds = self.credentials.borrow().get(cluster).cloned();
+        let Some(creds) = creds else {
+            return Err(RolloutError::NoClient {
+                cluster: cluster.into(),
+                reason: "not registered".into(),
+            });
+        };
+        if let Some((fp, c)) = self
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(cluster)
+            && *fp == creds.fingerprint
+        {
+            return Ok(c.clone());
+        }
+        let agent =
+            fleet_user_agent(&self.replica_id).map_err(|reason| RolloutError::NoClient {
+                cluster: cluster.into(),
+                reason,
+            })?;
+        let client = client_for(
+            cluster,
+            creds.kubeconfig,
+            creds.trust,
+            &agent,
+            Budget::ELECTION,
+            Some(&self.fence),
+        )
+        .await
+        .map_err(|reason| RolloutError::NoClient {
+            cluster: cluster.into(),
+            reason,
+        })?;
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(cluster.to_string(), (creds.fingerprint, client.clone()));
+        Ok(client)
+    }
+
+    /// Makes `cluster`'s Microservice hold `spec` from `revision`: creates
+    /// it (and its namespace) if missing, replaces it conditionally if it
+    /// is ours and differs, and never touches one that is not ours.
+    pub async fn apply(
+        &self,
+        cluster: &str,
+        namespace: &str,
+        name: &str,
+        owner: &str,
+        revision: &str,
+        spec: &MicroserviceSpec,
+    ) -> Result<Written> {
+        let client = self.client(cluster).await?;
+        let api: Api<Microservice> = Api::namespaced(client.clone(), namespace);
+        let err = |verb| move |e| RolloutError::member(cluster, verb, e);
+        let found = api.get_opt(name).await.map_err(err("get"))?;
+        let count = |verb: &str| METRICS.rollout_member_writes_total.inc(&[cluster, verb]);
+        match found {
+            Some(ms) => {
+                if ms.labels().get(FLEET_LABEL).map(String::as_str) != Some(owner) {
+                    return Ok(Written::NotOurs);
+                }
+                let at = ms
+                    .annotations()
+                    .get(REVISION_ANNOTATION)
+                    .map(String::as_str);
+                if at == Some(revision) && ms.spec == *spec {
+                    return Ok(Written::Unchanged);
+                }
+                let mut next = ms.clone();
+                next.spec = spec.clone();
+                next.annotations_mut()
+                    .insert(REVISION_ANNOTATION.into(), revision.into());
+                api.replace(name, &PostParams::default(), &next)
+                    .await
+                    .map_err(err("replace"))?;
+                count("replace");
+                Ok(Written::Replaced)
+            }
+            None => {
+                let mut ms = Microservice::new(name, spec.clone());
+                ms.metadata.namespace = Some(namespace.into());
+                ms.labels_mut().insert(FLEET_LABEL.into(), owner.into());
+                ms.annotations_mut()
+                    .insert(REVISION_ANNOTATION.into(), revision.into());
+                let created = match api.create(&PostParams::default(), &ms).await {
+                    // The namespace is missing: create it, then try once more.
+                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                        ensure_namespace(&client, namespace)
+                            .await
+                            .map_err(err("create namespace for"))?;
+                        api.create(&PostParams::default(), &ms).await
+                    }
+                    other => other,
+                };
+                created.map_err(err("create"))?;
+                count("create");
+                Ok(Written::Created)
+            }
+        }
+    }
+
+    /// Deletes `cluster`'s Microservice if it is ours, on the uid and
+    /// resourceVersion just read.
+    pub async fn delete(
+        &self,
+        cluster: &str,
+        namespace: &str,
+        name: &str,
+        owner: &str,
+    ) -> Result<()> {
+        let client = self.client(cluster).await?;
+        let api: Api<Microservice> = Api::namespaced(client, namespace);
+        let err = |verb| move |e| RolloutError::member(cluster, verb, e);
+        let Some(ms) = api.get_opt(name).await.map_err(err("get"))? else {
+            return Ok(());
+        };
+        if ms.labels().get(FLEET_LABEL).map(String::as_str) != Some(owner) {
+            return Ok(());
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: ms.uid(),
+                resource_version: ms.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &params).await {
+            Ok(_) => {
+                METRICS
+                    .rollout_member_writes_total
+                    .inc(&[cluster, "delete"]);
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(err("delete")(e)),
+        }
+    }
+}
+
+/// The fleet creates a missing namespace (and never deletes one): a
+/// placement must not depend on someone preparing every member by hand.
+async fn ensure_namespace(client: &Client, namespace: &str) -> Result<(), kube::Error> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(namespace.into());
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
