@@ -301,8 +301,7 @@ async fn round(
     let update = step.revision();
 
     let previous = fms.status.clone().unwrap_or_default();
-    let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
-        .unwrap_or_else(|_| jiff::Timestamp::now());
+    let now = jiff::Timestamp::now();
     let plan = plan::plan(&Inputs {
         name: &name,
         generation: fms.metadata.generation.unwrap_or(0),

@@ -67,8 +67,7 @@ pub struct Inputs<'a> {
     pub revisions: &'a [Revision],
     pub previous: &'a FleetMicroserviceStatus,
     pub clusters: &'a [Cluster],
-    /// Whole seconds: the apiserver keeps no more, and equal inputs must
-    /// give an equal status.
+    /// The clock; status stamps keep its whole seconds.
     pub now: Timestamp,
 }
 
@@ -139,9 +138,19 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
     })
 }
 
-fn elapsed(now: Timestamp, since: &Time) -> Duration {
-    let ms = now.as_millisecond() - since.0.as_millisecond();
-    Duration::from_millis(ms.max(0) as u64)
+/// What is left of `span` counted from `since`, or `None` once it is over.
+/// Stamps keep whole seconds (as the apiserver's Time does), so the real
+/// start may be up to a second after `since`: count from a second later,
+/// so that a bake is never cut short and a deadline never fires early.
+fn left(now: Timestamp, since: &Time, span: Duration) -> Option<Duration> {
+    let end = since.0.as_millisecond() + 1000 + span.as_millis() as i64;
+    let ms = end - now.as_millisecond();
+    (ms > 0).then(|| Duration::from_millis(ms as u64))
+}
+
+/// `now` in whole seconds, as a status stamp.
+fn stamp(now: Timestamp) -> Time {
+    Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
 /// What the planner decided for the update revision.
@@ -193,7 +202,7 @@ impl Row<'_> {
 
 pub fn plan(i: &Inputs) -> Plan {
     let prev = i.previous;
-    let now = Time(i.now);
+    let now = stamp(i.now);
     let update = i.update.name.as_str();
     let same_update = prev.update_revision.as_deref() == Some(update)
         && prev.update_revision_number == Some(i.update.number);
@@ -318,9 +327,8 @@ pub fn plan(i: &Inputs) -> Plan {
             else {
                 continue;
             };
-            let waited = elapsed(i.now, &since);
-            if waited < settings.deadline {
-                soon(settings.deadline - waited);
+            if let Some(rest) = left(i.now, &since, settings.deadline) {
+                soon(rest);
                 continue;
             }
             let unreachable =
@@ -387,10 +395,11 @@ pub fn plan(i: &Inputs) -> Plan {
                 all_done = false;
                 continue;
             }
-            let waited = elapsed(i.now, &done_since(r));
-            if waited < settings.bake {
+            if let Some(rest) = left(i.now, &done_since(r), settings.bake)
+                && !settings.bake.is_zero()
+            {
                 baked = false;
-                soon(settings.bake - waited);
+                soon(rest);
             }
         }
         // Failures count towards a wave only within the failure budget.
@@ -729,7 +738,7 @@ pub fn plan(i: &Inputs) -> Plan {
 
 /// A spec that cannot be planned: say why, and write nothing.
 fn invalid(i: &Inputs, message: String) -> Plan {
-    let now = Time(i.now);
+    let now = stamp(i.now);
     let verdicts = [Verdict::new(
         PROGRESSING,
         Status::False,

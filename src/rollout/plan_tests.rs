@@ -259,15 +259,19 @@ fn the_canary_goes_first_and_the_rest_wait_for_its_bake() {
     // Written but not done: nothing more, and the deadline is the next wake-up.
     let p = w.step();
     assert!(p.actions.is_empty());
-    assert_eq!(p.requeue_after, Some(Duration::from_secs(60)));
+    // A second more than the deadline: stamps keep whole seconds.
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(61)));
     w.wait(5);
     w.done("m1");
     let p = w.step();
     assert!(p.actions.is_empty(), "baking: {:?}", p.actions);
-    assert_eq!(p.requeue_after, Some(Duration::from_secs(30)));
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(31)));
     assert_eq!(w.status.waves[0].state, WaveState::Baking);
-    w.wait(29);
-    assert!(w.step().actions.is_empty(), "29 s of a 30 s bake");
+    w.wait(30);
+    assert!(
+        w.step().actions.is_empty(),
+        "30 s after a whole-second stamp may be 29.x s of a 30 s bake"
+    );
     w.wait(1);
     let p = w.step();
     assert_eq!(
@@ -288,7 +292,7 @@ fn the_canary_goes_first_and_the_rest_wait_for_its_bake() {
     w.done("m2");
     w.done("m3");
     w.step();
-    w.wait(30);
+    w.wait(31);
     let p = w.step();
     assert!(p.actions.is_empty());
     assert_eq!(w.status.phase, Some(RolloutPhase::Complete));
@@ -356,7 +360,7 @@ fn not_done_within_the_deadline_fails_and_an_unreachable_cluster_counts_as_not_d
     w.step();
     w.clusters[0].reachable = false;
     w.set("m1", EntryState::Unknown, "ClusterUnreachable");
-    w.wait(59);
+    w.wait(60);
     let p = w.step();
     assert!(p.actions.is_empty());
     assert_eq!(p.requeue_after, Some(Duration::from_secs(1)));
@@ -406,7 +410,7 @@ fn pause_on_failure_holds_and_continues_when_the_failure_clears() {
     assert_eq!(w.status.failed_revision_number, None);
     w.done("m1");
     w.step();
-    w.wait(30);
+    w.wait(31);
     let p = w.step();
     assert_eq!(p.actions.len(), 2, "{:?}", p.actions);
     assert!(w.written(&r2).contains(&"m2"));
@@ -435,7 +439,7 @@ fn a_template_edit_mid_rollout_starts_again_from_the_first_wave() {
     w.step();
     w.done("m1");
     w.step();
-    w.wait(30);
+    w.wait(31);
     w.step(); // wave 2 gets r2
     assert_eq!(w.written(&r2), vec!["m1", "m2", "m3"]);
     w.spec.template.image = "app:3".into();
