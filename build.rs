@@ -1,4 +1,4 @@
-//! Generates the gRPC code for `proto/flotilla/v1/fleet.proto`, plus the file
+//! Generates the gRPC code for `proto/flotilla/v1/` (fleet and rollouts), plus the file
 //! descriptor set that server reflection serves. A `protoc` on PATH (or in
 //! $PROTOC) is used when present; otherwise the vendored one.
 use std::path::PathBuf;
@@ -17,6 +17,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("flotilla_v1_descriptor.bin"))
-        .compile_with_config(config, &["proto/flotilla/v1/fleet.proto"], &["proto"])?;
+        .compile_with_config(
+            config,
+            &[
+                "proto/flotilla/v1/fleet.proto",
+                "proto/flotilla/v1/rollouts.proto",
+            ],
+            &["proto"],
+        )?;
     Ok(())
 }

@@ -94,6 +94,11 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let home = Client::try_from(home_config.clone()).map_err(|e| format!("client: {e}"))?;
     let hub = Hub::new(&replica_id);
     let (credentials, credentials_rx) = tokio::sync::watch::channel(Default::default());
+    let (rollout_cache, rollout_watches) = flotilla::rollout::cache::RolloutCache::start(
+        home.clone(),
+        args.namespace.as_deref(),
+        &replica_id,
+    );
     let rollouts = flotilla::rollout::controller::Options {
         home: home_config,
         namespace: args.home_namespace.clone(),
@@ -102,7 +107,11 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         timings,
         hub: hub.clone(),
         credentials: credentials_rx,
-        watch_namespace: args.namespace.clone(),
+        cache: rollout_cache.clone(),
+    };
+    let rollout_source = flotilla::api::server::RolloutSource {
+        cache: rollout_cache,
+        home: home.clone(),
     };
     let defaults = args.platform_defaults();
     let options = FleetOptions {
@@ -143,13 +152,19 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             "fleet runtime",
             flotilla::fleet::runtime::run(options, stopped(stop_rx.clone())),
         ),
+        Critical::spawn("rollout caches", rollout_watches),
         Critical::spawn(
             "fleet rollouts",
             flotilla::rollout::controller::run(rollouts, stopped(stop_rx.clone())),
         ),
         Critical::spawn("gRPC server", {
-            let serve =
-                flotilla::api::server::serve(hub.clone(), grpc, listener, stopped(stop_rx.clone()));
+            let serve = flotilla::api::server::serve(
+                hub.clone(),
+                Some(rollout_source),
+                grpc,
+                listener,
+                stopped(stop_rx.clone()),
+            );
             with_fault(
                 "grpc",
                 async move { serve.await.map_err(|e| e.to_string()) },
@@ -186,6 +201,10 @@ fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
         None => None,
     };
     o.token_file = args.grpc_token_file.clone();
+    o.write_token = match &args.grpc_write_token_file {
+        Some(p) => Some(read_token(p, "--grpc-write-token-file")?),
+        None => None,
+    };
     if let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) {
         o.tls = Some(TlsFiles {
             cert: cert.clone(),
@@ -217,6 +236,26 @@ fn client_options(r: &RemoteArgs) -> Result<(ClientOptions, Format), String> {
         },
         format,
     ))
+}
+
+async fn rollout_command(action: args::RolloutAction) -> Result<u8, String> {
+    use args::RolloutAction as A;
+    use flotilla::cli::rollout::{self, Change};
+    let (target, remote_args) = match &action {
+        A::Status(t) | A::History(t) | A::Pause(t) | A::Resume(t) => (&t.target, &t.remote),
+        A::Wait(w) => (&w.target, &w.remote),
+        A::Undo(u) => (&u.target, &u.remote),
+    };
+    let (o, f) = client_options(remote_args)?;
+    let (ns, name) = remote::split_key(target)?;
+    match &action {
+        A::Status(_) => rollout::status(&o, f, &ns, &name, false).await,
+        A::History(_) => rollout::status(&o, f, &ns, &name, true).await,
+        A::Wait(w) => rollout::wait(&o, f, &ns, &name, w.timeout).await,
+        A::Pause(_) => rollout::change(&o, f, &ns, &name, Change::Pause).await,
+        A::Resume(_) => rollout::change(&o, f, &ns, &name, Change::Resume).await,
+        A::Undo(u) => rollout::change(&o, f, &ns, &name, Change::Undo(u.to_revision)).await,
+    }
 }
 
 /// The status commands; returns the process exit code.
@@ -253,6 +292,7 @@ async fn remote(command: Command) -> u8 {
                 };
                 remote::wait(&o, f, w).await
             }
+            Command::Rollout(a) => rollout_command(a.action).await,
             _ => Err("not a status command".into()),
         }
     }
@@ -315,7 +355,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        command @ (Command::Clusters(_) | Command::Status(_) | Command::Wait(_)) => {
+        command @ (Command::Clusters(_)
+        | Command::Status(_)
+        | Command::Wait(_)
+        | Command::Rollout(_)) => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {

@@ -119,7 +119,7 @@ fn start(hub: Arc<Hub>) -> String {
             opts.insecure = true;
             let listener = bind(&opts).await.unwrap();
             tx.send(listener.local_addr().unwrap().to_string()).unwrap();
-            serve(hub, opts, listener, std::future::pending())
+            serve(hub, None, opts, listener, std::future::pending())
                 .await
                 .unwrap();
         });

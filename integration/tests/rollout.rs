@@ -130,10 +130,16 @@ async fn placement_and_overrides_reach_exactly_the_selected_members_and_labels_a
     fleet
         .done_at("member-3", "api", &rev, Duration::from_secs(60))
         .await;
-    let f = fleet
-        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(30))
-        .await;
-    assert_eq!(f.status.unwrap().available.as_deref(), Some("3/3"));
+    let api = fleet.api();
+    eventually("available in 3/3", Duration::from_secs(30), || {
+        let api = api.clone();
+        async move {
+            let st = api.get("api").await.ok()?.status?;
+            (st.available.as_deref() == Some("3/3") && st.phase == Some(RolloutPhase::Complete))
+                .then_some(())
+        }
+    })
+    .await;
     // And leaves it: its Microservice is deleted, the others stay.
     std::fs::write(fleet.replicas.dir.join("member-3.labels"), "env: dev\n").unwrap();
     eventually(
@@ -233,6 +239,22 @@ async fn a_release_that_never_becomes_ready_is_rolled_back_on_the_canary_only() 
             .await,
     );
     fleet.set_image("api", "ghcr.io/acme/api:never-ready").await;
+    let key = format!("{}/api", fleet.namespace);
+    let server = fleet.replicas.grpc_url("r2");
+    let waiter = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "rollout",
+            "wait",
+            &key,
+            "--timeout",
+            "90s",
+            "--server",
+            &server,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("rollout wait");
     let bad = revision_of(
         &fleet
             .wait_phase("api", RolloutPhase::Progressing, Duration::from_secs(30))
@@ -295,6 +317,8 @@ async fn a_release_that_never_becomes_ready_is_rolled_back_on_the_canary_only() 
         },
     )
     .await;
+    let (code, _, stderr) = finish(waiter, Duration::from_secs(60)).await;
+    assert_eq!(code, 1, "rollout wait exits 1 on RolledBack:\n{stderr}");
     // It stays rolled back.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let f = fleet.api().get("api").await.unwrap();
@@ -472,4 +496,250 @@ async fn a_hand_made_microservice_is_never_overwritten_and_deletion_waits_for_a_
         handmade.spec.image, "ghcr.io/team/handmade:7",
         "never touched"
     );
+}
+
+#[tokio::test]
+async fn supersede_pause_resume_and_undo_over_the_cli_and_grpc_with_the_write_token_only() {
+    let _up = MEMBERS_UP.read().await;
+    let dir = std::env::temp_dir().join(format!("fms-tokens-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (read_file, write_file) = (dir.join("read"), dir.join("write"));
+    std::fs::write(&read_file, "reader-token\n").unwrap();
+    std::fs::write(&write_file, "writer-token\n").unwrap();
+    let flags = vec![
+        "--grpc-token-file".to_string(),
+        read_file.display().to_string(),
+        "--grpc-write-token-file".to_string(),
+        write_file.display().to_string(),
+    ];
+    let fleet = rollout_fleet_with("fms-ops", &[("member-1", CANARY)], &flags).await;
+    let ns = fleet.namespace.clone();
+    let key = format!("{ns}/api");
+    let server = fleet.replicas.grpc_url("r1");
+    let (read_arg, write_arg) = (
+        read_file.display().to_string(),
+        write_file.display().to_string(),
+    );
+    let cli = |args: &[&str], token: &str| {
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        all.extend([
+            "--server".into(),
+            server.clone(),
+            "--token-file".into(),
+            token.to_string(),
+        ]);
+        all
+    };
+    let run = |args: Vec<String>| async move {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        flotilla(&refs, Duration::from_secs(120)).await
+    };
+    fleet
+        .create(fleet_microservice(
+            "api",
+            "ghcr.io/acme/api:1",
+            canary_first("3s", "5m"),
+        ))
+        .await;
+    fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(120))
+        .await;
+
+    // Supersede: a new template while the canary bakes the last one.
+    fleet.set_image("api", "ghcr.io/acme/api:2").await;
+    let rev2 = revision_of(
+        &fleet
+            .wait_phase("api", RolloutPhase::Progressing, Duration::from_secs(30))
+            .await,
+    );
+    fleet
+        .done_at("member-1", "api", &rev2, Duration::from_secs(60))
+        .await;
+    fleet.set_image("api", "ghcr.io/acme/api:3").await;
+    let (code, _, stderr) = run(cli(
+        &["rollout", "wait", &key, "--timeout", "90s"],
+        &read_arg,
+    ))
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    for m in ["member-2", "member-3"] {
+        assert_eq!(
+            writes_of(m, &ns, &rev2),
+            0,
+            "{m} never got the superseded revision"
+        );
+    }
+
+    // The read token cannot pause; the write token can, over gRPC.
+    let (code, _, stderr) = run(cli(&["rollout", "pause", &key], &read_arg)).await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(stderr.contains("PermissionDenied"), "{stderr}");
+    let mut grpc = flotilla::api::client::connect_rollouts(&ClientOptions {
+        server: server.clone(),
+        token: Some("writer-token".into()),
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
+    let paused = grpc
+        .pause_rollout(pb::RolloutRef {
+            namespace: ns.clone(),
+            name: "api".into(),
+        })
+        .await
+        .expect("PauseRollout")
+        .into_inner();
+    assert!(paused.paused);
+    fleet.set_image("api", "ghcr.io/acme/api:4").await;
+    let f = fleet
+        .wait_phase("api", RolloutPhase::Paused, Duration::from_secs(30))
+        .await;
+    let rev4 = revision_of(&f);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for m in ["member-1", "member-2", "member-3"] {
+        assert_eq!(
+            writes_of(m, &ns, &rev4),
+            0,
+            "nothing is written while paused"
+        );
+    }
+    let (code, _, stderr) = run(cli(&["rollout", "resume", &key], &write_arg)).await;
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = run(cli(
+        &["rollout", "wait", &key, "--timeout", "90s"],
+        &write_arg,
+    ))
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+
+    // Undo over gRPC to revision 1: its template comes back as the newest revision.
+    let undone = grpc
+        .undo_rollout(pb::UndoRolloutRequest {
+            namespace: ns.clone(),
+            name: "api".into(),
+            to_revision: 1,
+        })
+        .await
+        .expect("UndoRollout")
+        .into_inner();
+    assert_eq!(undone.image, "ghcr.io/acme/api:1");
+    let f = fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(90))
+        .await;
+    assert_eq!(f.spec.template.image, "ghcr.io/acme/api:1");
+    for m in ["member-1", "member-2", "member-3"] {
+        let ms = fleet.member_api(m).get("api").await.unwrap();
+        assert_eq!(ms.spec.image, "ghcr.io/acme/api:1", "{m}");
+    }
+    // And over the CLI, to the revision that held api:4.
+    let (code, history, stderr) = run(cli(&["rollout", "history", &key], &read_arg)).await;
+    assert_eq!(code, 0, "{stderr}");
+    let number = history
+        .lines()
+        .find(|l| l.contains("ghcr.io/acme/api:4"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("api:4 in the history:\n{history}"))
+        .to_string();
+    let (code, _, stderr) = run(cli(
+        &["rollout", "undo", &key, "--to-revision", &number],
+        &write_arg,
+    ))
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let (code, status, stderr) = run(cli(
+        &["rollout", "wait", &key, "--timeout", "90s"],
+        &read_arg,
+    ))
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let _ = status;
+    let ms = fleet.member_api("member-3").get("api").await.unwrap();
+    assert_eq!(ms.spec.image, "ghcr.io/acme/api:4");
+    // Bad input: an unknown revision is refused with the reason.
+    let (code, _, stderr) = run(cli(
+        &["rollout", "undo", &key, "--to-revision", "99"],
+        &write_arg,
+    ))
+    .await;
+    assert_eq!(code, 3);
+    assert!(stderr.contains("revision 99 is not stored"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn a_member_down_in_its_wave_pauses_or_rolls_back_and_converges_when_it_returns() {
+    let _all = MEMBERS_UP.write().await;
+    let fleet = rollout_fleet("fms-down", &[("member-1", CANARY)]).await;
+    let mut rb = fleet_microservice("api-rb", "ghcr.io/acme/api:1", canary_first("1s", "15s"));
+    rb["spec"]["rollout"]["onFailure"] = json!("Rollback");
+    let mut hold = fleet_microservice("api-hold", "ghcr.io/acme/api:1", canary_first("1s", "15s"));
+    hold["spec"]["rollout"]["onFailure"] = json!("Pause");
+    fleet.create(rb).await;
+    fleet.create(hold).await;
+    let good = revision_of(
+        &fleet
+            .wait_phase("api-rb", RolloutPhase::Complete, Duration::from_secs(120))
+            .await,
+    );
+    fleet
+        .wait_phase("api-hold", RolloutPhase::Complete, Duration::from_secs(60))
+        .await;
+
+    let down = StoppedMember::stop("member-2");
+    fleet.set_image("api-rb", "ghcr.io/acme/api:2").await;
+    fleet.set_image("api-hold", "ghcr.io/acme/api:2").await;
+    // Rollback mode: rolled back at the deadline; the canary and member-3 go back.
+    let f = fleet
+        .wait_phase("api-rb", RolloutPhase::RolledBack, Duration::from_secs(90))
+        .await;
+    let m2 = f
+        .status
+        .as_ref()
+        .unwrap()
+        .clusters
+        .iter()
+        .find(|c| c.name == "member-2")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (m2.state, m2.reason.as_str()),
+        (ClusterState::Failed, "ClusterUnreachable")
+    );
+    for m in ["member-1", "member-3"] {
+        fleet
+            .done_at(m, "api-rb", &good, Duration::from_secs(60))
+            .await;
+    }
+    // Pause mode: held, saying why.
+    let f = fleet
+        .wait_phase("api-hold", RolloutPhase::Paused, Duration::from_secs(60))
+        .await;
+    let progressing = f
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Progressing")
+        .unwrap();
+    assert_eq!(progressing.reason, "ClusterFailed");
+    assert!(
+        progressing.message.contains("member-2"),
+        "{}",
+        progressing.message
+    );
+
+    drop(down);
+    // Back: the rolled-back one converges on the good revision; the held one finishes.
+    fleet
+        .done_at("member-2", "api-rb", &good, Duration::from_secs(90))
+        .await;
+    let f = fleet
+        .wait_phase("api-hold", RolloutPhase::Complete, Duration::from_secs(120))
+        .await;
+    let rev2 = revision_of(&f);
+    fleet
+        .done_at("member-2", "api-hold", &rev2, Duration::from_secs(30))
+        .await;
+    let f = fleet.api().get("api-rb").await.unwrap();
+    assert_eq!(f.status.unwrap().phase, Some(RolloutPhase::RolledBack));
 }

@@ -65,7 +65,7 @@ impl Server {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            serve(hub, opts, listener, async {
+            serve(hub, None, opts, listener, async {
                 stopped.await.ok();
             })
             .await

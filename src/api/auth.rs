@@ -39,6 +39,55 @@ impl BearerToken {
     fn want(&self) -> Option<Digest> {
         *self.0.read().unwrap_or_else(|e| e.into_inner())
     }
+
+    pub fn configured(&self) -> bool {
+        self.want().is_some()
+    }
+
+    /// Whether the request carries this token (never, when none is set).
+    pub fn admits<T>(&self, request: &Request<T>) -> bool {
+        let Some(want) = self.want() else {
+            return false;
+        };
+        request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(bearer)
+            .is_some_and(|t| bool::from(digest(t.as_bytes()).ct_eq(&want)))
+    }
+}
+
+/// FleetRollouts: reads take the read token or the write token.
+#[derive(Clone)]
+pub struct ReadOrWrite {
+    pub read: BearerToken,
+    pub write: BearerToken,
+}
+
+impl Interceptor for ReadOrWrite {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        if self.write.admits(&request) {
+            return Ok(request);
+        }
+        self.read.call(request)
+    }
+}
+
+/// Mutations need the write token; the read token is not enough.
+pub fn require_write<T>(write: &BearerToken, request: &Request<T>) -> Result<(), Status> {
+    if !write.configured() {
+        return Err(Status::permission_denied(
+            "this server takes no rollout mutations: it has no write token (--grpc-write-token-file)",
+        ));
+    }
+    if write.admits(request) {
+        Ok(())
+    } else {
+        Err(Status::permission_denied(
+            "this call changes a rollout and needs the write token",
+        ))
+    }
 }
 
 /// The credentials of an `authorization` value with the `Bearer` scheme,
@@ -101,6 +150,26 @@ mod tests {
             let err = guarded.call(with(bad)).unwrap_err();
             assert_eq!(err.code(), tonic::Code::Unauthenticated, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn mutations_need_the_write_token_and_reads_take_either() {
+        let read = BearerToken::new(Some("reader"));
+        let write = BearerToken::new(Some("writer"));
+        let mut either = ReadOrWrite {
+            read: read.clone(),
+            write: write.clone(),
+        };
+        assert!(either.call(with(Some("Bearer reader"))).is_ok());
+        assert!(either.call(with(Some("Bearer writer"))).is_ok());
+        assert!(either.call(with(Some("Bearer other"))).is_err());
+        let denied = require_write(&write, &with(Some("Bearer reader"))).unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        assert!(require_write(&write, &with(Some("Bearer writer"))).is_ok());
+        let none =
+            require_write(&BearerToken::new(None), &with(Some("Bearer writer"))).unwrap_err();
+        assert_eq!(none.code(), tonic::Code::PermissionDenied);
+        assert!(none.message().contains("--grpc-write-token-file"));
     }
 
     #[test]

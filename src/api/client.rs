@@ -10,6 +10,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Status};
 
+use super::pb::fleet_rollouts_client::FleetRolloutsClient;
 use super::pb::fleet_status_client::FleetStatusClient;
 
 #[derive(Debug, Clone, Default)]
@@ -42,7 +43,7 @@ fn read(path: &PathBuf, what: &str) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
 }
 
-pub async fn connect(o: &ClientOptions) -> Result<Client, String> {
+async fn channel(o: &ClientOptions) -> Result<(Channel, AttachToken), String> {
     let mut endpoint = Endpoint::from_shared(o.server.clone())
         .map_err(|e| format!("server address {:?}: {e}", o.server))?
         .connect_timeout(Duration::from_secs(5))
@@ -77,8 +78,19 @@ pub async fn connect(o: &ClientOptions) -> Result<Client, String> {
         ),
         None => None,
     };
-    Ok(
-        FleetStatusClient::with_interceptor(channel, AttachToken(token))
-            .max_decoding_message_size(64 * 1024 * 1024),
-    )
+    Ok((channel, AttachToken(token)))
+}
+
+pub async fn connect(o: &ClientOptions) -> Result<Client, String> {
+    let (channel, token) = channel(o).await?;
+    Ok(FleetStatusClient::with_interceptor(channel, token)
+        .max_decoding_message_size(64 * 1024 * 1024))
+}
+
+pub type RolloutsClient = FleetRolloutsClient<InterceptedService<Channel, AttachToken>>;
+
+pub async fn connect_rollouts(o: &ClientOptions) -> Result<RolloutsClient, String> {
+    let (channel, token) = channel(o).await?;
+    Ok(FleetRolloutsClient::with_interceptor(channel, token)
+        .max_decoding_message_size(64 * 1024 * 1024))
 }

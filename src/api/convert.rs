@@ -47,7 +47,7 @@ pub fn cluster(name: &str, c: &ClusterInfo, microservices: usize) -> pb::Cluster
     }
 }
 
-fn condition(c: &Condition) -> pb::Condition {
+pub fn condition(c: &Condition) -> pb::Condition {
     pb::Condition {
         r#type: c.type_.clone(),
         status: c.status.clone(),

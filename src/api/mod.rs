@@ -7,6 +7,8 @@ pub mod client;
 pub mod convert;
 pub mod deadline;
 pub mod request;
+pub mod rollout_convert;
+pub mod rollouts;
 pub mod server;
 pub mod service;
 pub mod streams;

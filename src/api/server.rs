@@ -12,8 +12,10 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
-use super::auth::BearerToken;
+use super::auth::{BearerToken, ReadOrWrite};
+use super::pb::fleet_rollouts_server::FleetRolloutsServer;
 use super::pb::fleet_status_server::FleetStatusServer;
+use super::rollouts::FleetRolloutsService;
 use super::service::FleetStatusService;
 use super::streams::Streams;
 use super::tls::{Rotating, watch_files};
@@ -49,6 +51,8 @@ pub struct ServerOptions {
     /// How long a stream's reader may leave its buffer full.
     pub stream_stall: Duration,
     pub bookmark_every: Duration,
+    /// The token rollout mutations need; none: mutations are refused.
+    pub write_token: Option<String>,
 }
 
 impl ServerOptions {
@@ -69,6 +73,7 @@ impl ServerOptions {
             max_stream_age: Duration::from_secs(30 * 60),
             stream_stall: Duration::from_secs(10),
             bookmark_every: Duration::from_secs(20),
+            write_token: None,
         }
     }
 
@@ -117,8 +122,16 @@ pub async fn bind(opts: &ServerOptions) -> Result<TcpListener, ApiError> {
         .map_err(|e| ApiError::Config(format!("--grpc-addr {}: {e}", opts.addr)))
 }
 
+/// What FleetRollouts reads and edits.
+pub struct RolloutSource {
+    pub cache: Arc<crate::rollout::cache::RolloutCache>,
+    /// The home cluster, for the spec edits users ask for.
+    pub home: kube::Client,
+}
+
 pub async fn serve(
     hub: Arc<Hub>,
+    rollouts: Option<RolloutSource>,
     opts: ServerOptions,
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
@@ -142,6 +155,9 @@ pub async fn serve(
             health
                 .set_service_status("flotilla.v1.FleetStatus", status)
                 .await;
+            health
+                .set_service_status("flotilla.v1.FleetRollouts", status)
+                .await;
             if ready.changed().await.is_err() {
                 return;
             }
@@ -156,21 +172,44 @@ pub async fn serve(
         shutdown.await;
         stopping_tx.send(true).ok();
     };
+    let streams = Streams::new(opts.max_streams);
+    let watch_limits = WatchLimits {
+        bookmark_every: opts.bookmark_every,
+        max_age: opts.max_stream_age,
+    };
     let service = FleetStatusServer::new(FleetStatusService {
         hub,
         max_wait: opts.max_wait,
-        streams: Streams::new(opts.max_streams),
+        streams: streams.clone(),
         stall: opts.stream_stall,
-        watch: WatchLimits {
-            bookmark_every: opts.bookmark_every,
-            max_age: opts.max_stream_age,
-        },
-        shutdown: stopping,
+        watch: watch_limits,
+        shutdown: stopping.clone(),
     })
     .max_decoding_message_size(opts.max_request_bytes)
     .max_encoding_message_size(opts.max_response_bytes);
     let token = BearerToken::new(opts.token.as_deref());
     let guarded = InterceptedService::new(service, token.clone());
+    let write = BearerToken::new(opts.write_token.as_deref());
+    let rollouts_guarded = rollouts.map(|r| {
+        let service = FleetRolloutsServer::new(FleetRolloutsService {
+            cache: r.cache,
+            home: r.home,
+            write: write.clone(),
+            streams: streams.clone(),
+            stall: opts.stream_stall,
+            watch: watch_limits,
+            shutdown: stopping.clone(),
+        })
+        .max_decoding_message_size(opts.max_request_bytes)
+        .max_encoding_message_size(opts.max_response_bytes);
+        InterceptedService::new(
+            service,
+            ReadOrWrite {
+                read: token.clone(),
+                write: write.clone(),
+            },
+        )
+    });
     let tls = opts.tls.clone().map(Rotating::load).transpose()?;
     let watcher = tokio::spawn(watch_files(
         tls.clone(),
@@ -203,7 +242,8 @@ pub async fn serve(
         .layer(super::catch_panic::CatchPanicLayer)
         .add_service(health_service)
         .add_optional_service(reflection)
-        .add_service(guarded);
+        .add_service(guarded)
+        .add_optional_service(rollouts_guarded);
     // The builder's TCP options apply only to listeners it binds itself.
     // Without NODELAY, small responses wait out delayed ACKs (~40 ms).
     let tcp = TcpIncoming::from(listener)

@@ -68,6 +68,10 @@ pub enum Command {
     /// Wait until a rollout is done in every cluster. Exit codes: 0 done,
     /// 1 failed in some cluster, 2 timed out, 3 could not ask, 64 usage error.
     Wait(WaitArgs),
+    /// FleetMicroservice rollouts: status, history, wait, pause, resume,
+    /// undo. `rollout wait` exits 0 Complete, 1 RolledBack or Failed,
+    /// 2 timed out, 3 could not ask.
+    Rollout(RolloutArgs),
 }
 
 #[derive(clap::Args)]
@@ -115,6 +119,58 @@ pub struct StatusArgs {
     /// Only Microservices matching this label selector (when listing).
     #[arg(short = 'l', long)]
     pub selector: Option<String>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(clap::Args)]
+pub struct RolloutArgs {
+    #[command(subcommand)]
+    pub action: RolloutAction,
+}
+
+#[derive(Subcommand)]
+pub enum RolloutAction {
+    /// Phase, waves and each cluster's state.
+    Status(RolloutTarget),
+    /// The stored revisions, newest first.
+    History(RolloutTarget),
+    /// Wait until the rollout of the current spec ends.
+    Wait(RolloutWaitArgs),
+    /// Stop writing to members (spec.paused); needs the write token.
+    Pause(RolloutTarget),
+    /// Continue a paused rollout; needs the write token.
+    Resume(RolloutTarget),
+    /// Put a stored revision back into the spec; needs the write token.
+    Undo(RolloutUndoArgs),
+}
+
+#[derive(clap::Args)]
+pub struct RolloutTarget {
+    /// NAMESPACE/NAME of the FleetMicroservice.
+    pub target: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(clap::Args)]
+pub struct RolloutWaitArgs {
+    /// NAMESPACE/NAME of the FleetMicroservice.
+    pub target: String,
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(clap::Args)]
+pub struct RolloutUndoArgs {
+    /// NAMESPACE/NAME of the FleetMicroservice.
+    pub target: String,
+    /// The revision number; by default the last good one (or the one
+    /// before the current one).
+    #[arg(long, default_value_t = 0)]
+    pub to_revision: i64,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }
@@ -235,6 +291,10 @@ pub struct RunArgs {
     /// Require `authorization: Bearer <token>` with the token in this file.
     #[arg(long, env = "FLOTILLA_GRPC_TOKEN_FILE")]
     pub grpc_token_file: Option<PathBuf>,
+    /// Rollout mutations (pause, resume, undo) need this token; without
+    /// it they are refused. Reads accept it too.
+    #[arg(long, env = "FLOTILLA_GRPC_WRITE_TOKEN_FILE")]
+    pub grpc_write_token_file: Option<PathBuf>,
     /// Serve gRPC in plaintext (local development only).
     #[arg(long, env = "FLOTILLA_GRPC_INSECURE")]
     pub grpc_insecure: bool,

@@ -6,6 +6,8 @@ pub mod args;
 mod doc_examples;
 pub mod output;
 pub mod remote;
+pub mod rollout;
+pub mod rollout_output;
 pub mod wait;
 
 use std::time::Duration;

@@ -10,14 +10,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Config, ResourceExt};
-use tokio::sync::{Notify, watch};
+use kube::runtime::reflector::Store;
+use kube::{Client, Config, ResourceExt};
+use tokio::sync::watch;
 use tracing::Instrument;
 
+use super::cache::RolloutCache;
 use super::error::{Result, RolloutError};
 use super::events;
 use super::home::{self, Home};
@@ -27,8 +26,7 @@ use super::placement::member_spec;
 use super::plan::{self, Action, Inputs};
 use super::revision::{self, RevisionData, Step};
 use super::spec::{
-    ClusterState, FINALIZER, FLEET_LABEL, FleetMicroservice, FleetMicroserviceStatus, RolloutPhase,
-    WaveState,
+    ClusterState, FINALIZER, FleetMicroservice, FleetMicroserviceStatus, RolloutPhase, WaveState,
 };
 use crate::domain::conditions::{self, CLEANUP_BLOCKED, Status, Verdict};
 use crate::fleet::election::Timings;
@@ -48,9 +46,8 @@ pub struct Options {
     pub timings: Timings,
     pub hub: Arc<Hub>,
     pub credentials: watch::Receiver<BTreeMap<String, Credentials>>,
-    /// FleetMicroservices of this namespace only (as `--namespace` limits
-    /// the members' reconcilers); `None` is every namespace.
-    pub watch_namespace: Option<String>,
+    /// The FleetMicroservices and revisions every replica caches.
+    pub cache: Arc<RolloutCache>,
 }
 
 /// Plan again at least this often: cluster labels change without a
@@ -89,12 +86,11 @@ pub async fn run(
     }));
     let home = client(&opts.home, Some(&fence))?;
     let ctx = Arc::new(Ctx {
-        home: Home::new(home.clone(), &opts.replica_id),
-        client: home,
+        home: Home::new(home, &opts.replica_id),
         members: Members::new(fence.clone(), &opts.replica_id, opts.credentials.clone()),
         hub: opts.hub.clone(),
         written: std::sync::Mutex::new(BTreeMap::new()),
-        namespace: opts.watch_namespace.clone(),
+        cache: opts.cache.clone(),
     });
     let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
     let elector_task = tokio::spawn(elector.run(async move {
@@ -136,10 +132,9 @@ pub async fn run(
 
 struct Ctx {
     home: Home,
-    client: Client,
     members: Members,
     hub: Arc<Hub>,
-    namespace: Option<String>,
+    cache: Arc<RolloutCache>,
     /// The last status this term wrote per FleetMicroservice uid, with the
     /// resourceVersion it replaced: until the watch cache moves past that
     /// version, the written copy is the fresher one.
@@ -168,22 +163,17 @@ impl Ctx {
     }
 }
 
-/// Watches, then plans every FleetMicroservice whenever something may
-/// have changed: the objects, the revisions, the status index, or a timer.
+/// Plans every FleetMicroservice whenever something may have changed:
+/// the objects, the revisions, the status index, or a timer.
 async fn work(ctx: Arc<Ctx>) {
-    let changed = Arc::new(Notify::new());
-    let ns = ctx.namespace.as_deref();
-    let (fleet, fleet_task) = cache::<FleetMicroservice>(&ctx.client, ns, None, changed.clone());
-    let (revisions, revisions_task) =
-        cache::<ControllerRevision>(&ctx.client, ns, Some(FLEET_LABEL), changed.clone());
-    let _guard = AbortOnDrop(vec![fleet_task, revisions_task]);
+    let mut changed = ctx.cache.changes();
     let mut index = ctx.hub.subscribe();
-    if fleet.wait_until_ready().await.is_err() || revisions.wait_until_ready().await.is_err() {
+    if !ctx.cache.ready().await {
         return;
     }
     loop {
         let mut next = RESYNC;
-        for fms in fleet.state() {
+        for fms in ctx.cache.fleet.state() {
             let fms = ctx.freshest(&fms);
             let key = format!("{}/{}", fms.namespace().unwrap_or_default(), fms.name_any());
             let span = tracing::info_span!(
@@ -191,7 +181,10 @@ async fn work(ctx: Arc<Ctx>) {
                 flotilla.fleet_microservice = %key,
                 flotilla.revision = tracing::field::Empty
             );
-            match round(&ctx, &fms, &revisions).instrument(span).await {
+            match round(&ctx, &fms, &ctx.cache.revisions)
+                .instrument(span)
+                .await
+            {
                 Ok(Some(after)) => next = next.min(after),
                 Ok(None) => {}
                 Err(e) => {
@@ -201,63 +194,13 @@ async fn work(ctx: Arc<Ctx>) {
             }
         }
         tokio::select! {
-            _ = changed.notified() => {}
+            _ = changed.changed() => {}
             _ = index.changed() => {}
             _ = tokio::time::sleep(next) => {}
         }
         // Let a burst of changes settle into one round.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            t.abort();
-        }
-    }
-}
-
-/// A watch cache of `K` in every namespace, waking `changed` on each event.
-fn cache<K>(
-    client: &Client,
-    namespace: Option<&str>,
-    label: Option<&str>,
-    changed: Arc<Notify>,
-) -> (Store<K>, tokio::task::JoinHandle<()>)
-where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let api: Api<K> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let mut config = watcher::Config::default();
-    if let Some(l) = label {
-        config = config.labels(l);
-    }
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config))
-        .default_backoff()
-        .touched_objects();
-    let task = tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if let Err(e) = event {
-                tracing::debug!(error = %e, "fleet controller watch error");
-            }
-            changed.notify_one();
-        }
-    });
-    (reader, task)
 }
 
 /// One FleetMicroservice, one round. Returns when to plan again at the latest.

@@ -2,6 +2,7 @@
 //! member clusters by label and rolled out in waves. `spec`, `placement`,
 //! `revision`, `plan` and `events` are pure; the controller does the I/O.
 
+pub mod cache;
 pub mod controller;
 pub mod error;
 pub mod events;

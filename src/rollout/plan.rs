@@ -489,7 +489,10 @@ pub fn plan(i: &Inputs) -> Plan {
             }
         }
     }
-    let writing = !matches!(mode, Mode::Paused | Mode::HeldOnFailure | Mode::Failed);
+    // Held on failure, the clusters already given the update may still get
+    // it (one that was down may come back and turn done, clearing the
+    // failure); no new cluster is started.
+    let writing = !matches!(mode, Mode::Paused | Mode::Failed);
     if writing {
         for r in rows.iter().filter(|r| !r.foreign && r.c.reachable) {
             if let Some(Some(t)) = targets.get(r.c.name.as_str())

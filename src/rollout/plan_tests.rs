@@ -417,6 +417,36 @@ fn pause_on_failure_holds_and_continues_when_the_failure_clears() {
 }
 
 #[test]
+fn held_on_failure_a_returning_cluster_still_gets_what_it_was_given() {
+    let mut w = World::three();
+    w.complete();
+    w.spec.rollout.on_failure = OnFailure::Pause;
+    w.spec.template.image = "app:2".into();
+    let r2 = rev(&w, "app:2");
+    w.step();
+    w.done("m1");
+    w.step();
+    w.wait(31);
+    // Wave 2: m2 is down and cannot be written; m3 gets it and is done.
+    w.clusters[1].reachable = false;
+    w.step();
+    w.done("m3");
+    w.wait(61);
+    w.step();
+    assert_eq!(w.status.phase, Some(RolloutPhase::Paused));
+    assert_eq!(w.state("m2"), ClusterState::Failed);
+    // m2 returns: it is given the update it was targeted with, then done.
+    w.clusters[1].reachable = true;
+    let p = w.step();
+    assert_eq!(p.actions, vec![Action::Apply { cluster: "m2".into(), revision: r2 }]);
+    w.done("m2");
+    w.step();
+    w.wait(31);
+    w.step();
+    assert_eq!(w.status.phase, Some(RolloutPhase::Complete));
+}
+
+#[test]
 fn a_first_release_that_fails_has_nothing_to_go_back_to() {
     let mut w = World::three();
     w.step();

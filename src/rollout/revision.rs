@@ -88,6 +88,41 @@ pub fn update_revision(
     }
 }
 
+/// The revision an undo goes back to: number `to`, or with 0 the last good
+/// revision, or (when that is the update revision) the newest before it.
+pub fn undo_target<'a>(
+    stored: &'a [Revision],
+    update: Option<&str>,
+    last_good: Option<&str>,
+    to: i64,
+) -> Result<&'a Revision, String> {
+    let numbers = || {
+        let mut n: Vec<String> = stored.iter().map(|r| r.number.to_string()).collect();
+        n.sort();
+        n.join(", ")
+    };
+    if to > 0 {
+        return stored
+            .iter()
+            .find(|r| r.number == to)
+            .ok_or_else(|| format!("revision {to} is not stored (stored: {})", numbers()));
+    }
+    if let Some(good) = last_good.filter(|g| Some(*g) != update)
+        && let Some(r) = stored.iter().find(|r| r.name == good)
+    {
+        return Ok(r);
+    }
+    let current = stored
+        .iter()
+        .find(|r| Some(r.name.as_str()) == update)
+        .map_or(i64::MAX, |r| r.number);
+    stored
+        .iter()
+        .filter(|r| r.number < current)
+        .max_by_key(|r| r.number)
+        .ok_or_else(|| "there is no earlier revision to go back to".to_string())
+}
+
 /// Revisions to delete: the oldest beyond `limit`, never one in `keep`
 /// (the update revision, the last good one, and any a member runs).
 pub fn prune(existing: &[Revision], limit: usize, keep: &BTreeSet<String>) -> Vec<String> {
@@ -157,6 +192,35 @@ mod tests {
         };
         r.data = data("a:9");
         assert!(update_revision("api", &[r], &data("a:1")).is_err());
+    }
+
+    #[test]
+    fn undo_goes_to_a_number_the_last_good_or_the_one_before() {
+        let revs: Vec<Revision> = (1..=3)
+            .map(|n| Revision {
+                name: format!("r{n}"),
+                number: n,
+                data: data(&format!("a:{n}")),
+            })
+            .collect();
+        assert_eq!(
+            undo_target(&revs, Some("r3"), Some("r1"), 2).unwrap().name,
+            "r2"
+        );
+        assert!(
+            undo_target(&revs, Some("r3"), Some("r1"), 9)
+                .unwrap_err()
+                .contains("1, 2, 3")
+        );
+        assert_eq!(
+            undo_target(&revs, Some("r3"), Some("r1"), 0).unwrap().name,
+            "r1"
+        );
+        assert_eq!(
+            undo_target(&revs, Some("r3"), Some("r3"), 0).unwrap().name,
+            "r2"
+        );
+        assert!(undo_target(&revs[..1], Some("r1"), Some("r1"), 0).is_err());
     }
 
     #[test]

@@ -26,11 +26,21 @@ pub struct RolloutFleet {
 /// Three replicas over the three members, each member labelled by its
 /// side file (`labels`: member -> YAML), with the FleetMicroservice CRD in home.
 pub async fn rollout_fleet(prefix: &str, labels: &[(&str, &str)]) -> RolloutFleet {
+    rollout_fleet_with(prefix, labels, &[]).await
+}
+
+/// The same, with further gRPC flags (tokens) for every replica.
+pub async fn rollout_fleet_with(
+    prefix: &str,
+    labels: &[(&str, &str)],
+    grpc_args: &[String],
+) -> RolloutFleet {
     let members = member_clients().await;
     let home = client("home").await;
     ensure_fleet_crd(&home).await;
     let (namespace, guards) = namespaces(&members, prefix).await;
     let mut replicas = Replicas::new(&namespace, &MEMBERS);
+    replicas.grpc_args.extend(grpc_args.iter().cloned());
     for (member, yaml) in labels {
         std::fs::write(replicas.dir.join(format!("{member}.labels")), yaml).expect("labels file");
     }
@@ -226,4 +236,39 @@ pub fn fleet_writes(cluster: &str, namespace: &str) -> Vec<FleetWrite> {
         .collect();
     out.sort_by_key(|w| w.received);
     out
+}
+
+/// `flotilla ARGS` to its end within `limit`: exit code, stdout, stderr.
+pub async fn flotilla(args: &[&str], limit: Duration) -> (i32, String, String) {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start flotilla");
+    finish(child, limit).await
+}
+
+pub async fn finish(child: std::process::Child, limit: Duration) -> (i32, String, String) {
+    let pid = child.id();
+    let out = tokio::time::timeout(
+        limit,
+        tokio::task::spawn_blocking(move || child.wait_with_output().expect("wait output")),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("flotilla (pid {pid}) still running after {limit:?}"))
+    .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The fleet controller's writes of `revision` to `member`.
+pub fn writes_of(member: &str, namespace: &str, revision: &str) -> usize {
+    fleet_writes(member, namespace)
+        .iter()
+        .filter(|w| w.revision.as_deref() == Some(revision))
+        .count()
 }

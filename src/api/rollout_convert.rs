@@ -1,0 +1,98 @@
+//! FleetMicroservices, their revisions and rollout state as protobuf
+//! messages. Pure.
+
+use std::time::SystemTime;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+
+use super::convert::{condition, timestamp};
+use super::pb;
+use crate::rollout::revision::Revision;
+use crate::rollout::spec::FleetMicroservice;
+
+fn time(t: &Time) -> prost_types::Timestamp {
+    timestamp(SystemTime::from(t.0))
+}
+
+fn revision_ref(name: Option<&String>, history: &[Revision]) -> Option<pb::RevisionRef> {
+    name.map(|n| pb::RevisionRef {
+        name: n.clone(),
+        number: history
+            .iter()
+            .find(|r| &r.name == n)
+            .map_or(0, |r| r.number),
+    })
+}
+
+/// One FleetMicroservice; `history` is its stored revisions, and goes into
+/// the message only when `with_history`.
+pub fn rollout(f: &FleetMicroservice, history: &[Revision], with_history: bool) -> pb::Rollout {
+    let st = f.status.clone().unwrap_or_default();
+    let mut newest_first: Vec<&Revision> = history.iter().collect();
+    newest_first.sort_by_key(|r| std::cmp::Reverse(r.number));
+    pb::Rollout {
+        namespace: f.namespace().unwrap_or_default(),
+        name: f.name_any(),
+        generation: f.metadata.generation.unwrap_or_default(),
+        observed_generation: st.observed_generation.unwrap_or_default(),
+        phase: st.phase.map(|p| p.as_str().to_string()).unwrap_or_default(),
+        wave: st.wave.clone().unwrap_or_default(),
+        image: f.spec.template.image.clone(),
+        paused: f.spec.paused,
+        update_revision: revision_ref(st.update_revision.as_ref(), history),
+        current_revision: revision_ref(st.current_revision.as_ref(), history),
+        last_good_revision: revision_ref(st.last_good_revision.as_ref(), history),
+        updated: st.updated.clone().unwrap_or_default(),
+        available: st.available.clone().unwrap_or_default(),
+        waves: st
+            .waves
+            .iter()
+            .map(|w| pb::Wave {
+                name: w.name.clone(),
+                clusters: w.clusters.clone(),
+                state: format!("{:?}", w.state),
+                started: w.started.as_ref().map(time),
+                finished: w.finished.as_ref().map(time),
+            })
+            .collect(),
+        clusters: st
+            .clusters
+            .iter()
+            .map(|c| pb::ClusterRollout {
+                cluster: c.name.clone(),
+                revision: c.revision.clone().unwrap_or_default(),
+                target: c.target.clone().unwrap_or_default(),
+                state: format!("{:?}", c.state),
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+                since: Some(time(&c.since)),
+            })
+            .collect(),
+        conditions: st.conditions.iter().map(condition).collect(),
+        history: if with_history {
+            newest_first
+                .into_iter()
+                .map(|r| pb::RevisionInfo {
+                    name: r.name.clone(),
+                    number: r.number,
+                    image: r.data.template.image.clone(),
+                    replicas: r.data.template.replicas,
+                    overrides: r.data.overrides.len() as u32,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        deleting: f.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+/// A DELETE event's rollout: its key only.
+pub fn deleted(namespace: &str, name: &str) -> pb::Rollout {
+    pb::Rollout {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,350 @@
+//! `flotilla.v1.FleetRollouts`: reads from the replica's rollout caches;
+//! Pause, Resume and Undo edit the FleetMicroservice's spec in the home
+//! cluster, conditionally, and only with the write token.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::{Request, Response, Status};
+
+use super::auth::{BearerToken, require_write};
+use super::pb::fleet_rollouts_server::FleetRollouts;
+use super::pb::{self, WatchEventType};
+use super::request;
+use super::rollout_convert::{deleted, rollout};
+use super::streams::{self, Outbox, Streams};
+use super::watch::WatchLimits;
+use crate::rollout::cache::{Key, RolloutCache};
+use crate::rollout::home::revisions_of;
+use crate::rollout::revision::{Revision, undo_target};
+use crate::rollout::spec::FleetMicroservice;
+
+pub struct FleetRolloutsService {
+    pub cache: Arc<RolloutCache>,
+    /// The home cluster, for the spec edits users ask for.
+    pub home: Client,
+    pub write: BearerToken,
+    pub streams: Arc<Streams>,
+    pub stall: Duration,
+    pub watch: WatchLimits,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::RolloutEvent, Status>> + Send>>;
+
+fn history(cache: &RolloutCache, f: &FleetMicroservice) -> Vec<Revision> {
+    let stored = cache.revisions.state();
+    revisions_of(f, stored.iter().map(|r| r.as_ref()))
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect()
+}
+
+fn kube_status(e: kube::Error) -> Status {
+    match &e {
+        kube::Error::Api(s) if s.code == 404 => Status::not_found(s.message.clone()),
+        kube::Error::Api(s) if s.code == 409 => Status::aborted(format!(
+            "the FleetMicroservice changed meanwhile; retry ({})",
+            s.message
+        )),
+        kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
+            Status::invalid_argument(s.message.clone())
+        }
+        kube::Error::Api(s) if s.code == 403 => Status::permission_denied(s.message.clone()),
+        _ => Status::unavailable(format!("the home cluster did not answer: {e}")),
+    }
+}
+
+impl FleetRolloutsService {
+    fn api(&self, namespace: &str) -> Api<FleetMicroservice> {
+        Api::namespaced(self.home.clone(), namespace)
+    }
+
+    fn one(&self, namespace: &str, name: &str) -> Result<pb::Rollout, Status> {
+        let f = self
+            .cache
+            .get(namespace, name)
+            .ok_or_else(|| Status::not_found(format!("no FleetMicroservice {namespace}/{name}")))?;
+        Ok(rollout(&f, &history(&self.cache, &f), true))
+    }
+
+    async fn set_paused(
+        &self,
+        r: Request<pb::RolloutRef>,
+        paused: bool,
+    ) -> Result<Response<pb::Rollout>, Status> {
+        require_write(&self.write, &r)?;
+        let (ns, name) = request::key(&r.get_ref().namespace, &r.get_ref().name)?;
+        let f = self
+            .api(&ns)
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"paused": paused}})),
+            )
+            .await
+            .map_err(kube_status)?;
+        tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), paused, "rollout paused or resumed over gRPC");
+        Ok(Response::new(rollout(&f, &history(&self.cache, &f), true)))
+    }
+}
+
+#[tonic::async_trait]
+impl FleetRollouts for FleetRolloutsService {
+    async fn get_rollout(
+        &self,
+        r: Request<pb::RolloutRef>,
+    ) -> Result<Response<pb::Rollout>, Status> {
+        let (ns, name) = request::key(&r.get_ref().namespace, &r.get_ref().name)?;
+        self.one(&ns, &name).map(Response::new)
+    }
+
+    async fn list_rollouts(
+        &self,
+        r: Request<pb::ListRolloutsRequest>,
+    ) -> Result<Response<pb::ListRolloutsResponse>, Status> {
+        let ns = namespace_filter(&r.get_ref().namespace)?;
+        let revision = self.cache.revision();
+        let mut rollouts: Vec<pb::Rollout> = self
+            .cache
+            .fleet
+            .state()
+            .iter()
+            .filter(|f| {
+                ns.as_ref()
+                    .is_none_or(|n| f.metadata.namespace.as_ref() == Some(n))
+            })
+            .map(|f| rollout(f, &history(&self.cache, f), false))
+            .collect();
+        rollouts.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        Ok(Response::new(pb::ListRolloutsResponse {
+            rollouts,
+            revision,
+            index_id: self.cache.index_id.clone(),
+        }))
+    }
+
+    type WatchRolloutsStream = EventStream;
+
+    async fn watch_rollouts(
+        &self,
+        r: Request<pb::WatchRolloutsRequest>,
+    ) -> Result<Response<Self::WatchRolloutsStream>, Status> {
+        let req = r.into_inner();
+        let ns = namespace_filter(&req.namespace)?;
+        let slot = self.streams.open()?;
+        let resume =
+            (req.resume_from > 0 && req.index_id == self.cache.index_id).then_some(req.resume_from);
+        let (out, inbox) = streams::channel(slot, self.stall);
+        tokio::spawn(run_watch(
+            self.cache.clone(),
+            ns,
+            resume,
+            out,
+            self.watch,
+            self.shutdown.clone(),
+        ));
+        Ok(Response::new(Box::pin(inbox)))
+    }
+
+    async fn pause_rollout(
+        &self,
+        r: Request<pb::RolloutRef>,
+    ) -> Result<Response<pb::Rollout>, Status> {
+        self.set_paused(r, true).await
+    }
+
+    async fn resume_rollout(
+        &self,
+        r: Request<pb::RolloutRef>,
+    ) -> Result<Response<pb::Rollout>, Status> {
+        self.set_paused(r, false).await
+    }
+
+    async fn undo_rollout(
+        &self,
+        r: Request<pb::UndoRolloutRequest>,
+    ) -> Result<Response<pb::Rollout>, Status> {
+        require_write(&self.write, &r)?;
+        let req = r.get_ref();
+        let (ns, name) = request::key(&req.namespace, &req.name)?;
+        if req.to_revision < 0 {
+            return Err(Status::invalid_argument("to_revision must not be negative"));
+        }
+        let api = self.api(&ns);
+        let mut f = api.get(&name).await.map_err(kube_status)?;
+        let stored = history(&self.cache, &f);
+        let st = f.status.clone().unwrap_or_default();
+        let target = undo_target(
+            &stored,
+            st.update_revision.as_deref(),
+            st.last_good_revision.as_deref(),
+            req.to_revision,
+        )
+        .map_err(Status::invalid_argument)?;
+        f.spec.template = target.data.template.clone();
+        f.spec.overrides = target.data.overrides.clone();
+        // Conditional on the resourceVersion just read.
+        let f = api
+            .replace(&name, &PostParams::default(), &f)
+            .await
+            .map_err(kube_status)?;
+        tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), to = %target.name, number = target.number, "rollout undone over gRPC");
+        Ok(Response::new(rollout(&f, &history(&self.cache, &f), true)))
+    }
+}
+
+fn namespace_filter(ns: &str) -> Result<Option<String>, Status> {
+    if ns.is_empty() {
+        return Ok(None);
+    }
+    request::key(ns, "x")?;
+    Ok(Some(ns.to_string()))
+}
+
+fn event(
+    type_: WatchEventType,
+    revision: u64,
+    id: &str,
+    r: Option<pb::Rollout>,
+) -> pb::RolloutEvent {
+    pb::RolloutEvent {
+        r#type: type_ as i32,
+        revision,
+        index_id: id.to_string(),
+        rollout: r,
+    }
+}
+
+/// A snapshot: RESET, every matching rollout, SYNCED.
+fn snapshot(cache: &RolloutCache, ns: &Option<String>, revision: u64) -> Vec<pb::RolloutEvent> {
+    let id = cache.index_id.as_str();
+    let mut items: Vec<pb::Rollout> = cache
+        .fleet
+        .state()
+        .iter()
+        .filter(|f| {
+            ns.as_ref()
+                .is_none_or(|n| f.metadata.namespace.as_ref() == Some(n))
+        })
+        .map(|f| rollout(f, &[], false))
+        .collect();
+    items.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    std::iter::once(event(WatchEventType::Reset, 0, id, None))
+        .chain(
+            items
+                .into_iter()
+                .map(|r| event(WatchEventType::Snapshot, 0, id, Some(r))),
+        )
+        .chain(std::iter::once(event(
+            WatchEventType::Synced,
+            revision,
+            id,
+            None,
+        )))
+        .collect()
+}
+
+/// What changed: the latest state of each key, or its deletion.
+fn changes(
+    cache: &RolloutCache,
+    ns: &Option<String>,
+    changed: &[(u64, Key)],
+) -> Vec<pb::RolloutEvent> {
+    let id = cache.index_id.as_str();
+    changed
+        .iter()
+        .filter(|(_, (n, _))| ns.as_ref().is_none_or(|want| want == n))
+        .map(|(rev, (n, name))| match cache.get(n, name) {
+            Some(f) => event(
+                WatchEventType::Upsert,
+                *rev,
+                id,
+                Some(rollout(&f, &[], false)),
+            ),
+            None => event(WatchEventType::Delete, *rev, id, Some(deleted(n, name))),
+        })
+        .collect()
+}
+
+async fn send(
+    out: &mut Outbox<pb::RolloutEvent>,
+    events: Vec<pb::RolloutEvent>,
+) -> Result<usize, ()> {
+    let n = events.len();
+    for e in events {
+        out.send(e).await.map_err(|_| ())?;
+    }
+    Ok(n)
+}
+
+async fn run_watch(
+    cache: Arc<RolloutCache>,
+    ns: Option<String>,
+    resume: Option<u64>,
+    mut out: Outbox<pb::RolloutEvent>,
+    limits: WatchLimits,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut changed = cache.subscribe();
+    let mut at = cache.revision();
+    let first = match resume.and_then(|r| cache.changes_since(r)) {
+        Some(c) => {
+            at = at.max(c.last().map_or(0, |(r, _)| *r));
+            let mut events = changes(&cache, &ns, &c);
+            events.push(event(WatchEventType::Synced, at, &cache.index_id, None));
+            events
+        }
+        None => snapshot(&cache, &ns, at),
+    };
+    if send(&mut out, first).await.is_err() {
+        return;
+    }
+    let ends_at = Instant::now() + limits.max_age;
+    let mut quiet_until = Instant::now() + limits.bookmark_every;
+    loop {
+        tokio::select! {
+            _ = out.closed() => return,
+            _ = streams::shutting_down(&mut shutdown) => {
+                out.end(Status::unavailable("the replica is shutting down; resume from the last revision on another replica"));
+                return;
+            }
+            _ = tokio::time::sleep_until(ends_at) => {
+                out.end(Status::unavailable(format!("the stream reached its maximum age of {:?}; resume from the last revision", limits.max_age)));
+                return;
+            }
+            _ = tokio::time::sleep_until(quiet_until) => {
+                let mark = event(WatchEventType::Bookmark, at, &cache.index_id, None);
+                if send(&mut out, vec![mark]).await.is_err() {
+                    return;
+                }
+                quiet_until = Instant::now() + limits.bookmark_every;
+                continue;
+            }
+            c = changed.changed() => if c.is_err() { return },
+        }
+        let now = cache.revision();
+        let events = match cache.changes_since(at) {
+            Some(c) => {
+                at = now.max(c.last().map_or(0, |(r, _)| *r));
+                changes(&cache, &ns, &c)
+            }
+            // A relist happened: start over, framed by RESET.
+            None => {
+                at = now;
+                snapshot(&cache, &ns, now)
+            }
+        };
+        match send(&mut out, events).await {
+            Ok(0) => {}
+            Ok(_) => quiet_until = Instant::now() + limits.bookmark_every,
+            Err(()) => return,
+        }
+    }
+}

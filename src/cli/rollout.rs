@@ -1,0 +1,204 @@
+//! `flotilla rollout`: FleetRollouts calls. `wait` follows WatchRollouts,
+//! reconnecting to any replica in `--server` and resuming, until the
+//! rollout of the current spec ends or the timeout passes.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::remote::{Format, exit};
+use super::rollout_output as out;
+use super::wait::{retryable, servers};
+use crate::api::client::{ClientOptions, RolloutsClient, connect_rollouts};
+use crate::api::pb::{self, WatchEventType};
+
+fn status_error(s: tonic::Status) -> String {
+    format!("{:?}: {}", s.code(), s.message())
+}
+
+async fn connect_first(o: &ClientOptions) -> Result<RolloutsClient, String> {
+    let mut last = String::new();
+    for server in servers(&o.server)? {
+        match connect_rollouts(&ClientOptions {
+            server,
+            ..o.clone()
+        })
+        .await
+        {
+            Ok(c) => return Ok(c),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn key(namespace: &str, name: &str) -> pb::RolloutRef {
+    pb::RolloutRef {
+        namespace: namespace.into(),
+        name: name.into(),
+    }
+}
+
+fn print(r: &pb::Rollout, format: Format, history: bool) {
+    match (format, history) {
+        (Format::Json, _) => println!("{}", out::json(r)),
+        (Format::Table, false) => print!("{}", out::status_text(r)),
+        (Format::Table, true) => print!("{}", out::history_text(r)),
+    }
+}
+
+pub async fn status(
+    o: &ClientOptions,
+    format: Format,
+    ns: &str,
+    name: &str,
+    history: bool,
+) -> Result<u8, String> {
+    let r = connect_first(o)
+        .await?
+        .get_rollout(key(ns, name))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    print(&r, format, history);
+    Ok(exit::DONE)
+}
+
+pub enum Change {
+    Pause,
+    Resume,
+    Undo(i64),
+}
+
+pub async fn change(
+    o: &ClientOptions,
+    format: Format,
+    ns: &str,
+    name: &str,
+    what: Change,
+) -> Result<u8, String> {
+    let mut c = connect_first(o).await?;
+    let r = match what {
+        Change::Pause => c.pause_rollout(key(ns, name)).await,
+        Change::Resume => c.resume_rollout(key(ns, name)).await,
+        Change::Undo(to_revision) => {
+            c.undo_rollout(pb::UndoRolloutRequest {
+                namespace: ns.into(),
+                name: name.into(),
+                to_revision,
+            })
+            .await
+        }
+    }
+    .map_err(status_error)?
+    .into_inner();
+    print(&r, format, false);
+    Ok(exit::DONE)
+}
+
+/// Why one attempt ended.
+enum Ended {
+    Verdict(u8),
+    /// Worth another attempt (the replica went away, the stream ended).
+    Retry(String),
+    Fatal(String),
+}
+
+pub async fn wait(
+    o: &ClientOptions,
+    format: Format,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<u8, String> {
+    let deadline = Instant::now() + timeout;
+    let mut resume = (0u64, String::new());
+    let mut answered = false;
+    let mut last_line = String::new();
+    let mut ever_seen = false;
+    let mut delay = Duration::from_millis(200);
+    loop {
+        let attempt = async {
+            let mut c = match connect_first(o).await {
+                Ok(c) => c,
+                Err(e) => return Ended::Retry(e),
+            };
+            let stream = c
+                .watch_rollouts(pb::WatchRolloutsRequest {
+                    namespace: ns.into(),
+                    resume_from: resume.0,
+                    index_id: resume.1.clone(),
+                })
+                .await;
+            let mut stream = match stream {
+                Ok(s) => s.into_inner(),
+                Err(s) if retryable(s.code()) => return Ended::Retry(status_error(s)),
+                Err(s) => return Ended::Fatal(status_error(s)),
+            };
+            answered = true;
+            let mut in_snapshot = false;
+            loop {
+                let event = match stream.message().await {
+                    Ok(Some(e)) => e,
+                    Ok(None) => return Ended::Retry("the stream ended".into()),
+                    Err(s) if retryable(s.code()) => return Ended::Retry(status_error(s)),
+                    Err(s) => return Ended::Fatal(status_error(s)),
+                };
+                let kind = WatchEventType::try_from(event.r#type).unwrap_or_default();
+                if event.revision > 0 {
+                    resume = (event.revision, event.index_id.clone());
+                }
+                let ours = event
+                    .rollout
+                    .as_ref()
+                    .filter(|r| r.name == name && r.namespace == ns);
+                match (kind, ours) {
+                    (WatchEventType::Reset, _) => in_snapshot = true,
+                    (WatchEventType::Delete, Some(_)) => {
+                        return Ended::Fatal(format!("{ns}/{name} was deleted while waiting"));
+                    }
+                    (WatchEventType::Snapshot | WatchEventType::Upsert, Some(r)) => {
+                        ever_seen = true;
+                        let line = out::progress_line(r);
+                        if line != last_line && matches!(format, Format::Table) {
+                            eprintln!("{line}");
+                        }
+                        last_line = line;
+                        if let Some(code) = out::verdict(r) {
+                            if matches!(format, Format::Json) {
+                                println!("{}", out::json(r));
+                            }
+                            return Ended::Verdict(code);
+                        }
+                    }
+                    // A whole snapshot without it: there is no such rollout.
+                    (WatchEventType::Synced, _) if in_snapshot && !ever_seen => {
+                        return Ended::Fatal(format!("no FleetMicroservice {ns}/{name}"));
+                    }
+                    (WatchEventType::Synced, _) => in_snapshot = false,
+                    _ => {}
+                }
+            }
+        };
+        let limit = deadline + Duration::from_secs(2);
+        match tokio::time::timeout_at(limit, attempt).await {
+            Ok(Ended::Verdict(code)) => return Ok(code),
+            Ok(Ended::Fatal(e)) => return Err(e),
+            Ok(Ended::Retry(e)) => {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                eprintln!("reconnecting: {e}");
+                tokio::time::sleep(delay.min(deadline - Instant::now())).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(_) => break,
+        }
+    }
+    if answered {
+        eprintln!("timed out after {timeout:?}");
+        Ok(exit::TIMED_OUT)
+    } else {
+        Err("no replica answered".into())
+    }
+}

@@ -1,0 +1,204 @@
+//! Every replica's read-only watch caches of the home cluster's
+//! FleetMicroservices and their ControllerRevisions, with a revision per
+//! change so rollout watchers can resume. The fleet controller, on the
+//! replica that leads, plans from the same caches.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+
+use super::spec::{FLEET_LABEL, FleetMicroservice};
+
+/// (namespace, name)
+pub type Key = (String, String);
+
+/// Keys changed by revision, for resuming watchers.
+#[derive(Debug, Default)]
+struct Log {
+    revision: u64,
+    by_revision: BTreeMap<u64, Key>,
+    at: BTreeMap<Key, u64>,
+    /// Resuming from before this needs a snapshot (a relist loses deletes).
+    compacted: u64,
+}
+
+impl Log {
+    fn touch(&mut self, key: Key) {
+        self.revision += 1;
+        if let Some(old) = self.at.insert(key.clone(), self.revision) {
+            self.by_revision.remove(&old);
+        }
+        self.by_revision.insert(self.revision, key);
+    }
+
+    fn since(&self, revision: u64) -> Option<Vec<(u64, Key)>> {
+        if revision < self.compacted || revision > self.revision {
+            return None;
+        }
+        Some(
+            self.by_revision
+                .range(revision + 1..)
+                .map(|(r, k)| (*r, k.clone()))
+                .collect(),
+        )
+    }
+
+    fn compact(&mut self) {
+        self.revision += 1;
+        self.compacted = self.revision;
+        self.by_revision.clear();
+        self.at.clear();
+    }
+}
+
+pub struct RolloutCache {
+    pub fleet: Store<FleetMicroservice>,
+    pub revisions: Store<ControllerRevision>,
+    log: Mutex<Log>,
+    /// The log's revision, for watchers.
+    revision: watch::Sender<u64>,
+    /// Bumped on every event of either cache, for the controller.
+    changed: watch::Sender<u64>,
+    pub index_id: String,
+}
+
+impl RolloutCache {
+    /// Starts both watches; the task ends only if a watch stream ends.
+    pub fn start(
+        client: Client,
+        namespace: Option<&str>,
+        replica_id: &str,
+    ) -> (
+        Arc<Self>,
+        impl std::future::Future<Output = Result<(), String>> + use<>,
+    ) {
+        let (fleet, fleet_writer) = reflector::store();
+        let (revisions, revisions_writer) = reflector::store();
+        let started = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let cache = Arc::new(RolloutCache {
+            fleet,
+            revisions,
+            log: Mutex::new(Log::default()),
+            revision: watch::channel(0).0,
+            changed: watch::channel(0).0,
+            index_id: format!("{replica_id}-rollouts-{started:x}"),
+        });
+        let (fms_api, cr_api): (Api<FleetMicroservice>, Api<ControllerRevision>) = match namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client, ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client)),
+        };
+        let fleet_events =
+            reflector::reflector(fleet_writer, watcher(fms_api, watcher::Config::default()))
+                .default_backoff();
+        let revision_events = reflector::reflector(
+            revisions_writer,
+            watcher(cr_api, watcher::Config::default().labels(FLEET_LABEL)),
+        )
+        .default_backoff();
+        let me = cache.clone();
+        let run = async move {
+            let mut fleet_events = std::pin::pin!(fleet_events);
+            let mut revision_events = std::pin::pin!(revision_events);
+            loop {
+                tokio::select! {
+                    e = fleet_events.next() => match e {
+                        None => return Err("the FleetMicroservice watch ended".to_string()),
+                        Some(Ok(event)) => me.fleet_event(event),
+                        Some(Err(e)) => tracing::debug!(error = %e, "FleetMicroservice watch error"),
+                    },
+                    e = revision_events.next() => match e {
+                        None => return Err("the ControllerRevision watch ended".to_string()),
+                        Some(Ok(_)) => me.bump(),
+                        Some(Err(e)) => tracing::debug!(error = %e, "ControllerRevision watch error"),
+                    },
+                }
+            }
+        };
+        (cache, run)
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    fn fleet_event(&self, event: watcher::Event<FleetMicroservice>) {
+        let key = |o: &FleetMicroservice| (o.namespace().unwrap_or_default(), o.name_any());
+        let revision = {
+            let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+            match &event {
+                watcher::Event::Apply(o) | watcher::Event::Delete(o) => log.touch(key(o)),
+                // A relist may have missed deletes: resumers start over.
+                watcher::Event::InitDone => log.compact(),
+                watcher::Event::Init | watcher::Event::InitApply(_) => {}
+            }
+            log.revision
+        };
+        self.revision
+            .send_if_modified(|r| std::mem::replace(r, revision) != revision);
+        self.bump();
+    }
+
+    pub fn revision(&self) -> u64 {
+        *self.revision.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.revision.subscribe()
+    }
+
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Keys changed after `revision`, each at its latest change; `None` if
+    /// the log no longer reaches back that far.
+    pub fn changes_since(&self, revision: u64) -> Option<Vec<(u64, Key)>> {
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .since(revision)
+    }
+
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<FleetMicroservice>> {
+        self.fleet.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    pub async fn ready(&self) -> bool {
+        self.fleet.wait_until_ready().await.is_ok()
+            && self.revisions.wait_until_ready().await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_keeps_each_key_once_and_a_relist_forces_a_snapshot() {
+        let mut log = Log::default();
+        let k = |n: &str| ("ns".to_string(), n.to_string());
+        log.touch(k("a"));
+        log.touch(k("b"));
+        log.touch(k("a"));
+        assert_eq!(log.since(0), Some(vec![(2, k("b")), (3, k("a"))]));
+        assert_eq!(log.since(2), Some(vec![(3, k("a"))]));
+        assert_eq!(log.since(3), Some(vec![]));
+        assert_eq!(log.since(9), None, "a revision this log never had");
+        log.compact();
+        assert_eq!(log.since(3), None, "from before the relist");
+        assert_eq!(log.since(4), Some(vec![]));
+    }
+}
