@@ -64,7 +64,14 @@ fn can(cluster: &str, args: &[&str]) -> bool {
     all.extend_from_slice(args);
     all.extend_from_slice(&["--as", SA]);
     let (_, out) = k(cluster, &all);
-    match out.trim() {
+    // The answer is the last line; a warning may come first (a
+    // cluster-scoped resource asked about in the context's namespace).
+    let answer = out
+        .lines()
+        .map(str::trim)
+        .find(|l| *l == "yes" || l.starts_with("no"))
+        .unwrap_or(out.trim());
+    match answer {
         "yes" => true,
         s if s.starts_with("no") => false,
         other => panic!("kubectl auth can-i {args:?}: {other}"),
@@ -171,8 +178,37 @@ async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
         "{out}"
     );
 
-    // Home: its own namespace's Secrets and Leases, nothing else.
+    // Home: its own namespace's Secrets and Leases; FleetMicroservices,
+    // their status and ControllerRevisions for the fleet controller.
     for (args, want) in [
+        (
+            &["watch", "fleetmicroservices.platform.example.io", "-A"][..],
+            true,
+        ),
+        (
+            &[
+                "update",
+                "fleetmicroservices.platform.example.io",
+                "--subresource=status",
+                "-n",
+                "default",
+            ][..],
+            true,
+        ),
+        (
+            &[
+                "delete",
+                "fleetmicroservices.platform.example.io",
+                "-n",
+                "default",
+            ][..],
+            false,
+        ),
+        (
+            &["create", "controllerrevisions.apps", "-n", "default"][..],
+            true,
+        ),
+        (&["delete", "deployments.apps", "-n", "default"][..], false),
         (&["list", "secrets", "-n", "flotilla-system"][..], true),
         (&["watch", "secrets", "-n", "flotilla-system"][..], true),
         (
@@ -220,6 +256,8 @@ async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
             ][..],
             true,
         ),
+        // The fleet controller writes the Microservices of FleetMicroservices
+        // (never patch), and creates a namespace it needs; never deletes one.
         (
             &[
                 "update",
@@ -227,8 +265,19 @@ async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
                 "-n",
                 "default",
             ][..],
+            true,
+        ),
+        (
+            &[
+                "patch",
+                "microservices.platform.example.io",
+                "-n",
+                "default",
+            ][..],
             false,
         ),
+        (&["create", "namespaces"][..], true),
+        (&["delete", "namespaces"][..], false),
         (&["create", "deployments.apps", "-n", "default"][..], true),
         (&["update", "services", "-n", "default"][..], true),
         (&["delete", "deployments.apps", "-n", "default"][..], false),

@@ -180,6 +180,7 @@ async fn a_release_reaches_the_rest_only_after_the_canary_was_done_for_the_bake(
     fleet
         .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(120))
         .await;
+    let before = controller_writes(&fleet.replicas).await;
     let changed = std::time::Instant::now();
     fleet.set_image("api", "ghcr.io/acme/api:2").await;
     let f = fleet
@@ -198,6 +199,19 @@ async fn a_release_reaches_the_rest_only_after_the_canary_was_done_for_the_bake(
         "figure: template change to Complete over 3 members (canary, bake 3s): {:?}",
         changed.elapsed()
     );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = controller_writes(&fleet.replicas).await;
+    let home: Vec<String> = after
+        .0
+        .iter()
+        .map(|(k, v)| format!("{k} {}", v - before.0.get(k).copied().unwrap_or(0.0)))
+        .collect();
+    println!(
+        "figure: writes for one rollout over 3 members: home [{}], members {}",
+        home.join(", "),
+        after.1 - before.1
+    );
+    assert_eq!(after.1 - before.1, 3.0, "one member write per member");
     let first = |member: &str| {
         let writes: Vec<FleetWrite> = fleet_writes(member, &fleet.namespace)
             .into_iter()

@@ -62,11 +62,27 @@ fn kube_status(e: kube::Error) -> Status {
 }
 
 impl FleetRolloutsService {
+    /// Before the caches' first listing, "none" would be a lie.
+    fn ready(&self) -> Result<(), Status> {
+        use futures::FutureExt;
+        let listed = |r: Option<Result<(), _>>| matches!(r, Some(Ok(())));
+        if listed(self.cache.fleet.wait_until_ready().now_or_never())
+            && listed(self.cache.revisions.wait_until_ready().now_or_never())
+        {
+            Ok(())
+        } else {
+            Err(Status::unavailable(
+                "this replica has not listed the home cluster's FleetMicroservices yet; retry",
+            ))
+        }
+    }
+
     fn api(&self, namespace: &str) -> Api<FleetMicroservice> {
         Api::namespaced(self.home.clone(), namespace)
     }
 
     fn one(&self, namespace: &str, name: &str) -> Result<pb::Rollout, Status> {
+        self.ready()?;
         let f = self
             .cache
             .get(namespace, name)
@@ -110,6 +126,7 @@ impl FleetRollouts for FleetRolloutsService {
         r: Request<pb::ListRolloutsRequest>,
     ) -> Result<Response<pb::ListRolloutsResponse>, Status> {
         let ns = namespace_filter(&r.get_ref().namespace)?;
+        self.ready()?;
         let revision = self.cache.revision();
         let mut rollouts: Vec<pb::Rollout> = self
             .cache
@@ -138,6 +155,7 @@ impl FleetRollouts for FleetRolloutsService {
     ) -> Result<Response<Self::WatchRolloutsStream>, Status> {
         let req = r.into_inner();
         let ns = namespace_filter(&req.namespace)?;
+        self.ready()?;
         let slot = self.streams.open()?;
         let resume =
             (req.resume_from > 0 && req.index_id == self.cache.index_id).then_some(req.resume_from);
@@ -172,6 +190,7 @@ impl FleetRollouts for FleetRolloutsService {
         r: Request<pb::UndoRolloutRequest>,
     ) -> Result<Response<pb::Rollout>, Status> {
         require_write(&self.write, &r)?;
+        self.ready()?;
         let req = r.get_ref();
         let (ns, name) = request::key(&req.namespace, &req.name)?;
         if req.to_revision < 0 {

@@ -137,6 +137,7 @@ pub async fn wait(
             };
             answered = true;
             let mut in_snapshot = false;
+            let mut in_this_snapshot = false;
             loop {
                 let event = match stream.message().await {
                     Ok(Some(e)) => e,
@@ -153,12 +154,16 @@ pub async fn wait(
                     .as_ref()
                     .filter(|r| r.name == name && r.namespace == ns);
                 match (kind, ours) {
-                    (WatchEventType::Reset, _) => in_snapshot = true,
+                    (WatchEventType::Reset, _) => {
+                        in_snapshot = true;
+                        in_this_snapshot = false;
+                    }
                     (WatchEventType::Delete, Some(_)) => {
                         return Ended::Fatal(format!("{ns}/{name} was deleted while waiting"));
                     }
                     (WatchEventType::Snapshot | WatchEventType::Upsert, Some(r)) => {
                         ever_seen = true;
+                        in_this_snapshot = true;
                         let line = out::progress_line(r);
                         if line != last_line && matches!(format, Format::Table) {
                             eprintln!("{line}");
@@ -171,9 +176,14 @@ pub async fn wait(
                             return Ended::Verdict(code);
                         }
                     }
-                    // A whole snapshot without it: there is no such rollout.
-                    (WatchEventType::Synced, _) if in_snapshot && !ever_seen => {
-                        return Ended::Fatal(format!("no FleetMicroservice {ns}/{name}"));
+                    // A whole snapshot without it: gone if it was there
+                    // before; otherwise it may not exist yet, and is waited for.
+                    (WatchEventType::Synced, _) if in_snapshot && !in_this_snapshot => {
+                        if ever_seen {
+                            return Ended::Fatal(format!("{ns}/{name} was deleted while waiting"));
+                        }
+                        eprintln!("no FleetMicroservice {ns}/{name} yet; waiting for it");
+                        in_snapshot = false;
                     }
                     (WatchEventType::Synced, _) => in_snapshot = false,
                     _ => {}

@@ -56,13 +56,26 @@ struct Running {
 }
 
 /// Labels that cannot be read keep the last good ones: a typo in a labels
-/// file must not move a cluster out of every placement.
-fn set_labels(name: &str, info: &mut ClusterInfo, labels: &Result<Labels, String>) {
+/// file must not move a cluster out of every placement. A change applies
+/// only once two scans in a row read it, so a file caught mid-write (empty,
+/// or briefly missing during an editor's rename) changes nothing.
+fn set_labels(
+    name: &str,
+    info: &mut ClusterInfo,
+    labels: &Result<Labels, String>,
+    pending: &mut BTreeMap<String, Labels>,
+) {
     match labels {
         Ok(l) => {
-            if info.labels != *l {
+            let first = info.labels.is_empty();
+            if info.labels == *l {
+                pending.remove(name);
+            } else if first || pending.get(name) == Some(l) {
                 tracing::info!(k8s.cluster.name = name, labels = ?l, "cluster labels");
                 info.labels = l.clone();
+                pending.remove(name);
+            } else {
+                pending.insert(name.to_string(), l.clone());
             }
             info.labels_error = None;
         }
@@ -118,6 +131,7 @@ pub async fn run(
     let secrets_api: Api<Secret> = Api::namespaced(opts.home.clone(), &opts.home_namespace);
     let mut running_from_secrets: BTreeMap<String, registry::Found> = BTreeMap::new();
     let mut failure: Option<String> = None;
+    let mut pending_labels: BTreeMap<String, Labels> = BTreeMap::new();
     // Never resolve outside test builds (see `supervise::injected`).
     let mut heartbeat_fault = std::pin::pin!(crate::supervise::injected("heartbeat"));
     let mut registry_fault = std::pin::pin!(crate::supervise::injected("registry"));
@@ -146,7 +160,9 @@ pub async fn run(
         let mut valid = BTreeSet::new();
         hub.update(|ix| {
             for (name, f) in found.iter() {
-                ix.update_cluster(name, &f.source, |c| set_labels(name, c, &f.labels));
+                ix.update_cluster(name, &f.source, |c| {
+                    set_labels(name, c, &f.labels, &mut pending_labels)
+                });
             }
         });
         for (name, f) in found.iter() {
@@ -306,4 +322,43 @@ pub async fn run(
         }
     }
     failure.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> Result<Labels, String> {
+        Ok(pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
+    }
+
+    #[test]
+    fn a_label_change_applies_once_two_scans_agree() {
+        let mut info = ClusterInfo::new("file m1.yaml");
+        let mut pending = BTreeMap::new();
+        let prod = labels(&[("env", "prod"), ("n", "m1")]);
+        let empty = labels(&[("n", "m1")]);
+        set_labels("m1", &mut info, &prod, &mut pending);
+        assert_eq!(
+            Ok(info.labels.clone()),
+            prod,
+            "the first read applies at once"
+        );
+        // A file caught mid-write, then read whole again: nothing changed.
+        set_labels("m1", &mut info, &empty, &mut pending);
+        set_labels("m1", &mut info, &prod, &mut pending);
+        assert_eq!(Ok(info.labels.clone()), prod);
+        // A real change: applied on the second scan that reads it.
+        set_labels("m1", &mut info, &empty, &mut pending);
+        assert_eq!(Ok(info.labels.clone()), prod);
+        set_labels("m1", &mut info, &empty, &mut pending);
+        assert_eq!(Ok(info.labels.clone()), empty);
+        // Unreadable: the last good labels stay, with the error.
+        set_labels("m1", &mut info, &Err("bad".into()), &mut pending);
+        assert_eq!(Ok(info.labels.clone()), empty);
+        assert_eq!(info.labels_error.as_deref(), Some("bad"));
+    }
 }

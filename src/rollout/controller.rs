@@ -135,10 +135,10 @@ struct Ctx {
     members: Members,
     hub: Arc<Hub>,
     cache: Arc<RolloutCache>,
-    /// The last status this term wrote per FleetMicroservice uid, with the
-    /// resourceVersion it replaced: until the watch cache moves past that
-    /// version, the written copy is the fresher one.
-    written: std::sync::Mutex<BTreeMap<String, (String, FleetMicroservice)>>,
+    /// The last status this replica wrote per FleetMicroservice uid, with
+    /// every resourceVersion its writes replaced: while the watch cache
+    /// still shows one of those, the written copy is the fresher one.
+    written: std::sync::Mutex<BTreeMap<String, (BTreeSet<String>, FleetMicroservice)>>,
 }
 
 impl Ctx {
@@ -146,7 +146,7 @@ impl Ctx {
         let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
         match (cached.uid(), cached.resource_version()) {
             (Some(uid), Some(rv)) => match written.get(&uid) {
-                Some((replaced, copy)) if *replaced == rv => copy.clone(),
+                Some((replaced, copy)) if replaced.contains(&rv) => copy.clone(),
                 _ => cached.clone(),
             },
             _ => cached.clone(),
@@ -155,10 +155,16 @@ impl Ctx {
 
     fn remember(&self, replaced: &FleetMicroservice, written: FleetMicroservice) {
         if let (Some(uid), Some(rv)) = (replaced.uid(), replaced.resource_version()) {
-            self.written
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(uid, (rv, written));
+            let mut all = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = all
+                .entry(uid)
+                .or_insert_with(|| (BTreeSet::new(), written.clone()));
+            // A chain of our own writes: every version before the last.
+            if entry.1.resource_version() != Some(rv.clone()) {
+                entry.0.clear();
+            }
+            entry.0.insert(rv);
+            entry.1 = written;
         }
     }
 }
@@ -173,7 +179,9 @@ async fn work(ctx: Arc<Ctx>) {
     }
     loop {
         let mut next = RESYNC;
-        for fms in ctx.cache.fleet.state() {
+        // Until the registry is read, the cluster set is unknown, not empty.
+        let known = ctx.hub.read(|ix| ix.registry_was_read());
+        for fms in ctx.cache.fleet.state().into_iter().filter(|_| known) {
             let fms = ctx.freshest(&fms);
             let key = format!("{}/{}", fms.namespace().unwrap_or_default(), fms.name_any());
             let span = tracing::info_span!(
@@ -226,7 +234,14 @@ async fn round(
     let stored = revisions.state();
     let owned = home::revisions_of(fms, stored.iter().map(|r| r.as_ref()));
     let existing: Vec<_> = owned.iter().map(|(r, _)| r.clone()).collect();
-    let step = revision::update_revision(&name, &existing, &RevisionData::of(&fms.spec))
+    // Numbers continue past what the status last named, even if the
+    // cache has not shown that revision yet.
+    let floor = fms
+        .status
+        .as_ref()
+        .and_then(|s| s.update_revision_number)
+        .unwrap_or(0);
+    let step = revision::update_revision(&name, &existing, &RevisionData::of(&fms.spec), floor)
         .map_err(RolloutError::Revision)?;
     match &step {
         Step::Current(_) => {}
@@ -288,7 +303,9 @@ async fn round(
                             existing.iter().find(|r| &r.name == revision),
                             labels.get(cluster.as_str()),
                         ) else {
-                            return Ok(());
+                            return Err(RolloutError::Revision(format!(
+                                "revision {revision} for {cluster} is not stored"
+                            )));
                         };
                         let spec = member_spec(&rev.data.template, &rev.data.overrides, l);
                         let w = ctx
@@ -385,7 +402,14 @@ async fn cleanup(
         return Ok(None);
     }
     let (name, namespace) = (fms.name_any(), fms.namespace().unwrap_or_default());
-    let todo = observe::cleanup(clusters);
+    let mut todo = observe::cleanup(clusters);
+    // A cluster this FleetMicroservice reached that is no longer registered
+    // may still hold an object: wait for it to come back.
+    for c in fms.status.iter().flat_map(|s| &s.clusters) {
+        if c.revision.is_some() && !clusters.iter().any(|k| k.name == c.name) {
+            todo.blocked.push(format!("{} (not registered)", c.name));
+        }
+    }
     let deletes = todo
         .delete
         .iter()

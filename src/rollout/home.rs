@@ -113,14 +113,23 @@ impl Home {
             .controller_owner_ref(&())
             .ok_or_else(|| RolloutError::Revision("the FleetMicroservice has no uid".into()))?;
         let cr = revision_object(fms, r, owner)?;
-        match self
-            .revisions_api(&fms.namespace().unwrap_or_default())
-            .create(&PostParams::default(), &cr)
-            .await
-        {
+        let api = self.revisions_api(&fms.namespace().unwrap_or_default());
+        match api.create(&PostParams::default(), &cr).await {
             Ok(_) => counted("revision"),
-            // Created in a round whose result the cache has not shown yet.
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Ours, created in a round the cache has not shown yet; or
+                // someone else's with our name, which must not loop.
+                let existing = api
+                    .get(&r.name)
+                    .await
+                    .map_err(|e| RolloutError::home("get", "ControllerRevision", e))?;
+                if revisions_of(fms, [&existing]).is_empty() {
+                    return Err(RolloutError::Revision(format!(
+                        "a ControllerRevision named {} exists and is not this FleetMicroservice's",
+                        r.name
+                    )));
+                }
+            }
             Err(e) => return Err(RolloutError::home("create", "ControllerRevision", e)),
         }
         Ok(())

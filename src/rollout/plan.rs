@@ -273,7 +273,15 @@ pub fn plan(i: &Inputs) -> Plan {
         .iter()
         .filter_map(|r| r.c.labels.as_ref().map(|l| (r.c.name.as_str(), l)))
         .collect();
-    let wave_list = placement::waves(&i.spec.rollout.waves, labels_of);
+    let mut wave_list = placement::waves(&i.spec.rollout.waves, labels_of);
+    // A cluster whose labels cannot be read stays in the wave it was in,
+    // not done: an emptied wave must not count as finished.
+    for c in &unknown {
+        let was = prev.waves.iter().find(|w| w.clusters.contains(&c.name));
+        if let Some(w) = was.and_then(|was| wave_list.iter_mut().find(|(n, _)| *n == was.name)) {
+            w.1.push(c.name.clone());
+        }
+    }
     let prev_wave = |name: &str| {
         prev.waves
             .iter()
@@ -289,6 +297,11 @@ pub fn plan(i: &Inputs) -> Plan {
         .clone()
         .filter(|n| revisions.contains_key(n.as_str()));
     let is_good = last_good.as_deref() == Some(update);
+    let resumed = !i.spec.paused
+        && prev
+            .conditions
+            .iter()
+            .any(|c| c.type_ == PROGRESSING && c.reason == "Paused");
     let failed_before = prev.failed_revision_number == Some(i.update.number);
     let mut failures: BTreeMap<&str, (String, String)> = BTreeMap::new();
     let mut requeue: Option<Duration> = None;
@@ -307,7 +320,7 @@ pub fn plan(i: &Inputs) -> Plan {
                 );
                 continue;
             }
-            if is_good || failed_before {
+            if failed_before {
                 continue;
             }
             let member = r.c.member.as_ref();
@@ -316,8 +329,31 @@ pub fn plan(i: &Inputs) -> Plan {
                 failures.insert(&r.c.name, (m.reason.clone(), m.message.clone()));
                 continue;
             }
+            // A deadline missed stays missed until the cluster is done,
+            // even once its wave finished: the budget must not leak.
+            let missed = r.prev.filter(|p| {
+                same_update
+                    && p.state == ClusterState::Failed
+                    && p.target.as_deref() == Some(update)
+                    && matches!(
+                        p.reason.as_str(),
+                        "ProgressDeadlineExceeded" | "ClusterUnreachable"
+                    )
+            });
+            if let Some(p) = missed.filter(|_| !r.done_at_update && !is_good) {
+                failures.insert(&r.c.name, (p.reason.clone(), p.message.clone()));
+                continue;
+            }
             let targeted = r.prev_target() == Some(update) || r.at == Some(update);
-            if !targeted || r.done_at_update || finished {
+            if is_good || !targeted || r.done_at_update || finished {
+                continue;
+            }
+            // Paused, the clock stops; the round that resumes restarts it.
+            if i.spec.paused {
+                continue;
+            }
+            if resumed {
+                soon(settings.deadline + Duration::from_secs(1));
                 continue;
             }
             let Some(since) = r
@@ -387,7 +423,10 @@ pub fn plan(i: &Inputs) -> Plan {
         let mut all_done = true;
         let mut baked = true;
         for name in members {
-            let Some(r) = row_of(name) else { continue };
+            let Some(r) = row_of(name) else {
+                all_done = false;
+                continue;
+            };
             if failures.contains_key(name.as_str()) {
                 continue;
             }
@@ -550,9 +589,11 @@ pub fn plan(i: &Inputs) -> Plan {
             since: carried
                 .filter(|p| p.state == state && p.reason == reason)
                 .map_or_else(|| now.clone(), |p| p.since.clone()),
+            // Resuming restarts the deadline of what is not done yet.
             targeted: target.as_ref().map(|_| {
                 carried
                     .and_then(|p| p.targeted.clone())
+                    .filter(|_| !(resumed && state != ClusterState::Done))
                     .unwrap_or_else(|| now.clone())
             }),
             target,
@@ -621,7 +662,14 @@ pub fn plan(i: &Inputs) -> Plan {
     let all_waves_done = wave_list
         .iter()
         .all(|(w, _)| finished_waves.contains_key(w.as_str()));
-    let complete = matches!(mode, Mode::Steady) || (mode == Mode::Progress && all_waves_done);
+    let complete = match mode {
+        Mode::Steady => rows.iter().all(|r| r.foreign || r.done_at_update),
+        Mode::Progress => all_waves_done,
+        _ => false,
+    };
+    // A revision is good only once it ran somewhere: an empty placement or
+    // wave proves nothing.
+    let proven = rows.iter().any(|r| r.done_at_update);
     let phase = match &mode {
         Mode::Paused | Mode::HeldOnFailure => RolloutPhase::Paused,
         Mode::RollBack(_) => RolloutPhase::RolledBack,
@@ -711,7 +759,7 @@ pub fn plan(i: &Inputs) -> Plan {
             .or_else(|| prev.current_revision.clone()),
         update_revision: Some(update.to_string()),
         update_revision_number: Some(i.update.number),
-        last_good_revision: if complete {
+        last_good_revision: if complete && proven {
             Some(update.to_string())
         } else {
             last_good

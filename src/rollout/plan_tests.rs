@@ -93,7 +93,7 @@ impl World {
     fn update(&mut self) -> Revision {
         let data = RevisionData::of(&self.spec);
         let step =
-            crate::rollout::revision::update_revision("api", &self.revisions, &data).unwrap();
+            crate::rollout::revision::update_revision("api", &self.revisions, &data, 0).unwrap();
         let r = step.revision().clone();
         self.revisions.retain(|x| x.name != r.name);
         self.revisions.push(r.clone());
@@ -438,7 +438,13 @@ fn held_on_failure_a_returning_cluster_still_gets_what_it_was_given() {
     // m2 returns: it is given the update it was targeted with, then done.
     w.clusters[1].reachable = true;
     let p = w.step();
-    assert_eq!(p.actions, vec![Action::Apply { cluster: "m2".into(), revision: r2 }]);
+    assert_eq!(
+        p.actions,
+        vec![Action::Apply {
+            cluster: "m2".into(),
+            revision: r2
+        }]
+    );
     w.done("m2");
     w.step();
     w.wait(31);
@@ -723,5 +729,96 @@ mod orders {
             prop_assert_eq!(w.status.phase, Some(RolloutPhase::Complete));
             prop_assert_eq!(&w.status.last_good_revision, &w.status.update_revision);
         }
+    }
+}
+
+mod review {
+    //! Cases a review found by reading: each failed before its fix.
+    use super::*;
+
+    #[test]
+    fn a_canary_whose_labels_vanish_holds_its_wave() {
+        let mut w = World::three();
+        w.complete();
+        w.spec.template.image = "app:2".into();
+        let r2 = rev(&w, "app:2");
+        w.step();
+        w.clusters[0].labels = None;
+        for _ in 0..3 {
+            w.wait(31);
+            let p = w.step();
+            assert!(p.actions.is_empty(), "the rest wait: {:?}", p.actions);
+        }
+        assert_eq!(w.written(&r2), vec!["m1"]);
+        assert_eq!(w.status.waves[0].state, WaveState::Progressing);
+    }
+
+    #[test]
+    fn a_revision_that_ran_nowhere_is_not_good() {
+        let mut w = World::three();
+        w.spec.placement.cluster_selector = sel("env", "none");
+        w.step();
+        assert_eq!(w.status.phase, Some(RolloutPhase::Complete));
+        assert_eq!(w.status.last_good_revision, None);
+    }
+
+    #[test]
+    fn a_missed_deadline_still_counts_after_its_wave_finished() {
+        let mut w = World::three();
+        w.complete();
+        w.spec.rollout.max_failed_clusters = 1;
+        w.spec.template.image = "app:2".into();
+        w.step();
+        // The canary never turns done: one failure, within the budget.
+        w.wait(62);
+        w.step();
+        assert_eq!(w.state("m1"), ClusterState::Failed);
+        assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+        w.step();
+        // m2 misses its deadline too: two failures, over the budget.
+        w.done("m3");
+        w.wait(62);
+        w.step();
+        assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
+    }
+
+    #[test]
+    fn an_undo_to_the_last_good_is_complete_only_once_done_everywhere() {
+        let mut w = World::three();
+        w.complete();
+        w.spec.template.image = "app:2".into();
+        w.step();
+        w.set("m1", EntryState::Failed, "ProgressDeadlineExceeded");
+        w.step();
+        // The rollback already wrote app:1 back to m1; it is not done yet.
+        w.spec.template.image = "app:1".into();
+        w.step();
+        assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+        w.done("m1");
+        w.step();
+        assert_eq!(w.status.phase, Some(RolloutPhase::Complete));
+    }
+
+    #[test]
+    fn a_pause_stops_the_deadline_clock() {
+        let mut w = World::three();
+        w.complete();
+        w.spec.template.image = "app:2".into();
+        w.step();
+        w.spec.paused = true;
+        w.step();
+        w.wait(600);
+        w.step();
+        w.spec.paused = false;
+        let p = w.step();
+        assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(61)));
+        w.wait(62);
+        w.step();
+        assert_eq!(
+            w.status.phase,
+            Some(RolloutPhase::RolledBack),
+            "the clock runs again"
+        );
     }
 }

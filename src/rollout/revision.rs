@@ -64,18 +64,22 @@ impl Step {
 }
 
 /// The update revision for `data`, given the existing revisions.
+/// `floor` is the highest number known to have been used (the status's),
+/// so a new revision never reuses one the cache has not shown yet.
 pub fn update_revision(
     owner: &str,
     existing: &[Revision],
     data: &RevisionData,
+    floor: i64,
 ) -> Result<Step, String> {
     let name = name_for(owner, data);
-    let newest = existing.iter().map(|r| r.number).max().unwrap_or(0);
+    let stored = existing.iter().map(|r| r.number).max().unwrap_or(0);
+    let newest = stored.max(floor);
     match existing.iter().find(|r| r.name == name) {
         Some(r) if r.data != *data => Err(format!(
             "revision {name} exists with different data (a hash collision); rename the FleetMicroservice"
         )),
-        Some(r) if r.number == newest => Ok(Step::Current(r.clone())),
+        Some(r) if r.number == stored => Ok(Step::Current(r.clone())),
         Some(r) => Ok(Step::Renumber(Revision {
             number: newest + 1,
             ..r.clone()
@@ -160,7 +164,7 @@ mod tests {
 
     #[test]
     fn new_data_is_the_next_number_and_old_data_is_renumbered() {
-        let step = update_revision("api", &[], &data("a:1")).unwrap();
+        let step = update_revision("api", &[], &data("a:1"), 0).unwrap();
         let first = match step {
             Step::Create(r) => r,
             other => panic!("{other:?}"),
@@ -173,12 +177,20 @@ mod tests {
         };
         let existing = vec![first.clone(), second.clone()];
         assert_eq!(
-            update_revision("api", &existing, &data("a:2")).unwrap(),
+            update_revision("api", &existing, &data("a:2"), 0).unwrap(),
             Step::Current(second)
         );
         // Going back to a:1 makes it revision 3, as a DaemonSet rollback does.
-        match update_revision("api", &existing, &data("a:1")).unwrap() {
+        match update_revision("api", &existing, &data("a:1"), 0).unwrap() {
             Step::Renumber(r) => assert_eq!((r.name, r.number), (first.name, 3)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn numbers_continue_past_the_floor_the_cache_has_not_caught_up_with() {
+        match update_revision("api", &[], &data("a:3"), 2).unwrap() {
+            Step::Create(r) => assert_eq!(r.number, 3),
             other => panic!("{other:?}"),
         }
     }
@@ -191,7 +203,7 @@ mod tests {
             data: data("a:1"),
         };
         r.data = data("a:9");
-        assert!(update_revision("api", &[r], &data("a:1")).is_err());
+        assert!(update_revision("api", &[r], &data("a:1"), 0).is_err());
     }
 
     #[test]

@@ -101,6 +101,11 @@ impl Index {
         self.registry_read = true;
     }
 
+    /// The registry has been read at least once: the cluster set is known.
+    pub fn registry_was_read(&self) -> bool {
+        self.registry_read
+    }
+
     /// Ready to serve: the registry was read and every cluster settled.
     pub fn ready(&self) -> bool {
         self.registry_read && self.state.clusters.values().all(ClusterInfo::settled)

@@ -272,3 +272,34 @@ pub fn writes_of(member: &str, namespace: &str, revision: &str) -> usize {
         .filter(|w| w.revision.as_deref() == Some(revision))
         .count()
 }
+
+/// The fleet controller's writes so far, summed over the running replicas:
+/// (home writes by kind, member writes).
+pub async fn controller_writes(replicas: &Replicas) -> (BTreeMap<String, f64>, f64) {
+    let mut home = BTreeMap::new();
+    let mut members = 0.0;
+    for id in REPLICA_IDS {
+        if !replicas.metrics_ports.contains_key(id) {
+            continue;
+        }
+        let Some((_, body)) =
+            super::http_get(&format!("{}/metrics", replicas.metrics_url(id))).await
+        else {
+            continue;
+        };
+        for line in body.lines() {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let value: f64 = value.parse().unwrap_or(0.0);
+            if let Some(rest) = series.strip_prefix("flotilla_rollout_home_writes_total{kind=\"") {
+                *home
+                    .entry(rest.trim_end_matches("\"}").to_string())
+                    .or_insert(0.0) += value;
+            } else if series.starts_with("flotilla_rollout_member_writes_total{") {
+                members += value;
+            }
+        }
+    }
+    (home, members)
+}
