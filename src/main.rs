@@ -94,10 +94,15 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let home = Client::try_from(home_config.clone()).map_err(|e| format!("client: {e}"))?;
     let hub = Hub::new(&replica_id);
     let (credentials, credentials_rx) = tokio::sync::watch::channel(Default::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        rx.wait_for(|s| *s).await.ok();
+    };
     let (rollout_cache, rollout_watches) = flotilla::rollout::cache::RolloutCache::start(
         home.clone(),
         args.namespace.as_deref(),
         &replica_id,
+        stopped(stop_rx.clone()),
     );
     let rollouts = flotilla::rollout::controller::Options {
         home: home_config,
@@ -136,15 +141,11 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         credentials,
     };
     tracing::info!(replica = %options.replica.replica_id, grpc = %grpc.addr, "starting fleet replica");
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let signalled = stop_tx.clone();
     tokio::spawn(async move {
         shutdown_signal().await;
         signalled.send(true).ok();
     });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        rx.wait_for(|s| *s).await.ok();
-    };
     // The fleet first: on shutdown it stops writers and releases Leases
     // while the API still answers.
     let tasks = vec![

@@ -666,3 +666,78 @@ async fn sigterm_ends_open_streams_unavailable_exits_in_its_grace_and_flushes_th
         "the last span was not flushed at exit"
     );
 }
+
+#[tokio::test]
+async fn a_fleet_write_and_the_member_reconcile_it_caused_are_linked() {
+    let (receiver, port) = Receiver::start().await;
+    let clients = member_clients().await;
+    let home = support::client("home").await;
+    support::ensure_fleet_crd(&home).await;
+    let (ns, _guards) = namespaces(&clients, "otel-fleet").await;
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    replicas.env = vec![
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+            format!("http://127.0.0.1:{port}"),
+        ),
+        ("OTEL_BSP_SCHEDULE_DELAY".into(), "200".into()),
+    ];
+    replicas.start("r1");
+    let fms: flotilla::rollout::spec::FleetMicroservice = support::from_json(serde_json::json!({
+        "apiVersion": "platform.example.io/v1alpha1",
+        "kind": "FleetMicroservice",
+        "metadata": {"name": "traced"},
+        "spec": {"template": {"image": "ghcr.io/acme/traced:1", "port": 8080, "replicas": 1}},
+    }));
+    Api::<flotilla::rollout::spec::FleetMicroservice>::namespaced(home, &ns)
+        .create(&PostParams::default(), &fms)
+        .await
+        .expect("create FleetMicroservice");
+    let named = |r: &Received, name: &str| {
+        r.span.name == name
+            && attributes(&r.span.attributes)
+                .get("k8s.cluster.name")
+                .is_some_and(|c| c == "member-1")
+    };
+    let (write, reconcile, gate) = eventually(
+        "a rollout write, the reconcile linked to it, and a linked gate",
+        Duration::from_secs(90),
+        || async {
+            let spans = receiver.spans();
+            let write = spans.iter().find(|r| named(r, "rollout write"))?.clone();
+            let reconcile = spans
+                .iter()
+                .find(|r| {
+                    named(r, "reconcile")
+                        && r.span.links.iter().any(|l| {
+                            l.trace_id == write.span.trace_id && l.span_id == write.span.span_id
+                        })
+                })?
+                .clone();
+            let gate = spans
+                .iter()
+                .find(|r| named(r, "rollout gate") && !r.span.links.is_empty())?
+                .clone();
+            Some((write, reconcile, gate))
+        },
+    )
+    .await;
+    assert_eq!(
+        attributes(&reconcile.span.attributes)
+            .get("flotilla.microservice")
+            .map(String::as_str),
+        Some("traced")
+    );
+    assert_ne!(
+        reconcile.span.trace_id, write.span.trace_id,
+        "linked, not a child"
+    );
+    // The gate links to a reconcile span this replica exported.
+    let spans = receiver.spans();
+    assert!(gate.span.links.iter().any(|l| {
+        spans
+            .iter()
+            .any(|r| r.span.name == "reconcile" && r.span.span_id == l.span_id)
+    }));
+    assert!(spans.iter().any(|r| r.span.name == "rollout step"));
+}

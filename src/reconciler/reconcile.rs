@@ -43,6 +43,17 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
         flotilla.triggers = field::Empty,
         outcome = field::Empty,
     );
+    // Written by the fleet controller: link to the write that caused this.
+    if let Some(from) = ms
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(links::TRACEPARENT_ANNOTATION))
+        .and_then(|tp| links::from_traceparent(tp))
+    {
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        span.add_link(from);
+    }
     async move {
         let started = tokio::time::Instant::now();
         let triggers = ctx.triggers.take(&ObjectRef::from_obj(ms.as_ref()));

@@ -70,14 +70,16 @@ pub struct RolloutCache {
 }
 
 impl RolloutCache {
-    /// Starts both watches; the task ends only if a watch stream ends.
-    pub fn start(
+    /// Starts both watches; the task ends at `shutdown` (Ok), or with an
+    /// error if a watch stream ends.
+    pub fn start<S: std::future::Future<Output = ()> + Send + 'static>(
         client: Client,
         namespace: Option<&str>,
         replica_id: &str,
+        shutdown: S,
     ) -> (
         Arc<Self>,
-        impl std::future::Future<Output = Result<(), String>> + use<>,
+        impl std::future::Future<Output = Result<(), String>> + use<S>,
     ) {
         let (fleet, fleet_writer) = reflector::store();
         let (revisions, revisions_writer) = reflector::store();
@@ -112,8 +114,10 @@ impl RolloutCache {
         let run = async move {
             let mut fleet_events = std::pin::pin!(fleet_events);
             let mut revision_events = std::pin::pin!(revision_events);
+            let mut shutdown = std::pin::pin!(shutdown);
             loop {
                 tokio::select! {
+                    _ = &mut shutdown => return Ok(()),
                     e = fleet_events.next() => match e {
                         None => return Err("the FleetMicroservice watch ended".to_string()),
                         Some(Ok(event)) => me.fleet_event(event),

@@ -280,6 +280,7 @@ async fn round(
             ctx.home.publish(fms, &note).await;
         }
         record_metrics(&previous, &plan.status);
+        gate_spans(&previous, &plan.status, &namespace, &name);
     }
 
     let labels: BTreeMap<&str, _> = clusters
@@ -359,6 +360,33 @@ async fn round(
         Some(Duration::from_millis(500))
     };
     Ok(again)
+}
+
+/// One span per cluster gate that changed, linked to the member reconcile
+/// that concluded it when this replica ran that reconcile.
+fn gate_spans(
+    before: &FleetMicroserviceStatus,
+    after: &FleetMicroserviceStatus,
+    ns: &str,
+    name: &str,
+) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    for c in &after.clusters {
+        let was = before.clusters.iter().find(|b| b.name == c.name);
+        if was.map(|b| (b.state, &b.target)) == Some((c.state, &c.target)) {
+            continue;
+        }
+        let gate = tracing::info_span!(
+            "rollout gate",
+            k8s.cluster.name = %c.name,
+            flotilla.state = ?c.state,
+            flotilla.reason = %c.reason,
+            flotilla.target = c.target.as_deref().unwrap_or_default(),
+        );
+        if let Some(reconcile) = crate::telemetry::links::last(&c.name, ns, name) {
+            gate.add_link(reconcile);
+        }
+    }
 }
 
 fn record_metrics(before: &FleetMicroserviceStatus, after: &FleetMicroserviceStatus) {

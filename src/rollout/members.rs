@@ -128,6 +128,7 @@ impl Members {
                 next.spec = spec.clone();
                 next.annotations_mut()
                     .insert(REVISION_ANNOTATION.into(), revision.into());
+                stamp_trace(&mut next);
                 api.replace(name, &PostParams::default(), &next)
                     .await
                     .map_err(err("replace"))?;
@@ -140,6 +141,7 @@ impl Members {
                 ms.labels_mut().insert(FLEET_LABEL.into(), owner.into());
                 ms.annotations_mut()
                     .insert(REVISION_ANNOTATION.into(), revision.into());
+                stamp_trace(&mut ms);
                 let created = match api.create(&PostParams::default(), &ms).await {
                     // The namespace is missing: create it, then try once more.
                     Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -191,6 +193,20 @@ impl Members {
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(e) => Err(err("delete")(e)),
+        }
+    }
+}
+
+/// The write's span, for the member's reconcile to link to.
+fn stamp_trace(ms: &mut Microservice) {
+    match crate::telemetry::links::traceparent(&tracing::Span::current()) {
+        Some(tp) => {
+            ms.annotations_mut()
+                .insert(crate::telemetry::links::TRACEPARENT_ANNOTATION.into(), tp);
+        }
+        None => {
+            ms.annotations_mut()
+                .remove(crate::telemetry::links::TRACEPARENT_ANNOTATION);
         }
     }
 }

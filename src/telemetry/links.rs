@@ -32,3 +32,54 @@ pub fn last(cluster: &str, namespace: &str, name: &str) -> Option<SpanContext> {
     map.get(&(cluster.into(), namespace.into(), name.into()))
         .cloned()
 }
+
+/// Carries a fleet write's span to the member's reconcile, across
+/// processes: the fleet controller stamps it on the Microservice it writes,
+/// and the member's leader links its reconcile span to it.
+pub const TRACEPARENT_ANNOTATION: &str = "platform.example.io/rollout-traceparent";
+
+/// The W3C `traceparent` of `span`, when it is being traced.
+pub fn traceparent(span: &tracing::Span) -> Option<String> {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let cx = span.context();
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier = HashMap::new();
+    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut carrier));
+    carrier.remove("traceparent")
+}
+
+/// The span a `traceparent` names, if it parses.
+pub fn from_traceparent(value: &str) -> Option<SpanContext> {
+    use opentelemetry::propagation::TextMapPropagator;
+    use opentelemetry::trace::TraceContextExt;
+    let carrier = HashMap::from([("traceparent".to_string(), value.to_string())]);
+    let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then_some(sc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traceparent_round_trips_and_garbage_is_none() {
+        let tp = "00-6bf92f3577b34da6a3ce929d0e0e4738-00f067aa0ba902b7-01";
+        let sc = from_traceparent(tp).expect("valid");
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "6bf92f3577b34da6a3ce929d0e0e4738"
+        );
+        assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
+        for bad in [
+            "",
+            "garbage",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        ] {
+            assert!(from_traceparent(bad).is_none(), "{bad:?}");
+        }
+    }
+}
