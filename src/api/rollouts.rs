@@ -329,13 +329,10 @@ async fn run_watch(
     let mut quiet_until = Instant::now() + limits.bookmark_every;
     loop {
         tokio::select! {
-            _ = out.closed() => return,
-            _ = streams::shutting_down(&mut shutdown) => {
-                out.end(Status::unavailable("the replica is shutting down; resume from the last revision on another replica"));
-                return;
-            }
-            _ = tokio::time::sleep_until(ends_at) => {
-                out.end(Status::unavailable(format!("the stream reached its maximum age of {:?}; resume from the last revision", limits.max_age)));
+            end = streams::must_end(&out, &mut shutdown, ends_at, limits.max_age) => {
+                if let Some(status) = end {
+                    out.end(status);
+                }
                 return;
             }
             _ = tokio::time::sleep_until(quiet_until) => {

@@ -66,6 +66,26 @@ pub async fn shutting_down(flag: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = flag.wait_for(|s| *s).await.map(|_| ());
 }
 
+/// Resolves when a long-lived stream must end: `None` when its client
+/// left; the status to end it with when the server shuts down or the
+/// stream reaches its maximum age (the client resumes elsewhere).
+pub async fn must_end<T>(
+    out: &Outbox<T>,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    ends_at: tokio::time::Instant,
+    max_age: Duration,
+) -> Option<Status> {
+    tokio::select! {
+        _ = out.closed() => None,
+        _ = shutting_down(shutdown) => Some(Status::unavailable(
+            "the replica is shutting down; resume from the last revision on another replica",
+        )),
+        _ = tokio::time::sleep_until(ends_at) => Some(Status::unavailable(format!(
+            "the stream reached its maximum age of {max_age:?}; resume from the last revision"
+        ))),
+    }
+}
+
 /// Why a send did not go through.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Ended {

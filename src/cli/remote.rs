@@ -143,9 +143,18 @@ enum Attempt {
 
 /// Asks each server in turn until one connects.
 async fn connect_first(o: &ClientOptions) -> Result<Client, String> {
+    first_of(o, |o| async move { connect(&o).await }).await
+}
+
+/// The first server of `--server` that `dial` connects to.
+pub async fn first_of<C, F, Fut>(o: &ClientOptions, dial: F) -> Result<C, String>
+where
+    F: Fn(ClientOptions) -> Fut,
+    Fut: std::future::Future<Output = Result<C, String>>,
+{
     let mut last = String::new();
     for server in servers(&o.server)? {
-        match connect(&ClientOptions {
+        match dial(ClientOptions {
             server,
             ..o.clone()
         })

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::remote::{Format, exit};
+use super::remote::{Format, exit, first_of};
 use super::rollout_output as out;
-use super::wait::{retryable, servers};
+use super::wait::retryable;
 use crate::api::client::{ClientOptions, RolloutsClient, connect_rollouts};
 use crate::api::pb::{self, WatchEventType};
 
@@ -17,19 +17,7 @@ fn status_error(s: tonic::Status) -> String {
 }
 
 async fn connect_first(o: &ClientOptions) -> Result<RolloutsClient, String> {
-    let mut last = String::new();
-    for server in servers(&o.server)? {
-        match connect_rollouts(&ClientOptions {
-            server,
-            ..o.clone()
-        })
-        .await
-        {
-            Ok(c) => return Ok(c),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
+    first_of(o, |o| async move { connect_rollouts(&o).await }).await
 }
 
 fn key(namespace: &str, name: &str) -> pb::RolloutRef {

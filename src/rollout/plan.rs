@@ -677,7 +677,14 @@ pub fn plan(i: &Inputs) -> Plan {
         Mode::Steady | Mode::Progress if complete => RolloutPhase::Complete,
         _ => RolloutPhase::Progressing,
     };
-    let failed_list = failures.keys().copied().collect::<Vec<_>>().join(", ");
+    // Once a failure is recorded, later rounds no longer evaluate it: the
+    // status keeps which clusters failed.
+    let failed_clusters: Vec<String> = if failures.is_empty() && failed_before {
+        prev.failed_clusters.clone()
+    } else {
+        failures.keys().map(|k| k.to_string()).collect()
+    };
+    let failed_list = failed_clusters.join(", ");
     let mut verdicts = vec![match &mode {
         Mode::Paused => Verdict::new(
             PROGRESSING,
@@ -763,6 +770,10 @@ pub fn plan(i: &Inputs) -> Plan {
             Some(update.to_string())
         } else {
             last_good
+        },
+        failed_clusters: match &mode {
+            Mode::RollBack(_) | Mode::Failed => failed_clusters.clone(),
+            _ => Vec::new(),
         },
         failed_revision_number: match (&mode, settings.on_failure) {
             (Mode::RollBack(_) | Mode::Failed, _) => Some(i.update.number),

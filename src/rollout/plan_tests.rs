@@ -340,11 +340,25 @@ fn a_failed_canary_is_rolled_back_and_the_rest_never_see_the_release() {
     );
     assert_eq!(w.status.failed_revision_number, Some(2));
     assert_eq!(w.written(&bad), vec!["m1"]);
-    // Back on the good revision and done: it stays rolled back.
+    // Back on the good revision and done: it stays rolled back, and keeps
+    // saying which cluster failed.
     w.done("m1");
+    let message = |w: &World| {
+        w.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ROLLED_BACK)
+            .unwrap()
+            .message
+            .clone()
+    };
+    let first = message(&w);
+    assert!(first.contains("failed in m1"), "{first}");
     for _ in 0..3 {
         w.wait(60);
         assert!(w.step().actions.is_empty());
+        assert_eq!(message(&w), first);
+        assert_eq!(w.status.failed_clusters, vec!["m1"]);
     }
     assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
     assert_eq!(w.state("m1"), ClusterState::Done);

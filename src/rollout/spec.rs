@@ -164,6 +164,9 @@ pub struct FleetMicroserviceStatus {
     /// the spec names another revision (a new or re-applied one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_revision_number: Option<i64>,
+    /// The clusters whose failure failed that revision.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_clusters: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<RolloutPhase>,
     /// The wave being rolled out.

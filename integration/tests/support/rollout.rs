@@ -107,6 +107,21 @@ impl RolloutFleet {
             .expect("patch image");
     }
 
+    /// A new image with a new per-cluster progress deadline, in one edit.
+    pub async fn set_image_and_deadline(&self, name: &str, image: &str, deadline: &str) {
+        self.api()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {
+                    "template": {"image": image},
+                    "rollout": {"progressDeadline": deadline},
+                }})),
+            )
+            .await
+            .expect("patch image and deadline");
+    }
+
     /// Waits for `phase` at the object's current generation.
     pub async fn wait_phase(
         &self,
@@ -197,8 +212,10 @@ pub fn fleet_writes(cluster: &str, namespace: &str) -> Vec<FleetWrite> {
         .join(format!("{cluster}-audit.log"));
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("audit log {}: {e}", path.display()));
+    // The logs grow large; parse only the lines that can match.
     let mut out: Vec<FleetWrite> = text
         .lines()
+        .filter(|l| l.contains("flotilla-fleet/") && l.contains(namespace))
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|e| e["objectRef"]["namespace"] == namespace)
         .filter(|e| e["objectRef"]["resource"] == "microservices")
