@@ -879,3 +879,100 @@ async fn figure_a_fleet_rollout_beside_the_same_change_by_hand() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn watch_rollouts_snapshots_streams_changes_and_resumes() {
+    let _up = MEMBERS_UP.read().await;
+    let fleet = rollout_fleet("fms-watch", &[]).await;
+    let ns = fleet.namespace.clone();
+    fleet
+        .create(fleet_microservice("api", "ghcr.io/acme/api:1", json!({})))
+        .await;
+    fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(90))
+        .await;
+    let mut grpc = flotilla::api::client::connect_rollouts(&ClientOptions {
+        server: fleet.replicas.grpc_url("r2"),
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
+    let watch = |resume_from: u64, index_id: String| pb::WatchRolloutsRequest {
+        namespace: ns.clone(),
+        resume_from,
+        index_id,
+    };
+    let kind = |e: &pb::RolloutEvent| pb::WatchEventType::try_from(e.r#type).unwrap();
+    let mut stream = grpc
+        .watch_rollouts(watch(0, String::new()))
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut first = Vec::new();
+    while first
+        .last()
+        .is_none_or(|e: &pb::RolloutEvent| kind(e) != pb::WatchEventType::Synced)
+    {
+        first.push(stream.message().await.unwrap().expect("event"));
+    }
+    let kinds: Vec<_> = first.iter().map(kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            pb::WatchEventType::Reset,
+            pb::WatchEventType::Snapshot,
+            pb::WatchEventType::Synced
+        ]
+    );
+    assert_eq!(first[1].rollout.as_ref().unwrap().phase, "Complete");
+    let (synced, index) = (first[2].revision, first[2].index_id.clone());
+    // A change arrives as an UPSERT with a later revision.
+    fleet.set_image("api", "ghcr.io/acme/api:2").await;
+    let change = stream.message().await.unwrap().expect("change");
+    assert_eq!(kind(&change), pb::WatchEventType::Upsert);
+    assert!(change.revision > synced);
+    drop(stream);
+    // Resumed from the SYNCED revision: the changes since, then SYNCED; no snapshot.
+    fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(90))
+        .await;
+    let mut resumed = grpc
+        .watch_rollouts(watch(synced, index.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    let e = resumed.message().await.unwrap().expect("event");
+    assert_eq!(kind(&e), pb::WatchEventType::Upsert, "{e:?}");
+    assert_eq!(e.rollout.as_ref().unwrap().image, "ghcr.io/acme/api:2");
+    // Another replica's (or a restarted replica's) index starts over with RESET.
+    let mut other = grpc
+        .watch_rollouts(watch(synced, "elsewhere".into()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        kind(&other.message().await.unwrap().unwrap()),
+        pb::WatchEventType::Reset
+    );
+    // Deleted: a DELETE naming it, once the finalizer lets it go.
+    fleet
+        .api()
+        .delete("api", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleted = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let e = resumed.message().await.unwrap().expect("event");
+            if kind(&e) == pb::WatchEventType::Delete {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("a DELETE within 60 s");
+    let r = deleted.rollout.unwrap();
+    assert_eq!(
+        (r.namespace.as_str(), r.name.as_str()),
+        (ns.as_str(), "api")
+    );
+}
