@@ -128,18 +128,7 @@ impl FleetRollouts for FleetRolloutsService {
         let ns = namespace_filter(&r.get_ref().namespace)?;
         self.ready()?;
         let revision = self.cache.revision();
-        let mut rollouts: Vec<pb::Rollout> = self
-            .cache
-            .fleet
-            .state()
-            .iter()
-            .filter(|f| {
-                ns.as_ref()
-                    .is_none_or(|n| f.metadata.namespace.as_ref() == Some(n))
-            })
-            .map(|f| rollout(f, &history(&self.cache, f), false))
-            .collect();
-        rollouts.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        let rollouts = listed(&self.cache, &ns);
         Ok(Response::new(pb::ListRolloutsResponse {
             rollouts,
             revision,
@@ -241,10 +230,11 @@ fn event(
     }
 }
 
-/// A snapshot: RESET, every matching rollout, SYNCED.
-fn snapshot(cache: &RolloutCache, ns: &Option<String>, revision: u64) -> Vec<pb::RolloutEvent> {
-    let id = cache.index_id.as_str();
-    let mut items: Vec<pb::Rollout> = cache
+/// Every rollout in `ns` (or all), ordered by key, with revision numbers;
+/// the stored revisions are read once, not once per rollout.
+fn listed(cache: &RolloutCache, ns: &Option<String>) -> Vec<pb::Rollout> {
+    let stored = cache.revisions.state();
+    let mut out: Vec<pb::Rollout> = cache
         .fleet
         .state()
         .iter()
@@ -252,9 +242,22 @@ fn snapshot(cache: &RolloutCache, ns: &Option<String>, revision: u64) -> Vec<pb:
             ns.as_ref()
                 .is_none_or(|n| f.metadata.namespace.as_ref() == Some(n))
         })
-        .map(|f| rollout(f, &[], false))
+        .map(|f| {
+            let history: Vec<Revision> = revisions_of(f, stored.iter().map(|r| r.as_ref()))
+                .into_iter()
+                .map(|(r, _)| r)
+                .collect();
+            rollout(f, &history, false)
+        })
         .collect();
-    items.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    out
+}
+
+/// A snapshot: RESET, every matching rollout, SYNCED.
+fn snapshot(cache: &RolloutCache, ns: &Option<String>, revision: u64) -> Vec<pb::RolloutEvent> {
+    let id = cache.index_id.as_str();
+    let items = listed(cache, ns);
     std::iter::once(event(WatchEventType::Reset, 0, id, None))
         .chain(
             items
