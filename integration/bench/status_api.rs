@@ -135,8 +135,22 @@ fn ghz_bin() -> String {
     })
 }
 
-/// One ghz run; returns (p50 ms, p99 ms, requests/s, errors).
+/// One ghz run of 16 clients, as fast as they go; returns (p50 ms, p99 ms,
+/// requests/s, errors).
 fn ghz(addr: &str, method: &str, data: Value, seconds: u64) -> (f64, f64, f64, u64) {
+    ghz_at(addr, method, data, seconds, None)
+}
+
+/// One ghz run of 16 clients, limited to `rps` requests/s in all when given
+/// (open loop: the latency of a load below saturation, not queueing behind
+/// the load client's own CPU).
+fn ghz_at(
+    addr: &str,
+    method: &str,
+    data: Value,
+    seconds: u64,
+    rps: Option<u32>,
+) -> (f64, f64, f64, u64) {
     let proto = concat!(env!("CARGO_MANIFEST_DIR"), "/proto/flotilla/v1/fleet.proto");
     let include = concat!(env!("CARGO_MANIFEST_DIR"), "/proto");
     // Under /usr/bin/time, when there is one, to see what the load client
@@ -160,6 +174,7 @@ fn ghz(addr: &str, method: &str, data: Value, seconds: u64) -> (f64, f64, f64, u
             "--connections",
             "4",
         ])
+        .args(rps.map(|r| format!("--rps={r}")))
         .args(["-d", &data.to_string(), "-O", "json", addr])
         .output()
         .unwrap_or_else(|e| {
@@ -271,6 +286,42 @@ async fn list_page(mut c: flotilla::api::client::Client) {
     assert_eq!(r.items.len(), 100);
 }
 
+/// The rate of the paced FULL run: half of what 16 ghz clients reach
+/// unpaced on 2 cores, so the figure is latency rather than queueing.
+const PACED_RPS: u32 = 50;
+/// The same for BASIC pages: half of their unpaced rate.
+const BASIC_PACED_RPS: u32 = 150;
+
+/// The encoded size of one page of 100, FULL and BASIC.
+fn page_bytes(hub: &Hub) -> (usize, usize) {
+    let snap = hub.read(|ix| ix.snapshot());
+    let page: Vec<_> = snap.list(&Filter::default(), None, 100).collect();
+    let size = |f: fn(&flotilla::status::index::MicroserviceView) -> pb::Microservice| {
+        pb::ListMicroservicesResponse {
+            items: page.iter().map(f).collect(),
+            ..Default::default()
+        }
+        .encoded_len()
+    };
+    (
+        size(convert::microservice),
+        size(convert::basic_microservice),
+    )
+}
+
+async fn basic_page(mut c: flotilla::api::client::Client) {
+    let r = c
+        .list_microservices(pb::ListMicroservicesRequest {
+            page_size: 100,
+            view: pb::MicroserviceView::Basic as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.items.len(), 100);
+}
+
 fn main() {
     let seconds = common::env_usize("FLOTILLA_BENCH_SECONDS", 10) as u64;
     let mut results = serde_json::Map::new();
@@ -289,15 +340,64 @@ fn main() {
     println!(
         "ListMicroservices: the server spent {server_cpu_ms:.2} ms of CPU per call (the rest of the 2 cores went to ghz)"
     );
+    println!(
+        "ListMicroservices (100/page, 600 entries, 16 clients): p50 {:.1} ms, p99 {:.1} ms, {:.0} req/s, {} errors",
+        list.0, list.1, list.2, list.3
+    );
+    let cpu0 = common::cpu_seconds(me);
+    let basic = ghz(
+        &addr,
+        "ListMicroservices",
+        json!({"page_size": 100, "view": "MICROSERVICE_VIEW_BASIC"}),
+        seconds,
+    );
+    let basic_cpu_ms = (common::cpu_seconds(me) - cpu0) * 1e3 / (basic.2 * seconds as f64);
+    println!(
+        "ListMicroservices, BASIC view (16 clients): p50 {:.1} ms, p99 {:.1} ms, {:.0} req/s, {} errors; the server spent {basic_cpu_ms:.2} ms of CPU per call",
+        basic.0, basic.1, basic.2, basic.3
+    );
+    // FULL pages at a fixed rate below what ghz can decode on these cores.
+    let paced = ghz_at(
+        &addr,
+        "ListMicroservices",
+        json!({"page_size": 100}),
+        seconds,
+        Some(PACED_RPS),
+    );
+    println!(
+        "ListMicroservices, FULL, 16 clients paced at {PACED_RPS} req/s: p50 {:.1} ms, p99 {:.1} ms, {:.0} req/s, {} errors",
+        paced.0, paced.1, paced.2, paced.3
+    );
+    let basic_paced = ghz_at(
+        &addr,
+        "ListMicroservices",
+        json!({"page_size": 100, "view": "MICROSERVICE_VIEW_BASIC"}),
+        seconds,
+        Some(BASIC_PACED_RPS),
+    );
+    println!(
+        "ListMicroservices, BASIC, 16 clients paced at {BASIC_PACED_RPS} req/s: p50 {:.1} ms, p99 {:.1} ms, {:.0} req/s, {} errors",
+        basic_paced.0, basic_paced.1, basic_paced.2, basic_paced.3
+    );
+    results.insert(
+        "list_basic_paced".into(),
+        json!({"p50_ms": basic_paced.0, "p99_ms": basic_paced.1, "rps": basic_paced.2, "target_rps": BASIC_PACED_RPS}),
+    );
+    let (full_bytes, basic_bytes) = page_bytes(&hub(100));
+    println!("a page of 100: FULL {full_bytes} bytes, BASIC {basic_bytes} bytes");
+    results.insert(
+        "list_basic".into(),
+        json!({"p50_ms": basic.0, "p99_ms": basic.1, "rps": basic.2, "server_cpu_ms": basic_cpu_ms, "page_bytes": basic_bytes}),
+    );
+    results.insert(
+        "list_full_paced".into(),
+        json!({"p50_ms": paced.0, "p99_ms": paced.1, "rps": paced.2, "target_rps": PACED_RPS, "page_bytes": full_bytes}),
+    );
     let get = ghz(
         &addr,
         "GetMicroservice",
         json!({"namespace": "shop", "name": "service-00042"}),
         seconds,
-    );
-    println!(
-        "ListMicroservices (100/page, 600 entries, 16 clients): p50 {:.1} ms, p99 {:.1} ms, {:.0} req/s, {} errors",
-        list.0, list.1, list.2, list.3
     );
     println!(
         "GetMicroservice (600 entries, 16 clients): p50 {:.2} ms, p99 {:.2} ms, {:.0} req/s, {} errors",
@@ -307,6 +407,15 @@ fn main() {
     println!(
         "ListMicroservices, 16 tonic clients: p50 {:.1} ms, p99 {:.1} ms, {:.0} req/s",
         rust.0, rust.1, rust.2
+    );
+    let rust_basic = tonic_load(&addr, seconds, basic_page);
+    println!(
+        "ListMicroservices, BASIC, 16 tonic clients: p50 {:.1} ms, p99 {:.1} ms, {:.0} req/s",
+        rust_basic.0, rust_basic.1, rust_basic.2
+    );
+    results.insert(
+        "list_basic_tonic".into(),
+        json!({"p50_ms": rust_basic.0, "p99_ms": rust_basic.1, "rps": rust_basic.2}),
     );
     results.insert(
         "list_tonic".into(),

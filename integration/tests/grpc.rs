@@ -240,6 +240,48 @@ async fn a_replica_that_leads_nothing_answers_like_a_leader() {
     assert_eq!(page.items.len(), 1);
     assert_eq!(page.items[0].clusters.len(), 1);
     assert!(page.next_page_token.is_empty());
+
+    // The BASIC view: the same rows, without conditions, messages or labels.
+    let list = |view: pb::MicroserviceView| pb::ListMicroservicesRequest {
+        namespace: ns.clone(),
+        view: view as i32,
+        ..Default::default()
+    };
+    let full = idle_client
+        .list_microservices(list(pb::MicroserviceView::Full))
+        .await
+        .expect("full list")
+        .into_inner();
+    let basic = idle_client
+        .list_microservices(list(pb::MicroserviceView::Basic))
+        .await
+        .expect("basic list")
+        .into_inner();
+    assert_eq!(basic.items.len(), full.items.len());
+    assert!(!full.items.is_empty());
+    for (b, f) in basic.items.iter().zip(&full.items) {
+        assert_eq!((&b.name, &b.aggregate), (&f.name, &f.aggregate));
+        assert_eq!(b.clusters.len(), f.clusters.len());
+        for (be, fe) in b.clusters.iter().zip(&f.clusters) {
+            let row = |e: &pb::ClusterEntry| {
+                let e = e.clone();
+                (
+                    e.cluster,
+                    e.state,
+                    e.reason,
+                    e.generation,
+                    e.observed_generation,
+                    e.image,
+                    e.replicas,
+                    e.phase,
+                    e.reachability,
+                )
+            };
+            assert_eq!(row(be), row(fe));
+            assert!(!fe.conditions.is_empty(), "{fe:?}");
+            assert!(be.conditions.is_empty() && be.labels.is_empty() && be.message.is_empty());
+        }
+    }
 }
 
 #[tokio::test]
@@ -458,6 +500,15 @@ async fn a_permanent_failure_ends_the_wait_failed_and_a_deadline_ends_it_exceede
         .await
         .unwrap_err();
     assert_eq!(bad_token.code(), tonic::Code::InvalidArgument);
+    let bad_view = client
+        .list_microservices(pb::ListMicroservicesRequest {
+            view: 9,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_view.code(), tonic::Code::InvalidArgument);
+    assert!(bad_view.message().contains("view 9"), "{bad_view:?}");
     let no_target = client
         .wait_for_rollout(pb::WaitForRolloutRequest {
             namespace: ns.clone(),

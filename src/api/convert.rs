@@ -85,6 +85,23 @@ pub fn entry(e: &Entry) -> pb::ClusterEntry {
     }
 }
 
+/// An entry in the BASIC view: what a row shows, without the conditions,
+/// messages and labels that make up most of a full entry's bytes.
+pub fn basic_entry(e: &Entry) -> pb::ClusterEntry {
+    pb::ClusterEntry {
+        cluster: e.cluster.clone(),
+        state: entry_state(e.state) as i32,
+        generation: e.facts.generation,
+        observed_generation: e.facts.observed_generation,
+        image: e.facts.image.clone(),
+        replicas: e.replicas.map(replicas),
+        phase: e.facts.phase.clone(),
+        reachability: reachability(e.reach) as i32,
+        reason: e.reason.clone(),
+        ..Default::default()
+    }
+}
+
 pub fn aggregate(a: &Aggregate) -> pb::Aggregate {
     pb::Aggregate {
         clusters: a.clusters,
@@ -98,6 +115,15 @@ pub fn aggregate(a: &Aggregate) -> pb::Aggregate {
 }
 
 pub fn microservice(v: &MicroserviceView) -> pb::Microservice {
+    with_entries(v, entry)
+}
+
+/// The BASIC view of a Microservice (see `MicroserviceView` in the proto).
+pub fn basic_microservice(v: &MicroserviceView) -> pb::Microservice {
+    with_entries(v, basic_entry)
+}
+
+fn with_entries(v: &MicroserviceView, entry: fn(&Entry) -> pb::ClusterEntry) -> pb::Microservice {
     pb::Microservice {
         namespace: v.namespace.clone(),
         name: v.name.clone(),

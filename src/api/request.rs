@@ -58,6 +58,19 @@ pub fn page_size(requested: u32) -> usize {
     }
 }
 
+/// Whether a list returns basic items; unspecified means full, as before
+/// views existed. A value this server does not know is refused, not
+/// guessed at.
+pub fn basic_view(view: i32) -> Result<bool, ApiError> {
+    match pb::MicroserviceView::try_from(view) {
+        Ok(pb::MicroserviceView::Basic) => Ok(true),
+        Ok(pb::MicroserviceView::Unspecified | pb::MicroserviceView::Full) => Ok(false),
+        Err(_) => Err(ApiError::InvalidArgument(format!(
+            "view {view} is not a MicroserviceView this server knows"
+        ))),
+    }
+}
+
 /// Page tokens name the last item returned; opaque to clients.
 pub fn page_token(last: &Key) -> String {
     format!("{}/{}", last.0, last.1)
@@ -194,6 +207,14 @@ mod tests {
         assert_eq!(page_size(0), 100);
         assert_eq!(page_size(5), 5);
         assert_eq!(page_size(1_000_000), 1000);
+    }
+
+    #[test]
+    fn views_default_to_full_and_unknown_ones_are_refused() {
+        assert!(!basic_view(0).unwrap());
+        assert!(basic_view(pb::MicroserviceView::Basic as i32).unwrap());
+        assert!(!basic_view(pb::MicroserviceView::Full as i32).unwrap());
+        assert!(invalid(basic_view(7)).contains("view 7"));
     }
 
     #[test]

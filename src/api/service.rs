@@ -138,6 +138,10 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         let filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
         let after = request::after(&r.page_token)?;
         let size = request::page_size(r.page_size);
+        let item = match request::basic_view(r.view)? {
+            true => convert::basic_microservice,
+            false => convert::microservice,
+        };
         // Views are built outside the index lock, from a snapshot.
         let snap = self.hub.read(|ix| ix.snapshot());
         // One extra tells whether another page follows.
@@ -151,7 +155,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             _ => String::new(),
         };
         Ok(Response::new(pb::ListMicroservicesResponse {
-            items: page.iter().map(convert::microservice).collect(),
+            items: page.iter().map(item).collect(),
             next_page_token,
             revision,
         }))

@@ -94,6 +94,7 @@ pub async fn status(
                 cluster: String::new(),
                 page_size: 500,
                 page_token,
+                view: pb::MicroserviceView::Full as i32,
             })
             .await
             .map_err(status_error)?
