@@ -134,6 +134,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             namespace: args.namespace.clone(),
             budget,
             streaming_lists: args.streaming_lists,
+            debounce: args.debounce,
             defaults,
         },
         rescan: Duration::from_secs(2),
@@ -322,6 +323,7 @@ async fn run(args: RunArgs, holder: String) -> Result<(), String> {
     settings.namespace = args.namespace;
     settings.resync = args.resync;
     settings.streaming_lists = args.streaming_lists;
+    settings.debounce = args.debounce;
     tracing::info!(cluster = %settings.cluster, "starting controller");
     reconciler::run(client, settings, Hooks::default(), shutdown_signal()).await;
     tracing::info!("stopped");

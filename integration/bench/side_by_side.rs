@@ -178,6 +178,35 @@ fn requests(who: Who, ns: &str, from: usize) -> (usize, usize) {
     (reads, writes)
 }
 
+/// Every request a controller sent to `ns` in audit lines from `from` on,
+/// by "verb resource[/subresource]", Events included.
+fn requests_by_kind(who: Who, ns: &str, from: usize) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for l in audit_lines().into_iter().skip(from) {
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(&l) else {
+            continue;
+        };
+        let ua = e["userAgent"].as_str().unwrap_or_default();
+        if !ua.starts_with(who.user_agent()) || e["objectRef"]["namespace"] != ns {
+            continue;
+        }
+        let (Some(verb), Some(resource)) =
+            (e["verb"].as_str(), e["objectRef"]["resource"].as_str())
+        else {
+            continue;
+        };
+        if verb == "watch" {
+            continue;
+        }
+        let sub = e["objectRef"]["subresource"]
+            .as_str()
+            .map(|s| format!("/{s}"))
+            .unwrap_or_default();
+        *out.entry(format!("{verb} {resource}{sub}")).or_default() += 1;
+    }
+    out
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 struct Trial {
     controller: &'static str,
@@ -186,6 +215,10 @@ struct Trial {
     converged_s: f64,
     resync_reads: usize,
     resync_writes: usize,
+    /// From the start until converged and settled, per object.
+    per_object: f64,
+    per_object_without_events: f64,
+    converge_requests: std::collections::BTreeMap<String, usize>,
 }
 
 async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: &str) -> Trial {
@@ -198,6 +231,7 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
         .expect("namespace");
     create_objects(c, who, &ns_name, n).await;
 
+    let converge_from = audit_lines().len();
     let t0 = Instant::now();
     let mut proc = Some(start(who, &ns_name, equal, sample, tag));
     let mut children_s = None;
@@ -221,8 +255,16 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let converged_s = t0.elapsed().as_secs_f64();
-    // Let rollouts settle, then restart over the converged objects.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Let rollouts settle (past Flotilla's 5 s hold on count-only status),
+    // then restart over the converged objects.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let converge_requests = requests_by_kind(who, &ns_name, converge_from);
+    let total: usize = converge_requests.values().sum();
+    let events: usize = converge_requests
+        .iter()
+        .filter(|(k, _)| k.ends_with(" events"))
+        .map(|(_, v)| v)
+        .sum();
     drop(proc.take());
     let from = audit_lines().len();
     let restarted = start(who, &ns_name, equal, sample, &format!("{tag}r"));
@@ -253,6 +295,9 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
         converged_s,
         resync_reads: last.0,
         resync_writes: last.1,
+        per_object: total as f64 / n as f64,
+        per_object_without_events: (total - events) as f64 / n as f64,
+        converge_requests,
     }
 }
 
@@ -332,6 +377,11 @@ fn main() {
             col(|r| r.resync_reads as f64),
             col(|r| r.resync_writes as f64),
         );
+        let (per, per_no_events) = (col(|r| r.per_object), col(|r| r.per_object_without_events));
+        println!(
+            "  {who:<18} {limits:<10} requests per converged object: {per:.2} ({per_no_events:.2} without Events); first trial: {:?}",
+            rs[0].converge_requests
+        );
         println!(
             "  {who:<18} {limits:<10} {:>24} {:>24} {:>14} {:>14}",
             format!("{children:.1}"),
@@ -343,6 +393,7 @@ fn main() {
             "controller": who, "limits": limits, "trials": rs.len(),
             "children_s": children, "converged_s": converged,
             "resync_reads": reads, "resync_writes": writes,
+            "per_object": per, "per_object_without_events": per_no_events,
         }));
     }
     write_json(

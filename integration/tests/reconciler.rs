@@ -518,8 +518,9 @@ async fn fifty_in_sync_microservices_cause_no_writes_or_reads_on_resync() {
         .expect("create");
     }
     wait_all_true(&api, 50, "Available", Duration::from_secs(180)).await;
-    // Let the last child status updates land and be reconciled.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Let the last child status updates land, and anything held be written.
+    quiet(&requests, Duration::from_secs(8)).await;
+    assert_request_budget(&requests.all(), &ns.name, 50);
     let settled = resource_versions(&ns).await;
     assert_eq!(settled.len(), 150);
     let before = requests.snapshot();
@@ -561,7 +562,8 @@ async fn fifty_in_sync_microservices_cause_no_writes_or_reads_on_resync() {
     op.stop().await;
 
     // Without streaming lists (members older than WatchList): the initial
-    // LISTs of the 4 kinds, and nothing else.
+    // LISTs of the 6 watches (Microservices, our Deployments, Services and
+    // EndpointSlices, and every Deployment and Service name), and nothing else.
     s.streaming_lists = false;
     let before = requests.snapshot();
     let op = Operator::start(&op_client, s, Hooks::default());
@@ -573,8 +575,8 @@ async fn fifty_in_sync_microservices_cause_no_writes_or_reads_on_resync() {
         "a fresh controller wrote: {restart:?}"
     );
     assert!(
-        (1..=4).contains(&restart["GET"]),
-        "only the initial lists of 4 kinds: {restart:?}"
+        (1..=6).contains(&restart["GET"]),
+        "only the initial lists of 6 watches: {restart:?}"
     );
     assert_eq!(
         resource_versions(&ns).await,
@@ -582,6 +584,74 @@ async fn fifty_in_sync_microservices_cause_no_writes_or_reads_on_resync() {
         "a fresh controller changed an in-sync object"
     );
     op.stop().await;
+}
+
+/// Waits until `requests` has seen nothing new for `still`.
+async fn quiet(requests: &support::RequestCounter, still: Duration) {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(90);
+    let mut seen = requests.all().len();
+    let mut since = tokio::time::Instant::now();
+    while since.elapsed() < still {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the controller never went quiet"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = requests.all().len();
+        if now != seen {
+            (seen, since) = (now, tokio::time::Instant::now());
+        }
+    }
+}
+
+/// #14's floor: 2 creates and at most 2 status writes per new object (no
+/// GET for a missing child, no 409, no count-only writes), and at most one
+/// Event. Counted at the client, and the writes checked against the
+/// apiserver's audit log.
+fn assert_request_budget(requests: &[String], namespace: &str, objects: usize) {
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for r in requests {
+        let (verb, path) = r.split_once(' ').unwrap_or_default();
+        let parts: Vec<&str> = path.split('/').collect();
+        // .../namespaces/<ns>/<resource>[/<name>[/<subresource>]]
+        let at = parts
+            .iter()
+            .position(|p| *p == "namespaces")
+            .map_or(0, |i| i + 2);
+        let resource = parts.get(at).copied().unwrap_or("?");
+        let sub = parts
+            .get(at + 2)
+            .map(|s| format!("/{s}"))
+            .unwrap_or_default();
+        *by_kind
+            .entry(format!("{verb} {resource}{sub}"))
+            .or_default() += 1;
+    }
+    let events: usize = requests.iter().filter(|r| r.contains("/events")).count();
+    let others = requests.len() - events;
+    let per = |n: usize| n as f64 / objects as f64;
+    eprintln!(
+        "requests per converged Microservice: {:.2} without Events, {:.2} with; {by_kind:?}",
+        per(others),
+        per(requests.len())
+    );
+    assert!(
+        per(others) <= 4.0,
+        "{:.2} requests per object: {by_kind:?}",
+        per(others)
+    );
+    assert!(
+        per(requests.len()) <= 5.0,
+        "{:.2} with Events: {by_kind:?}",
+        per(requests.len())
+    );
+    // The apiserver saw the same writes from this client.
+    let writes = requests.iter().filter(|r| !r.starts_with("GET ")).count();
+    let audited = support::audited_requests(CLUSTER, namespace, support::COUNTED_AGENT)
+        .into_iter()
+        .filter(|(verb, _)| verb != "get" && verb != "list")
+        .count();
+    assert_eq!(audited, writes, "the audit log disagrees: {by_kind:?}");
 }
 
 #[tokio::test]

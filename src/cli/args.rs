@@ -271,6 +271,11 @@ pub struct RunArgs {
     /// starting or restarting sends no LIST requests. Set false for older clusters.
     #[arg(long, env = "FLOTILLA_STREAMING_LISTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub streaming_lists: bool,
+    /// Wait until a Microservice's triggers have been quiet this long before
+    /// reconciling it, so a burst of child events is one reconcile. Every
+    /// change waits this much longer to be applied.
+    #[arg(long, env = "FLOTILLA_DEBOUNCE", default_value = "200ms", value_parser = parse_duration)]
+    pub debounce: Duration,
     /// Fleet mode: average requests per second to each member cluster.
     #[arg(long, env = "FLOTILLA_CLUSTER_QPS", default_value_t = Budget::default().qps)]
     pub cluster_qps: f64,

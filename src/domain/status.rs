@@ -98,10 +98,7 @@ fn applied_verdicts(desired: i32, r: &RolloutFacts, endpoints: usize) -> [Verdic
             PROGRESSING,
             Status::True,
             "RolloutInProgress",
-            format!(
-                "{}/{desired} replicas updated, {} available",
-                r.updated, r.available
-            ),
+            "the Deployment is rolling out the current spec",
         )
     };
     let available = if !done {
@@ -109,10 +106,7 @@ fn applied_verdicts(desired: i32, r: &RolloutFacts, endpoints: usize) -> [Verdic
             AVAILABLE,
             Status::False,
             "RolloutInProgress",
-            format!(
-                "{}/{desired} replicas of the current spec available",
-                r.available.min(r.updated)
-            ),
+            "not every replica of the current spec is available yet",
         )
     } else if desired == 0 {
         Verdict::new(
@@ -133,10 +127,7 @@ fn applied_verdicts(desired: i32, r: &RolloutFacts, endpoints: usize) -> [Verdic
             AVAILABLE,
             Status::True,
             "ReplicasAvailable",
-            format!(
-                "{}/{desired} replicas available, {endpoints} ready endpoints",
-                r.available
-            ),
+            format!("{desired} replicas of the current spec are available and serve the Service"),
         )
     };
     [available, progressing]
@@ -270,6 +261,46 @@ pub fn next_status(
         managed_resources: managed,
         ready,
     }
+}
+
+/// Whether `next` differs from `current` only in what may wait: what
+/// changes no verdict (the status API's entry state, `flotilla wait`,
+/// `kubectl wait --for=condition=Available`). That is the replica counts,
+/// the reason or message of `Available` or `Progressing` while its status
+/// stays, and `Progressing` turning False for `RolloutComplete` while
+/// `Available` stays False (the pods are up, the endpoints not yet). Such a
+/// change is held for a few seconds; anything else (`Available` flipping,
+/// a deadline exceeded, a new generation, `Reconciled` or `Accepted`
+/// changing, the phase) is written at once.
+pub fn coalescable(current: &MicroserviceStatus, next: &MicroserviceStatus) -> bool {
+    if current.phase != next.phase
+        || current.observed_generation != next.observed_generation
+        || current.managed_resources != next.managed_resources
+        || current.conditions.len() != next.conditions.len()
+    {
+        return false;
+    }
+    let unavailable = |s: &MicroserviceStatus| {
+        conditions::find(&s.conditions, AVAILABLE).is_some_and(|c| c.status == "False")
+    };
+    let still_unavailable = unavailable(current) && unavailable(next);
+    current.conditions.iter().all(|c| {
+        conditions::find(&next.conditions, &c.type_).is_some_and(|n| {
+            let same_status =
+                n.status == c.status && n.observed_generation == c.observed_generation;
+            // A new reason moves the transition time (conditions.rs).
+            let unchanged = same_status
+                && n.reason == c.reason
+                && n.message == c.message
+                && n.last_transition_time == c.last_transition_time;
+            let words_may_wait = c.type_ == AVAILABLE || c.type_ == PROGRESSING;
+            let settled_unseen = c.type_ == PROGRESSING
+                && n.reason == "RolloutComplete"
+                && n.observed_generation == c.observed_generation
+                && still_unavailable;
+            unchanged || (same_status && words_may_wait) || settled_unseen
+        })
+    })
 }
 
 #[cfg(test)]
@@ -536,5 +567,59 @@ mod tests {
             find(&s.conditions, PROGRESSING).unwrap().reason,
             "ProgressDeadlineExceeded"
         );
+    }
+
+    #[test]
+    fn counts_and_the_wording_of_a_standing_state_may_wait_a_flip_may_not() {
+        let later = Time("2026-01-01T00:00:07Z".parse().unwrap());
+        let mut half = complete(2);
+        half.available = 1;
+        half.ready = 1;
+        let starting = next_status(None, &applied(RolloutFacts::default(), 0), 2, 1, &now());
+        // Only the counts move: the same conditions, word for word.
+        let halfway = next_status(Some(&starting), &applied(half.clone(), 1), 2, 1, &later);
+        assert_ne!(starting.ready, halfway.ready);
+        assert_eq!(starting.conditions, halfway.conditions);
+        assert!(coalescable(&starting, &halfway));
+        // Rolled out but no endpoint yet: Available stays False, for
+        // another reason.
+        let no_endpoints = next_status(Some(&halfway), &applied(complete(2), 0), 2, 1, &later);
+        assert_eq!(
+            find(&no_endpoints.conditions, AVAILABLE).unwrap().reason,
+            "NoReadyEndpoints"
+        );
+        assert!(
+            coalescable(&halfway, &no_endpoints),
+            "pods up, endpoints not yet: no verdict moved"
+        );
+        let mut stuck = complete(2);
+        stuck.available = 0;
+        stuck.deadline_exceeded = true;
+        let exceeded = next_status(Some(&halfway), &applied(stuck, 0), 2, 1, &later);
+        assert!(!coalescable(&halfway, &exceeded), "a deadline is a verdict");
+        // The reason of a standing False may wait.
+        let mut reworded = no_endpoints.clone();
+        for c in reworded
+            .conditions
+            .iter_mut()
+            .filter(|c| c.type_ == AVAILABLE)
+        {
+            c.reason = "RolloutInProgress".into();
+        }
+        assert!(coalescable(&reworded, &no_endpoints));
+        // Available turning True, a new generation, an error: at once.
+        let available = next_status(Some(&no_endpoints), &applied(complete(2), 2), 2, 1, &later);
+        assert!(!coalescable(&no_endpoints, &available));
+        let next_generation = next_status(Some(&available), &applied(complete(2), 2), 2, 2, &later);
+        assert!(!coalescable(&available, &next_generation));
+        let failed = next_status(
+            Some(&available),
+            &Outcome::ApiError("boom".into()),
+            2,
+            1,
+            &later,
+        );
+        assert!(!coalescable(&available, &failed));
+        assert!(coalescable(&available, &available));
     }
 }

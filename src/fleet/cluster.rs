@@ -69,6 +69,7 @@ pub struct ReplicaSettings {
     pub budget: Budget,
     /// Start watches with streaming lists rather than LIST requests.
     pub streaming_lists: bool,
+    pub debounce: Duration,
 }
 
 fn set_state(hub: &Hub, cluster: &str, me: &str, state: ClusterState) {
@@ -399,6 +400,7 @@ pub async fn run(
                 s.resync = settings.resync;
                 s.namespace = settings.namespace.clone();
                 s.streaming_lists = settings.streaming_lists;
+                s.debounce = settings.debounce;
                 s.defaults = settings.defaults.clone();
                 s.leadership = Some(leadership.clone());
                 // Writes of this term, and only this term, pass the fence.

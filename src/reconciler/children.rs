@@ -1,5 +1,7 @@
 //! Reading and writing the two children. Reads come from the watch caches
-//! (no API call in steady state); a child missing from the cache is looked up
+//! (no API call in steady state). A child missing from our cache is missing
+//! if no object holds its name; only a name held by something our cache
+//! does not show (a stranger, or our own object not yet seen) is looked up
 //! live, so that a stranger's object is never mistaken for a missing one.
 
 use std::fmt::Debug;
@@ -14,6 +16,7 @@ use tracing::Instrument;
 
 use super::context::{Context, FIELD_MANAGER};
 use super::error::{ReconcileError, Result};
+use super::names::{self, Names};
 use crate::domain::update::for_create;
 
 /// What happened to one child in this reconcile.
@@ -27,6 +30,7 @@ pub enum Write {
 pub async fn live<K>(
     ctx: &Context,
     cache: &Store<K>,
+    names: &Names<K>,
     ns: &str,
     name: &str,
     kind: &'static str,
@@ -39,6 +43,11 @@ where
 {
     if let Some(obj) = cache.get(&ObjectRef::new(name).within(ns)) {
         return Ok(Some((*obj).clone()));
+    }
+    if !names::taken(names, ns, name) {
+        // Free: a create that loses a race to a new stranger gets 409,
+        // and the retry takes this path with the name known.
+        return Ok(None);
     }
     Api::<K>::namespaced(ctx.client.clone(), ns)
         .get_opt(name)

@@ -7,9 +7,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::Backoff;
@@ -39,6 +37,11 @@ impl WriterIdentity {
     }
 }
 
+/// The default debounce: long enough to take in a rollout's burst of child
+/// events (a Deployment's status and its EndpointSlice move within
+/// milliseconds of each other), short against a human's wait.
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
+
 /// How one cluster's controller behaves.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -57,6 +60,9 @@ pub struct Settings {
     pub leadership: Option<tokio::sync::watch::Receiver<crate::fleet::elector::Leadership>>,
     /// Start watches with streaming lists rather than LIST requests.
     pub streaming_lists: bool,
+    /// A reconcile waits until its object's triggers have been quiet this
+    /// long, so the burst of child events after a write is one reconcile.
+    pub debounce: Duration,
 }
 
 impl Settings {
@@ -69,6 +75,7 @@ impl Settings {
             writer,
             concurrency: 16,
             streaming_lists: true,
+            debounce: DEBOUNCE,
             leadership: None,
         }
     }
@@ -119,11 +126,14 @@ pub(crate) struct Context {
     pub settings: Settings,
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
-    pub slices: Store<EndpointSlice>,
-    pub recorder: Recorder,
+    pub endpoints: Arc<super::endpoints::ReadyEndpoints>,
+    pub announcer: Arc<super::announce::Announcer>,
     pub backoff: Mutex<Backoff<ObjectRef<Microservice>>>,
     pub hooks: Hooks,
     pub triggers: Arc<super::triggers::Triggers>,
     pub written: Arc<super::written::Written>,
-    pub strangers: Arc<super::strangers::Strangers>,
+    /// Every Deployment and Service name in the scope, metadata only.
+    pub held: Arc<super::coalesce::Held>,
+    pub deployment_names: super::names::Names<Deployment>,
+    pub service_names: super::names::Names<Service>,
 }

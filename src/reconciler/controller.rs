@@ -8,6 +8,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -15,9 +16,12 @@ use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Api, Client};
 
 use super::Backoff;
+use super::announce::Announcer;
+use super::coalesce::Held;
 use super::context::{Context, Hooks, Settings};
+use super::endpoints::ReadyEndpoints;
+use super::names;
 use super::reconcile::{error_policy, reconcile};
-use super::strangers::Strangers;
 use super::triggers::{Triggers, owner_of};
 use super::written::Written;
 use crate::crd::Microservice;
@@ -78,19 +82,34 @@ pub async fn run(
         .reflect(svc_writer)
         .touched_objects();
     let svc_stream = without_errors(svc_stream, settings.cluster.clone(), "Service");
-    let (slices, slice_writer) = reflector::store();
+    // Slices are not stored: only each Service's ready-endpoint count.
+    let endpoints = Arc::new(ReadyEndpoints::default());
+    let tally = endpoints.clone();
     let slice_stream = watcher(scoped::<EndpointSlice>(&client, ns.as_deref()), managed)
         .backoff(crate::watching::backoff())
-        .reflect(slice_writer)
+        .inspect(move |e| {
+            if let Ok(e) = e {
+                tally.apply(e);
+            }
+        })
         .touched_objects();
     let slice_stream = without_errors(slice_stream, settings.cluster.clone(), "EndpointSlice");
 
     let (ms_reader, ms_writer) = reflector::store();
     let written = Arc::new(Written::default());
+    let held = Arc::new(Held::default());
+    let announcer = Announcer::start(Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "flotilla".into(),
+            instance: Some(settings.writer.holder.clone()),
+        },
+    ));
     let (forget_notes, forget_written) = (triggers.clone(), written.clone());
+    let (forget_held, forget_announced) = (held.clone(), announcer.clone());
     let notes = triggers.clone();
     // Only spec changes (generation) trigger: our own status writes do not loop.
-    let ms_stream = watcher(scoped::<Microservice>(&client, ns.as_deref()), base)
+    let ms_stream = watcher(scoped::<Microservice>(&client, ns.as_deref()), base.clone())
         .backoff(crate::watching::backoff())
         .reflect(ms_writer)
         // A deleted Microservice is not reconciled again: drop what the
@@ -100,6 +119,8 @@ pub async fn run(
                 let gone = ObjectRef::from_obj(gone);
                 forget_notes.forget(&gone);
                 forget_written.forget(&gone);
+                forget_held.clear(&gone);
+                forget_announced.forget(&gone);
             }
         })
         .applied_objects()
@@ -110,34 +131,34 @@ pub async fn run(
             }
         });
     let ms_stream = without_errors(ms_stream, settings.cluster.clone(), "Microservice");
-    let (strangers, woken) = Strangers::new();
-    let notes = triggers.clone();
-    let stranger_stream =
-        tokio_stream::wrappers::UnboundedReceiverStream::new(woken).inspect(move |owner| {
-            notes.note(owner.clone(), "Stranger");
-        });
-
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "flotilla".into(),
-            instance: Some(settings.writer.holder.clone()),
-        },
+    // Every Deployment and Service name in the scope, ours or not.
+    let (deployment_names, dep_names) = names::watch(
+        scoped::<PartialObjectMeta<Deployment>>(&client, ns.as_deref()),
+        base.clone(),
     );
-    let concurrency = settings.concurrency;
+    let dep_names = without_errors(dep_names, settings.cluster.clone(), "Deployment names");
+    let (service_names, svc_names) = names::watch(
+        scoped::<PartialObjectMeta<Service>>(&client, ns.as_deref()),
+        base.clone(),
+    );
+    let svc_names = without_errors(svc_names, settings.cluster.clone(), "Service names");
+
+    let (concurrency, debounce) = (settings.concurrency, settings.debounce);
     let cluster = settings.cluster.clone();
     let ctx = Arc::new(Context {
         client,
         settings,
         deployments,
         services,
-        slices,
-        recorder,
+        endpoints,
+        announcer,
         backoff: Mutex::new(Backoff::new(BACKOFF_BASE, BACKOFF_MAX)),
         hooks,
         triggers: triggers.clone(),
         written,
-        strangers,
+        held,
+        deployment_names,
+        service_names,
     });
 
     // Children wake the Microservice that controls them, noting why as
@@ -149,6 +170,15 @@ pub async fn run(
     Controller::for_stream(ms_stream, ms_reader)
         .watches_stream(dep_stream, by_deployment)
         .watches_stream(svc_stream, by_service)
+        // A stranger's change may free a name a Microservice is blocked on.
+        .watches_stream(dep_names, {
+            let notes = triggers.clone();
+            move |m| waking(&notes, names::blocked_by(&m), "Stranger")
+        })
+        .watches_stream(svc_names, {
+            let notes = triggers.clone();
+            move |m| waking(&notes, names::blocked_by(&m), "Stranger")
+        })
         .watches_stream(slice_stream, move |slice: EndpointSlice| {
             let ns = slice.metadata.namespace.clone();
             let service = slice
@@ -165,12 +195,15 @@ pub async fn run(
                 _ => None,
             }
         })
-        .reconcile_on(stranger_stream)
         // The trigger streams' errors pause all triggers by their own
         // backoff; kube's default grows to 30 s and kept a member that came
         // back from a 5 s outage unwatched for a minute.
         .trigger_backoff(crate::watching::backoff())
-        .with_config(controller::Config::default().concurrency(concurrency))
+        .with_config(
+            controller::Config::default()
+                .concurrency(concurrency)
+                .debounce(debounce),
+        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| {

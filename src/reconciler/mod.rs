@@ -2,14 +2,17 @@
 //! their children, writes children through one door, and concludes a truthful
 //! status. Everything it decides comes from `crate::domain`.
 
+mod announce;
 mod backoff;
 mod children;
+mod coalesce;
 mod context;
 mod controller;
+mod endpoints;
 mod error;
+pub mod names;
 mod reconcile;
 mod status_writer;
-mod strangers;
 mod triggers;
 mod written;
 

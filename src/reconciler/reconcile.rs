@@ -6,13 +6,12 @@ use std::sync::Arc;
 use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use kube::Resource;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use tracing::{Instrument, field};
 
 use super::children::{self, Write};
+use super::coalesce;
 use super::context::{Context, Reconciled};
 use super::error::{ReconcileError, Result};
 use super::status_writer::{Concluded, conclude};
@@ -20,7 +19,7 @@ use crate::crd::Microservice;
 use crate::domain::contains::{deployment_in_sync, service_in_sync};
 use crate::domain::desired::desired;
 use crate::domain::ownership::{Ownership, ownership};
-use crate::domain::status::{Outcome, RolloutFacts, ready_endpoints};
+use crate::domain::status::{Outcome, RolloutFacts};
 use crate::domain::update::{deployment_update, service_update};
 use crate::domain::{DomainError, OwnerIdentity};
 use crate::telemetry::links;
@@ -28,6 +27,8 @@ use crate::telemetry::metrics::METRICS;
 
 const CACHES_WARMING: &str = "CachesWarming";
 const CHILD_TERMINATING: &str = "ChildTerminating";
+/// A status change that may wait was held; the requeue writes it.
+const HELD: &str = "Held";
 
 /// Requeue soon when a result was dropped because the CR moved on, or the
 /// caches are still warming.
@@ -95,6 +96,8 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
                 tracing::debug!(outcome = label, "reconciled");
                 Ok(if label == "Dropped" || label == CACHES_WARMING {
                     Action::requeue(DROPPED_REQUEUE)
+                } else if label == HELD {
+                    Action::requeue(coalesce::WINDOW)
                 } else if label == CHILD_TERMINATING {
                     // The deletion event wakes us first; this is the
                     // backstop, and a child held for long costs little.
@@ -127,7 +130,9 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
     let ready = |r: Option<Result<(), _>>| matches!(r, Some(Ok(())));
     if !(ready(ctx.deployments.wait_until_ready().now_or_never())
         && ready(ctx.services.wait_until_ready().now_or_never())
-        && ready(ctx.slices.wait_until_ready().now_or_never()))
+        && ready(ctx.deployment_names.wait_until_ready().now_or_never())
+        && ready(ctx.service_names.wait_until_ready().now_or_never())
+        && ctx.endpoints.synced())
     {
         return Ok(CACHES_WARMING);
     }
@@ -146,8 +151,17 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
     let (ns, name) = (owner.namespace.as_str(), owner.name.as_str());
 
     // Check both children before writing either.
-    let live_deployment = children::live(ctx, &ctx.deployments, ns, name, "Deployment").await?;
-    let live_service = children::live(ctx, &ctx.services, ns, name, "Service").await?;
+    let live_deployment = children::live(
+        ctx,
+        &ctx.deployments,
+        &ctx.deployment_names,
+        ns,
+        name,
+        "Deployment",
+    )
+    .await?;
+    let live_service =
+        children::live(ctx, &ctx.services, &ctx.service_names, ns, name, "Service").await?;
     let mut strangers = Vec::new();
     if let Some(d) = &live_deployment
         && let Ownership::Foreign { controller } = ownership(&d.metadata, &owner)
@@ -160,27 +174,7 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         strangers.push(describe("Service", name, controller));
     }
     if !strangers.is_empty() {
-        // Their deletion must wake us: our watches see only our own label.
-        let me = ObjectRef::from_obj(ms);
-        if live_deployment
-            .as_ref()
-            .is_some_and(|d| is_foreign(&d.metadata, &owner))
-        {
-            ctx.strangers.watch::<Deployment>(
-                ctx.client.clone(),
-                "Deployment",
-                ns,
-                name,
-                me.clone(),
-            );
-        }
-        if live_service
-            .as_ref()
-            .is_some_and(|s| is_foreign(&s.metadata, &owner))
-        {
-            ctx.strangers
-                .watch::<Service>(ctx.client.clone(), "Service", ns, name, me);
-        }
+        // The name watches wake us when a stranger changes or goes.
         let msg = format!("{}; they are left untouched", strangers.join("; "));
         return permanent(
             ctx,
@@ -219,37 +213,14 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         }
         Err(e) => return Err(e),
     };
-    for (kind, write) in [("Deployment", dep_write), ("Service", svc_write)] {
-        if write != Write::Unchanged {
-            let (reason, verb) = if write == Write::Created {
-                ("Created", "created")
-            } else {
-                ("Updated", "updated")
-            };
-            publish(
-                ctx,
-                ms,
-                EventType::Normal,
-                reason,
-                format!("{kind} {name} {verb}"),
-            )
-            .await;
-        }
+    if let Some((reason, note)) = announcement(name, dep_write, svc_write) {
+        ctx.announcer.normal_once(ms, reason, note);
     }
     if let Some(hook) = &ctx.hooks.after_children_applied {
         hook(name.to_string()).await;
     }
 
-    let slices = ctx.slices.state();
-    let endpoints = ready_endpoints(slices.iter().map(|s| s.as_ref()).filter(|s| {
-        s.metadata.namespace.as_deref() == Some(ns)
-            && s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("kubernetes.io/service-name"))
-                .map(String::as_str)
-                == Some(name)
-    }));
+    let endpoints = ctx.endpoints.ready(ns, name);
     let outcome = Outcome::Applied {
         deployment: name.to_string(),
         service: name.to_string(),
@@ -258,6 +229,7 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
     };
     Ok(match conclude(ctx, ms, &outcome).await? {
         Concluded::Dropped => "Dropped",
+        Concluded::Held => HELD,
         _ if dep_write != Write::Unchanged || svc_write != Write::Unchanged => "Applied",
         _ => "InSync",
     })
@@ -293,10 +265,6 @@ async fn apply_both(
     Ok((deployment, dep_write, svc_write))
 }
 
-fn is_foreign(meta: &kube::api::ObjectMeta, owner: &OwnerIdentity) -> bool {
-    matches!(ownership(meta, owner), Ownership::Foreign { .. })
-}
-
 fn describe(kind: &str, name: &str, controller: Option<String>) -> String {
     match controller {
         Some(c) => format!("{kind} {name} exists and is controlled by {c}"),
@@ -319,25 +287,34 @@ async fn permanent(
     tracing::warn!(reason, message = %message, "permanent error");
     let concluded = conclude(ctx, ms, &outcome).await?;
     if concluded == Concluded::Written {
-        publish(ctx, ms, EventType::Warning, reason, message).await;
+        ctx.announcer.warning(ms, reason, message);
     }
-    Ok(if concluded == Concluded::Dropped {
-        "Dropped"
-    } else {
-        reason
+    Ok(match concluded {
+        Concluded::Dropped => "Dropped",
+        Concluded::Held => HELD,
+        _ => reason,
     })
 }
 
-async fn publish(ctx: &Context, ms: &Microservice, type_: EventType, reason: &str, note: String) {
-    let event = Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: None,
+/// The Normal Event for what this reconcile wrote, if it wrote anything.
+fn announcement(name: &str, deployment: Write, service: Write) -> Option<(&'static str, String)> {
+    let kinds = |w: Write| {
+        [("Deployment", deployment), ("Service", service)]
+            .into_iter()
+            .filter(|(_, x)| *x == w)
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>()
+            .join(" and ")
     };
-    if let Err(e) = ctx.recorder.publish(&event, &ms.object_ref(&())).await {
-        tracing::debug!(error = %e, "could not publish event");
+    let (created, updated) = (kinds(Write::Created), kinds(Write::Updated));
+    match (created.is_empty(), updated.is_empty()) {
+        (true, true) => None,
+        (false, true) => Some(("Created", format!("{created} {name} created"))),
+        (true, false) => Some(("Updated", format!("{updated} {name} updated"))),
+        (false, false) => Some((
+            "Applied",
+            format!("{created} {name} created; {updated} {name} updated"),
+        )),
     }
 }
 

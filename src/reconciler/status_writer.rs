@@ -5,12 +5,13 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::PostParams;
+use kube::runtime::reflector::ObjectRef;
 use tracing::Instrument;
 
 use super::context::{Context, FIELD_MANAGER};
 use super::error::{ReconcileError, Result};
 use crate::crd::Microservice;
-use crate::domain::status::{Outcome, next_status};
+use crate::domain::status::{Outcome, coalescable, next_status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Concluded {
@@ -20,6 +21,8 @@ pub enum Concluded {
     /// The CR changed (new generation or uid) or is being deleted since this
     /// reconcile read it: its result is about an object that no longer is.
     Dropped,
+    /// Only counts or wording changed: held for `coalesce::WINDOW`.
+    Held,
 }
 
 fn now() -> Time {
@@ -45,9 +48,17 @@ pub async fn conclude(
         generation,
         &now,
     );
+    let key = ObjectRef::from_obj(ms);
     if ms.status.as_ref() == Some(&cached) {
+        ctx.held.clear(&key);
         return Ok(Concluded::Unchanged);
     }
+    if ms.status.as_ref().is_some_and(|s| coalescable(s, &cached))
+        && !ctx.held.due(&key, tokio::time::Instant::now())
+    {
+        return Ok(Concluded::Held);
+    }
+    ctx.held.clear(&key);
     let (Some(ns), Some(name)) = (
         ms.metadata.namespace.as_deref(),
         ms.metadata.name.as_deref(),

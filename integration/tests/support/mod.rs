@@ -312,6 +312,11 @@ impl RequestCounter {
             .count()
     }
 
+    /// Every request so far, as "VERB path".
+    pub fn all(&self) -> Vec<String> {
+        self.1.lock().expect("counter lock").clone()
+    }
+
     pub fn snapshot(&self) -> std::collections::BTreeMap<String, u64> {
         self.0.lock().expect("counter lock").clone()
     }
@@ -332,13 +337,20 @@ impl RequestCounter {
     }
 }
 
+/// The user agent of `counting_client`'s requests, in audit logs.
+pub const COUNTED_AGENT: &str = "flotilla-test/counted";
+
 /// A client for `cluster` whose every request is counted.
 pub async fn counting_client(cluster: &str) -> (Client, RequestCounter) {
     let path = kubeconfig_path(cluster);
     let kubeconfig = Kubeconfig::read_from(&path).expect("fleet kubeconfig (is the fleet up?)");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("kubeconfig");
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(COUNTED_AGENT),
+    ));
     let counter = RequestCounter::default();
     let recorder = counter.clone();
     let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
@@ -443,6 +455,25 @@ pub fn audited_writes(cluster: &str, namespace: &str) -> Vec<AuditedWrite> {
     out
 }
 
+/// (verb, resource) of every request `agent` sent to `namespace` of
+/// `cluster` that its audit log records (watches are not recorded).
+pub fn audited_requests(cluster: &str, namespace: &str, agent: &str) -> Vec<(String, String)> {
+    audit_log(cluster)
+        .into_iter()
+        .filter(|e| e["objectRef"]["namespace"] == namespace && e["userAgent"] == agent)
+        .filter(|e| e["verb"] != "watch")
+        .map(|e| {
+            (
+                e["verb"].as_str().unwrap_or_default().to_string(),
+                e["objectRef"]["resource"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
 /// The split-brain check: operator writes to `namespace` in `cluster` come
 /// in one unbroken run per writer, so no two replicas' leadership
 /// intervals overlap there. Returns the writers in the order they took over.
@@ -476,7 +507,8 @@ pub struct LeaseWrite {
     pub holder: String,
 }
 
-fn audit_events(cluster: &str) -> Vec<serde_json::Value> {
+/// Every entry of `cluster`'s audit log.
+fn audit_log(cluster: &str) -> Vec<serde_json::Value> {
     let path = fleet_dir()
         .join("logs")
         .join(format!("{cluster}-audit.log"));
@@ -484,6 +516,12 @@ fn audit_events(cluster: &str) -> Vec<serde_json::Value> {
         .unwrap_or_else(|e| panic!("audit log {}: {e}", path.display()));
     text.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .collect()
+}
+
+fn audit_events(cluster: &str) -> Vec<serde_json::Value> {
+    audit_log(cluster)
+        .into_iter()
         .filter(|e| {
             e["responseStatus"]["code"]
                 .as_u64()
