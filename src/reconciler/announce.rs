@@ -15,8 +15,9 @@ use tokio::sync::mpsc;
 
 use crate::crd::Microservice;
 
-/// Events waiting to be sent, per cluster.
-const QUEUE: usize = 256;
+/// Events waiting to be sent, per cluster: client-go's broadcaster queue.
+/// At the Event bucket's 5 a second that is over 3 minutes of Events.
+const QUEUE: usize = 1000;
 
 /// At most one Normal Event per Microservice per spec generation.
 #[derive(Debug, Default)]
