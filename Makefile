@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-names bench-status-api bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-status-api bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -73,6 +73,11 @@ bench-fleet: toolchain
 bench-latency: toolchain
 	integration/fleet up
 	cargo bench --locked --bench latency
+
+# Change-to-applied latency of both controllers over a sweep of rates.
+bench-churn: toolchain
+	integration/fleet up
+	integration/bench/churn-sweep
 
 # The reconciler's name cache at 5,000 foreign Deployments.
 bench-names: toolchain

@@ -294,7 +294,7 @@ async fn reconcile_and_grpc_spans_reach_a_real_otlp_receiver() {
     .await;
 }
 
-/// Every sample line of a Prometheus text page: (name, labels, value).
+/// Every sample line of an OpenMetrics (or Prometheus) text page: (name, labels, value).
 fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())

@@ -1,4 +1,4 @@
-//! `/metrics` (Prometheus text), `/healthz` (the process runs) and
+//! `/metrics` (OpenMetrics text), `/healthz` (the process runs) and
 //! `/readyz` (the registry was read and every cluster's caches synced).
 
 use std::net::SocketAddr;
@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::TelemetryError;
-use super::metrics::METRICS;
+use super::metrics::{self, METRICS};
 
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, TelemetryError> {
     TcpListener::bind(addr)
@@ -28,10 +28,7 @@ pub async fn serve(
             "/metrics",
             get(|| async {
                 (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
+                    [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
                     METRICS.encode(),
                 )
             }),

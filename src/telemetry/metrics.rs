@@ -1,10 +1,19 @@
-//! Prometheus metrics: a small registry of labelled counters, gauges and
-//! histograms, and the text exposition format. Labels are bounded by
-//! construction: clusters, verbs, codes, results and method names only.
+//! Prometheus metrics on `prometheus-client`: labelled counters, gauges and
+//! histograms in one registry, served as OpenMetrics text. Labels are
+//! bounded by construction: clusters, verbs, codes, results and method
+//! names only. `Family` keeps the calls short (`inc(&[cluster, result])`)
+//! and remembers its label sets, so a removed cluster's series can go.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicI64;
 use std::sync::{LazyLock, Mutex};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family as Series;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -13,164 +22,136 @@ pub enum Kind {
     Histogram,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum Series {
-    Value(f64),
-    Histogram {
-        counts: Vec<u64>,
-        sum: f64,
-        count: u64,
-    },
+type Labels = Vec<(&'static str, String)>;
+
+#[derive(Debug, Clone)]
+enum Inner {
+    Counter(Series<Labels, Counter>),
+    Gauge(Series<Labels, Gauge<i64, AtomicI64>>),
+    Histogram(Series<Labels, Histogram, fn() -> Histogram>),
 }
 
 pub struct Family {
     name: &'static str,
     help: &'static str,
-    kind: Kind,
     labels: &'static [&'static str],
-    buckets: &'static [f64],
-    series: Mutex<BTreeMap<Vec<String>, Series>>,
+    inner: Inner,
+    /// Every label set recorded, for `forget`.
+    seen: Mutex<BTreeSet<Vec<String>>>,
 }
 
 /// Waves take seconds to hours.
-const WAVE_SECONDS: &[f64] = &[
-    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
-];
+fn wave_seconds() -> Histogram {
+    Histogram::new([
+        1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+    ])
+}
 
-const SECONDS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+fn seconds() -> Histogram {
+    Histogram::new([
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ])
+}
 
 impl Family {
-    const fn new(
+    fn new(
         name: &'static str,
         help: &'static str,
         kind: Kind,
         labels: &'static [&'static str],
     ) -> Self {
+        let inner = match kind {
+            Kind::Counter => Inner::Counter(Series::default()),
+            Kind::Gauge => Inner::Gauge(Series::default()),
+            Kind::Histogram => {
+                Inner::Histogram(Series::new_with_constructor(seconds as fn() -> Histogram))
+            }
+        };
         Family {
             name,
             help,
-            kind,
             labels,
-            buckets: SECONDS,
-            series: Mutex::new(BTreeMap::new()),
+            inner,
+            seen: Mutex::new(BTreeSet::new()),
         }
     }
 
-    const fn with_buckets(mut self, buckets: &'static [f64]) -> Self {
-        self.buckets = buckets;
+    fn with_buckets(mut self, buckets: fn() -> Histogram) -> Self {
+        self.inner = Inner::Histogram(Series::new_with_constructor(buckets));
         self
     }
 
-    fn with<R>(&self, values: &[&str], f: impl FnOnce(&mut Series) -> R) -> R {
+    fn labels(&self, values: &[&str]) -> Labels {
         debug_assert_eq!(values.len(), self.labels.len(), "{}", self.name);
-        let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        let key: Vec<String> = values.iter().map(|v| v.to_string()).collect();
-        let entry = series.entry(key).or_insert_with(|| match self.kind {
-            Kind::Histogram => Series::Histogram {
-                counts: vec![0; self.buckets.len()],
-                sum: 0.0,
-                count: 0,
-            },
-            _ => Series::Value(0.0),
-        });
-        f(entry)
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(values.iter().map(|v| v.to_string()).collect());
+        self.labels
+            .iter()
+            .zip(values)
+            .map(|(k, v)| (*k, v.to_string()))
+            .collect()
     }
 
     pub fn inc(&self, values: &[&str]) {
-        self.with(values, |s| {
-            if let Series::Value(v) = s {
-                *v += 1.0;
-            }
-        })
+        if let Inner::Counter(f) = &self.inner {
+            f.get_or_create(&self.labels(values)).inc();
+        }
     }
 
+    /// Gauges hold whole numbers (0/1 states and counts).
     pub fn set(&self, values: &[&str], value: f64) {
-        self.with(values, |s| *s = Series::Value(value))
+        if let Inner::Gauge(f) = &self.inner {
+            f.get_or_create(&self.labels(values))
+                .set(value.round() as i64);
+        }
     }
 
     pub fn observe(&self, values: &[&str], value: f64) {
-        let buckets = self.buckets;
-        self.with(values, |s| {
-            if let Series::Histogram { counts, sum, count } = s {
-                for (i, le) in buckets.iter().enumerate() {
-                    if value <= *le {
-                        counts[i] += 1;
-                    }
-                }
-                *sum += value;
-                *count += 1;
-            }
-        })
+        if let Inner::Histogram(f) = &self.inner {
+            f.get_or_create(&self.labels(values)).observe(value);
+        }
     }
 
     /// Drops every series whose first label is `first` (a removed cluster).
     pub fn forget(&self, first: &str) {
-        let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        series.retain(|k, _| k.first().map(String::as_str) != Some(first));
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<Vec<String>> = seen
+            .iter()
+            .filter(|k| k.first().map(String::as_str) == Some(first))
+            .cloned()
+            .collect();
+        for values in gone {
+            seen.remove(&values);
+            let labels: Labels = self.labels.iter().copied().zip(values).collect();
+            match &self.inner {
+                Inner::Counter(f) => f.remove(&labels),
+                Inner::Gauge(f) => f.remove(&labels),
+                Inner::Histogram(f) => f.remove(&labels),
+            };
+        }
     }
 
-    fn encode(&self, out: &mut String) {
-        let kind = match self.kind {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-            Kind::Histogram => "histogram",
-        };
-        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
-        let _ = writeln!(out, "# TYPE {} {kind}", self.name);
-        let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        for (values, s) in series.iter() {
-            let labels = |extra: Option<(&str, String)>| {
-                let mut pairs: Vec<String> = self
-                    .labels
-                    .iter()
-                    .zip(values)
-                    .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                    .collect();
-                if let Some((k, v)) = extra {
-                    pairs.push(format!("{k}=\"{v}\""));
-                }
-                if pairs.is_empty() {
-                    String::new()
-                } else {
-                    format!("{{{}}}", pairs.join(","))
-                }
-            };
-            match s {
-                Series::Value(v) => {
-                    let _ = writeln!(out, "{}{} {v}", self.name, labels(None));
-                }
-                Series::Histogram { counts, sum, count } => {
-                    for (le, c) in self.buckets.iter().zip(counts) {
-                        let _ = writeln!(
-                            out,
-                            "{}_bucket{} {c}",
-                            self.name,
-                            labels(Some(("le", le.to_string())))
-                        );
-                    }
-                    let _ = writeln!(
-                        out,
-                        "{}_bucket{} {count}",
-                        self.name,
-                        labels(Some(("le", "+Inf".into())))
-                    );
-                    let _ = writeln!(out, "{}_sum{} {sum}", self.name, labels(None));
-                    let _ = writeln!(out, "{}_count{} {count}", self.name, labels(None));
-                }
-            }
+    fn register(&self, registry: &mut Registry) {
+        // The library ends every help text with a full stop of its own.
+        let help = self.help.strip_suffix('.').unwrap_or(self.help);
+        match &self.inner {
+            // OpenMetrics names the counter family without its `_total`,
+            // and adds it to the sample.
+            Inner::Counter(f) => registry.register(
+                self.name.strip_suffix("_total").unwrap_or(self.name),
+                help,
+                f.clone(),
+            ),
+            Inner::Gauge(f) => registry.register(self.name, help, f.clone()),
+            Inner::Histogram(f) => registry.register(self.name, help, f.clone()),
         }
     }
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 pub struct Metrics {
+    registry: Registry,
     pub reconcile_total: Family,
     pub reconcile_duration: Family,
     pub api_requests_total: Family,
@@ -189,9 +170,10 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    const fn new() -> Self {
+    fn new() -> Self {
         use Kind::*;
-        Metrics {
+        let mut m = Metrics {
+            registry: Registry::default(),
             reconcile_total: Family::new(
                 "flotilla_reconcile_total",
                 "Reconciles, by cluster and result.",
@@ -270,7 +252,7 @@ impl Metrics {
                 Histogram,
                 &[],
             )
-            .with_buckets(WAVE_SECONDS),
+            .with_buckets(wave_seconds),
             rollout_home_writes_total: Family::new(
                 "flotilla_rollout_home_writes_total",
                 "Writes of the fleet controller to the home cluster, by kind.",
@@ -283,7 +265,13 @@ impl Metrics {
                 Counter,
                 &["cluster", "verb"],
             ),
+        };
+        let mut registry = Registry::default();
+        for f in m.families() {
+            f.register(&mut registry);
         }
+        m.registry = registry;
+        m
     }
 
     fn families(&self) -> [&Family; 15] {
@@ -306,12 +294,11 @@ impl Metrics {
         ]
     }
 
-    /// The Prometheus text exposition format, version 0.0.4.
+    /// The OpenMetrics text format (`CONTENT_TYPE`).
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        for f in self.families() {
-            f.encode(&mut out);
-        }
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
         out
     }
 
@@ -332,6 +319,9 @@ impl Metrics {
     }
 }
 
+/// What `encode` returns.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 /// The process's metrics; every layer records into it.
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
@@ -340,7 +330,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counters_gauges_and_histograms_encode_as_prometheus_text() {
+    fn counters_gauges_and_histograms_encode_as_openmetrics_text() {
         let m = Metrics::new();
         m.reconcile_total.inc(&["member-1", "Applied"]);
         m.reconcile_total.inc(&["member-1", "Applied"]);
@@ -348,23 +338,30 @@ mod tests {
         m.reconcile_duration.observe(&["member-1"], 0.003);
         m.reconcile_duration.observe(&["member-1"], 0.2);
         let text = m.encode();
-        assert!(text.contains("# TYPE flotilla_reconcile_total counter\n"));
+        assert!(
+            text.contains("# TYPE flotilla_reconcile counter\n"),
+            "{text}"
+        );
         assert!(
             text.contains("flotilla_reconcile_total{cluster=\"member-1\",result=\"Applied\"} 2\n")
         );
         assert!(text.contains("flotilla_cluster_leader{cluster=\"member-1\"} 1\n"));
         assert!(text.contains(
-            "flotilla_reconcile_duration_seconds_bucket{cluster=\"member-1\",le=\"0.0025\"} 0\n"
+            "flotilla_reconcile_duration_seconds_bucket{le=\"0.0025\",cluster=\"member-1\"} 0\n"
         ));
         assert!(text.contains(
-            "flotilla_reconcile_duration_seconds_bucket{cluster=\"member-1\",le=\"0.005\"} 1\n"
+            "flotilla_reconcile_duration_seconds_bucket{le=\"0.005\",cluster=\"member-1\"} 1\n"
         ));
         assert!(text.contains(
-            "flotilla_reconcile_duration_seconds_bucket{cluster=\"member-1\",le=\"+Inf\"} 2\n"
+            "flotilla_reconcile_duration_seconds_bucket{le=\"+Inf\",cluster=\"member-1\"} 2\n"
         ));
         assert!(
             text.contains("flotilla_reconcile_duration_seconds_count{cluster=\"member-1\"} 2\n")
         );
+        assert!(text.contains(
+            "# HELP flotilla_reconcile_duration_seconds How long each reconcile took.\n"
+        ));
+        assert!(text.ends_with("# EOF\n"));
     }
 
     #[test]
