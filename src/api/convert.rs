@@ -67,21 +67,14 @@ fn replicas(r: Replicas) -> pb::ReplicaCounts {
     }
 }
 
+/// A full entry: the BASIC row plus conditions, message, labels and last_seen.
 pub fn entry(e: &Entry) -> pb::ClusterEntry {
     pb::ClusterEntry {
-        cluster: e.cluster.clone(),
-        state: entry_state(e.state) as i32,
-        generation: e.facts.generation,
-        observed_generation: e.facts.observed_generation,
-        image: e.facts.image.clone(),
-        replicas: e.replicas.map(replicas),
         conditions: e.facts.conditions.iter().map(condition).collect(),
-        phase: e.facts.phase.clone(),
-        reachability: reachability(e.reach) as i32,
         last_seen: e.last_seen.map(timestamp),
-        reason: e.reason.clone(),
         message: e.message.clone(),
         labels: e.facts.labels.clone().into_iter().collect(),
+        ..basic_entry(e)
     }
 }
 
