@@ -266,6 +266,8 @@ async fn deleted_service_and_edited_deployment_are_repaired_on_the_watch() {
     op.stop().await;
 }
 
+/// Warnings about the Microservice `name` (not about other objects of that
+/// name, such as a stranger's Service the apiserver warns about).
 async fn warning_reasons(client: &Client, ns: &str, name: &str) -> Vec<String> {
     Api::<Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
@@ -274,8 +276,10 @@ async fn warning_reasons(client: &Client, ns: &str, name: &str) -> Vec<String> {
         .items
         .into_iter()
         .filter(|e| {
+            let about = e.regarding.as_ref();
             e.type_.as_deref() == Some("Warning")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && about.and_then(|r| r.name.as_deref()) == Some(name)
+                && about.and_then(|r| r.kind.as_deref()) == Some("Microservice")
         })
         .filter_map(|e| e.reason)
         .collect()
