@@ -19,8 +19,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
 use support::{
-    Operator, TestNamespace, client, counting_client, ensure_crd, eventually, from_json,
-    microservice, settings, setup, wait_all_true, wait_condition,
+    Operator, TestNamespace, client, counting_client, counting_client_with, ensure_crd, eventually,
+    from_json, microservice, settings, setup, wait_all_true, wait_condition,
 };
 use tokio::sync::{Notify, oneshot};
 
@@ -591,6 +591,75 @@ async fn fifty_in_sync_microservices_cause_no_writes_or_reads_on_resync() {
 }
 
 /// Waits until `requests` has seen nothing new for `still`.
+/// A reconcile woken by the Deployment's events can run before the Service
+/// watch shows the Service created a moment earlier. Here that watch lags
+/// 2 s behind on purpose: the controller must trust its own create (one
+/// POST per Service, no 409), and still create again a Service deleted
+/// before its watch ever showed it.
+#[tokio::test]
+async fn a_lagging_service_watch_causes_no_second_create_and_hides_no_deletion() {
+    let client = client(CLUSTER).await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::create(&client, CLUSTER, "rec-lag").await;
+    let lag = support::lag::LagLayer {
+        resource: "services",
+        lag: Duration::from_secs(2),
+    };
+    let (op_client, requests) = counting_client_with(CLUSTER, Some(lag)).await;
+    let _op = Operator::start(&op_client, settings(CLUSTER, &ns.name), Hooks::default());
+    let api = ns.api::<Microservice>();
+    for i in 0..5 {
+        let ms = microservice(&format!("lag-{i}"), "ghcr.io/acme/s:1", 8080, Some(1));
+        api.create(&PostParams::default(), &ms)
+            .await
+            .expect("create");
+    }
+    wait_all_true(&api, 5, "Available", Duration::from_secs(120)).await;
+    quiet(&requests, Duration::from_secs(5)).await;
+    assert_eq!(
+        requests.count("POST", "/services"),
+        5,
+        "one create per Service: {:?}",
+        requests.all()
+    );
+
+    // Deleted before the lagging watch shows it: created again all the same.
+    let services = ns.api::<Service>();
+    let first = microservice("lag-late", "ghcr.io/acme/s:1", 8080, Some(1));
+    api.create(&PostParams::default(), &first)
+        .await
+        .expect("create");
+    let uid = eventually("the Service of lag-late", WAIT, || {
+        let services = services.clone();
+        async move {
+            services
+                .get_opt("lag-late")
+                .await
+                .ok()
+                .flatten()?
+                .metadata
+                .uid
+        }
+    })
+    .await;
+    services
+        .delete("lag-late", &DeleteParams::default())
+        .await
+        .expect("delete the Service");
+    eventually(
+        "lag-late's Service created again",
+        Duration::from_secs(60),
+        || {
+            let (services, uid) = (services.clone(), uid.clone());
+            async move {
+                let s = services.get_opt("lag-late").await.ok().flatten()?;
+                (s.metadata.uid != Some(uid)).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
 async fn quiet(requests: &support::RequestCounter, still: Duration) {
     let give_up = tokio::time::Instant::now() + Duration::from_secs(90);
     let mut seen = requests.all().len();

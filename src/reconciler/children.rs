@@ -3,6 +3,8 @@
 //! if no object holds its name; only a name held by something our cache
 //! does not show (a stranger, or our own object not yet seen) is looked up
 //! live, so that a stranger's object is never mistaken for a missing one.
+//! A child we created that the watches do not show yet is taken from our
+//! note of the create (`created.rs`).
 
 use std::fmt::Debug;
 
@@ -15,8 +17,9 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use super::context::{Context, FIELD_MANAGER};
+use super::created::Created;
 use super::error::{ReconcileError, Result};
-use super::names::{self, Names};
+use super::names::Names;
 use crate::domain::update::for_create;
 
 /// What happened to one child in this reconcile.
@@ -27,24 +30,39 @@ pub enum Write {
     Updated,
 }
 
-pub async fn live<K>(
-    ctx: &Context,
-    cache: &Store<K>,
-    names: &Names<K>,
-    ns: &str,
-    name: &str,
-    kind: &'static str,
-) -> Result<Option<K>>
+/// Where one kind of child is known from: our watch cache, the names
+/// watch, and our notes of recent creates.
+pub struct Child<'a, K: Resource<DynamicType = ()> + 'static> {
+    pub kind: &'static str,
+    pub cache: &'a Store<K>,
+    pub names: &'a Names<K>,
+    pub created: &'a Created<K>,
+}
+
+pub async fn live<K>(ctx: &Context, child: &Child<'_, K>, ns: &str, name: &str) -> Result<Option<K>>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Clone
         + DeserializeOwned
-        + Debug,
+        + Debug
+        + 'static,
 {
-    if let Some(obj) = cache.get(&ObjectRef::new(name).within(ns)) {
+    if let Some(obj) = child.cache.get(&ObjectRef::new(name).within(ns)) {
+        child.created.seen(ns, name, obj.meta().uid.as_deref());
         return Ok(Some((*obj).clone()));
     }
-    if !names::taken(names, ns, name) {
+    let holder = child
+        .names
+        .get(&ObjectRef::new(name).within(ns))
+        .map(|m| m.metadata.uid.clone());
+    if let Some(ours) = child.created.unseen(ns, name, tokio::time::Instant::now()) {
+        // Our create, not yet shown by the caches: it is the live object,
+        // unless the name now belongs to another object.
+        if holder.as_ref().is_none_or(|uid| *uid == ours.meta().uid) {
+            return Ok(Some(ours));
+        }
+    }
+    if holder.is_none() {
         // Free: a create that loses a race to a new stranger gets 409,
         // and the retry takes this path with the name known.
         return Ok(None);
@@ -52,7 +70,7 @@ where
     Api::<K>::namespaced(ctx.client.clone(), ns)
         .get_opt(name)
         .await
-        .map_err(|e| ReconcileError::api("get", kind, e))
+        .map_err(|e| ReconcileError::api("get", child.kind, e))
 }
 
 fn post_params() -> PostParams {
@@ -66,10 +84,10 @@ fn post_params() -> PostParams {
 /// resourceVersion) when out of sync, and leaves it alone otherwise.
 pub async fn apply<K>(
     ctx: &Context,
+    child: &Child<'_, K>,
     ns: &str,
     live: Option<K>,
     desired: &K,
-    kind: &'static str,
     in_sync: fn(&K, &K) -> bool,
     update: fn(&K, &K, &std::collections::BTreeMap<String, String>) -> K,
 ) -> Result<(K, Write)>
@@ -78,8 +96,10 @@ where
         + Clone
         + DeserializeOwned
         + Serialize
-        + Debug,
+        + Debug
+        + 'static,
 {
+    let kind = child.kind;
     let api = Api::<K>::namespaced(ctx.client.clone(), ns);
     let stamp = ctx.settings.writer.annotations();
     match live {
@@ -91,6 +111,7 @@ where
                 .instrument(tracing::info_span!("k8s.write", verb = "create", kind))
                 .await
                 .map_err(|e| ReconcileError::api("create", kind, e))?;
+            child.created.record(&created, tokio::time::Instant::now());
             Ok((created, Write::Created))
         }
         Some(current) if in_sync(&current, desired) => Ok((current, Write::Unchanged)),

@@ -11,6 +11,8 @@ use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::Backoff;
+use super::children::Child;
+use super::created::Created;
 use crate::crd::Microservice;
 use crate::domain::desired::PlatformDefaults;
 
@@ -136,4 +138,32 @@ pub(crate) struct Context {
     pub held: Arc<super::coalesce::Held>,
     pub deployment_names: super::names::Names<Deployment>,
     pub service_names: super::names::Names<Service>,
+    /// Children created here that the watches may not show yet.
+    pub deployments_created: Arc<Created<Deployment>>,
+    pub services_created: Arc<Created<Service>>,
+}
+
+impl Context {
+    pub fn deployment_child(&self) -> Child<'_, Deployment> {
+        Child {
+            kind: "Deployment",
+            cache: &self.deployments,
+            names: &self.deployment_names,
+            created: &self.deployments_created,
+        }
+    }
+
+    pub fn service_child(&self) -> Child<'_, Service> {
+        Child {
+            kind: "Service",
+            cache: &self.services,
+            names: &self.service_names,
+            created: &self.services_created,
+        }
+    }
+
+    /// Whether a child created here is still unseen by the watches.
+    pub fn awaiting_watch(&self, ns: &str, name: &str) -> bool {
+        self.deployments_created.awaiting(ns, name) || self.services_created.awaiting(ns, name)
+    }
 }

@@ -159,6 +159,8 @@ pub async fn run(
         held,
         deployment_names,
         service_names,
+        deployments_created: Default::default(),
+        services_created: Default::default(),
     });
 
     // Children wake the Microservice that controls them, noting why as
@@ -173,11 +175,22 @@ pub async fn run(
         // A stranger's change may free a name a Microservice is blocked on.
         .watches_stream(dep_names, {
             let notes = triggers.clone();
-            move |m| waking(&notes, names::blocked_by(&m), "Stranger")
+            let (created, names) = (
+                ctx.deployments_created.clone(),
+                ctx.deployment_names.clone(),
+            );
+            move |m| {
+                created.on_name_change(&names, &m);
+                waking(&notes, names::blocked_by(&m), "Stranger")
+            }
         })
         .watches_stream(svc_names, {
             let notes = triggers.clone();
-            move |m| waking(&notes, names::blocked_by(&m), "Stranger")
+            let (created, names) = (ctx.services_created.clone(), ctx.service_names.clone());
+            move |m| {
+                created.on_name_change(&names, &m);
+                waking(&notes, names::blocked_by(&m), "Stranger")
+            }
         })
         .watches_stream(slice_stream, move |slice: EndpointSlice| {
             let ns = slice.metadata.namespace.clone();

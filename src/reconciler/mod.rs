@@ -8,6 +8,7 @@ mod children;
 mod coalesce;
 mod context;
 mod controller;
+mod created;
 mod endpoints;
 mod error;
 pub mod names;

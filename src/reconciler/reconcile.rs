@@ -102,6 +102,14 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
                     // The deletion event wakes us first; this is the
                     // backstop, and a child held for long costs little.
                     Action::requeue(std::time::Duration::from_secs(5))
+                } else if ctx.awaiting_watch(
+                    ms.metadata.namespace.as_deref().unwrap_or_default(),
+                    ms.metadata.name.as_deref().unwrap_or_default(),
+                ) {
+                    // Concluded on a child only our create showed: look
+                    // again once that note expires, in case the watch
+                    // never shows the child (deleted during a relist).
+                    Action::requeue(super::created::TTL)
                 } else {
                     Action::requeue(ctx.settings.resync)
                 })
@@ -151,17 +159,9 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
     let (ns, name) = (owner.namespace.as_str(), owner.name.as_str());
 
     // Check both children before writing either.
-    let live_deployment = children::live(
-        ctx,
-        &ctx.deployments,
-        &ctx.deployment_names,
-        ns,
-        name,
-        "Deployment",
-    )
-    .await?;
-    let live_service =
-        children::live(ctx, &ctx.services, &ctx.service_names, ns, name, "Service").await?;
+    let (deployments, services) = (ctx.deployment_child(), ctx.service_child());
+    let live_deployment = children::live(ctx, &deployments, ns, name).await?;
+    let live_service = children::live(ctx, &services, ns, name).await?;
     let mut strangers = Vec::new();
     if let Some(d) = &live_deployment
         && let Ownership::Foreign { controller } = ownership(&d.metadata, &owner)
@@ -242,22 +242,22 @@ async fn apply_both(
     live_service: Option<Service>,
     children: &crate::domain::desired::Children,
 ) -> Result<(Deployment, Write, Write)> {
-    let (deployment, dep_write) = children::apply::<Deployment>(
+    let (deployment, dep_write) = children::apply(
         ctx,
+        &ctx.deployment_child(),
         ns,
         live_deployment,
         &children.deployment,
-        "Deployment",
         deployment_in_sync,
         deployment_update,
     )
     .await?;
-    let (_service, svc_write) = children::apply::<Service>(
+    let (_service, svc_write) = children::apply(
         ctx,
+        &ctx.service_child(),
         ns,
         live_service,
         &children.service,
-        "Service",
         service_in_sync,
         service_update,
     )

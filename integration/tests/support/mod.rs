@@ -5,6 +5,7 @@
 //! apiservers has proven nothing, so it must not pass.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod lag;
 pub mod replicas;
 pub mod rollout;
 
@@ -342,6 +343,14 @@ pub const COUNTED_AGENT: &str = "flotilla-test/counted";
 
 /// A client for `cluster` whose every request is counted.
 pub async fn counting_client(cluster: &str) -> (Client, RequestCounter) {
+    counting_client_with(cluster, None).await
+}
+
+/// A counting client whose watches of one resource lag (see `lag.rs`).
+pub async fn counting_client_with(
+    cluster: &str,
+    lag: Option<lag::LagLayer>,
+) -> (Client, RequestCounter) {
     let path = kubeconfig_path(cluster);
     let kubeconfig = Kubeconfig::read_from(&path).expect("fleet kubeconfig (is the fleet up?)");
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -357,10 +366,11 @@ pub async fn counting_client(cluster: &str) -> (Client, RequestCounter) {
         recorder.record(req.method(), req.uri());
         req
     });
-    let client = kube::client::ClientBuilder::try_from(config)
-        .expect("client builder")
-        .with_layer(&layer)
-        .build();
+    let builder = kube::client::ClientBuilder::try_from(config).expect("client builder");
+    let client = match lag {
+        Some(lag) => builder.with_layer(&lag).with_layer(&layer).build(),
+        None => builder.with_layer(&layer).build(),
+    };
     (client, counter)
 }
 
