@@ -38,7 +38,7 @@ use common::sample::{
     Proc, Who, create_foo, foo_resource, install_foo_crd, microservice_resource, sample_dir,
     start_sample,
 };
-use common::{Spread, env_usize, write_json};
+use common::{Spread, apiserver_pid, cpu_seconds, env_usize, write_json};
 
 /// Every object starts at this many replicas; Foo's schema allows 1 to 10.
 const FROM: i64 = 1;
@@ -154,8 +154,11 @@ async fn trial(
             name: format!("obj-{i:03}"),
         })
         .collect();
+    let apiserver_cpu = || -> f64 { MEMBERS.iter().map(|m| cpu_seconds(apiserver_pid(m))).sum() };
+    let (cpu0, t0) = (apiserver_cpu(), std::time::Instant::now());
     let (changes, refused) = drive(&targets, &mut vec![FROM; targets.len()], rate, window).await;
-    let result = settle(&observed, &changes, refused, Duration::from_secs(120)).await;
+    let mut result = settle(&observed, &changes, refused, Duration::from_secs(120)).await;
+    result.apiserver_cores = (apiserver_cpu() - cpu0) / t0.elapsed().as_secs_f64();
     drop(running);
     drop(guards);
     eprintln!("{} {tag}: {result:?}", who.name());
@@ -215,6 +218,7 @@ fn main() {
             .collect();
         let col = |f: fn(&Latency) -> f64| Spread::of(&rs.iter().map(|l| f(l)).collect::<Vec<_>>());
         let (p50, p99, max) = (col(|l| l.p50_ms), col(|l| l.p99_ms), col(|l| l.max_ms));
+        let apiserver = col(|l| l.apiserver_cores);
         let applied: usize = rs.iter().map(|l| l.applied).sum();
         let changes: usize = rs.iter().map(|l| l.changes).sum();
         println!(
@@ -225,7 +229,11 @@ fn main() {
             format!("{max:.0}"),
             format!("{applied}/{changes}")
         );
-        summary.push(json!({"controller": who.name(), "p50_ms": p50, "p99_ms": p99, "max_ms": max, "applied": applied, "changes": changes}));
+        println!(
+            "  {:<18} apiserver CPU, 3 members: {apiserver:.2} cores",
+            who.name()
+        );
+        summary.push(json!({"controller": who.name(), "p50_ms": p50, "p99_ms": p99, "max_ms": max, "applied": applied, "changes": changes, "apiserver_cores": apiserver}));
     }
     write_json(
         "latency",

@@ -10,8 +10,14 @@
 //! reads and writes (by user agent) until it has been quiet for a while.
 //!
 //! QPS limits: each controller's defaults (sample-controller: client-go's
-//! 5/10; Flotilla: 100/200), and with FLOTILLA_BENCH_EQUAL=1 also both at 5/10
-//! (FLOTILLA_BENCH_EQUAL=only: just that).
+//! 5/10 on each of its two clients; Flotilla: 100/200), and with
+//! FLOTILLA_BENCH_EQUAL=1 also at an equal total (FLOTILLA_BENCH_EQUAL=only:
+//! just that): sample-controller's two buckets of 5/10 against Flotilla's one
+//! of 10/20. Flotilla's Events keep their own 5/50 bucket; sample-controller's
+//! share its Deployment client.
+//!
+//! Each run also records the member apiserver's CPU time and the
+//! controller's CPU time and RSS from its start to convergence.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -33,7 +39,7 @@ use support::replicas::local_server_args;
 use support::{client, ensure_crd, fleet_dir, kubeconfig_path, microservice};
 
 use common::sample::{Proc, Who, create_foo, install_foo_crd, sample_dir, start_sample};
-use common::{Spread, env_usize, namespace_gone, write_json};
+use common::{Spread, apiserver_pid, cpu_seconds, env_usize, namespace_gone, rss_mib, write_json};
 use tokio::time::Instant;
 
 use flotilla::crd::Microservice;
@@ -61,7 +67,7 @@ fn start(who: Who, ns: &str, equal_limits: bool, sample: &Path, tag: &str) -> Pr
             )
             .unwrap();
             let (qps, burst) = if equal_limits {
-                ("5", "10")
+                ("10", "20")
             } else {
                 ("100", "200")
             };
@@ -219,6 +225,11 @@ struct Trial {
     per_object: f64,
     per_object_without_events: f64,
     converge_requests: std::collections::BTreeMap<String, usize>,
+    /// CPU seconds from the controller's start to convergence.
+    apiserver_cpu_s: f64,
+    controller_cpu_s: f64,
+    /// The controller's RSS once converged.
+    controller_rss_mib: f64,
 }
 
 async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: &str) -> Trial {
@@ -232,8 +243,11 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
     create_objects(c, who, &ns_name, n).await;
 
     let converge_from = audit_lines().len();
+    let apiserver = apiserver_pid(CLUSTER);
+    let apiserver_cpu0 = cpu_seconds(apiserver);
     let t0 = Instant::now();
     let mut proc = Some(start(who, &ns_name, equal, sample, tag));
+    let pid = proc.as_ref().map(|p| p.0.id()).unwrap_or_default();
     let mut children_s = None;
     loop {
         let deps = Api::<Deployment>::namespaced(c.clone(), &ns_name)
@@ -255,6 +269,8 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let converged_s = t0.elapsed().as_secs_f64();
+    let apiserver_cpu_s = cpu_seconds(apiserver) - apiserver_cpu0;
+    let (controller_cpu_s, controller_rss_mib) = (cpu_seconds(pid), rss_mib(pid));
     // Let rollouts settle (past Flotilla's 5 s hold on count-only status),
     // then restart over the converged objects.
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -290,7 +306,7 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
     namespace_gone(c, &ns_name).await;
     Trial {
         controller: who.name(),
-        limits: if equal { "5/10 both" } else { "defaults" },
+        limits: if equal { "equal total" } else { "defaults" },
         children_s: children_s.unwrap_or(converged_s),
         converged_s,
         resync_reads: last.0,
@@ -298,6 +314,9 @@ async fn trial(c: &Client, who: Who, equal: bool, n: usize, sample: &Path, tag: 
         per_object: total as f64 / n as f64,
         per_object_without_events: (total - events) as f64 / n as f64,
         converge_requests,
+        apiserver_cpu_s,
+        controller_cpu_s,
+        controller_rss_mib,
     }
 }
 
@@ -378,6 +397,14 @@ fn main() {
             col(|r| r.resync_writes as f64),
         );
         let (per, per_no_events) = (col(|r| r.per_object), col(|r| r.per_object_without_events));
+        let (apiserver_cpu, cpu, rss) = (
+            col(|r| r.apiserver_cpu_s),
+            col(|r| r.controller_cpu_s),
+            col(|r| r.controller_rss_mib),
+        );
+        println!(
+            "  {who:<18} {limits:<10} to convergence: apiserver CPU {apiserver_cpu:.1} s, controller CPU {cpu:.1} s, controller RSS {rss:.1} MiB"
+        );
         println!(
             "  {who:<18} {limits:<10} requests per converged object: {per:.2} ({per_no_events:.2} without Events); first trial: {:?}",
             rs[0].converge_requests
@@ -394,6 +421,7 @@ fn main() {
             "children_s": children, "converged_s": converged,
             "resync_reads": reads, "resync_writes": writes,
             "per_object": per, "per_object_without_events": per_no_events,
+            "apiserver_cpu_s": apiserver_cpu, "controller_cpu_s": cpu, "controller_rss_mib": rss,
         }));
     }
     write_json(

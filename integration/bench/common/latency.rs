@@ -160,6 +160,9 @@ pub struct Latency {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// The members' apiservers' CPU over the run, in cores (summed), when
+    /// the scenario measures it: shows when the test bed is saturated.
+    pub apiserver_cores: f64,
 }
 
 /// Waits (up to `drain`) for every change to show, then sums up.
@@ -194,5 +197,6 @@ pub async fn settle(
         p50_ms: percentile(&ms, 0.5),
         p99_ms: percentile(&ms, 0.99),
         max_ms: percentile(&ms, 1.0),
+        apiserver_cores: f64::NAN,
     }
 }

@@ -100,6 +100,18 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// The pid of a fleet cluster's kube-apiserver, from `integration/fleet`'s
+/// pid file ("PID<TAB>binary").
+pub fn apiserver_pid(cluster: &str) -> u32 {
+    let file = fleet_dir()
+        .join("run")
+        .join(format!("{cluster}-apiserver.pid"));
+    std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no apiserver pid in {}", file.display()))
+}
+
 /// Waits (up to 10 minutes) until namespace `name` is gone, so that the next
 /// run does not share the CPU with its garbage collection.
 pub async fn namespace_gone(client: &kube::Client, name: &str) {
