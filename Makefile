@@ -85,7 +85,7 @@ bench-names: toolchain
 	cargo bench --locked --bench name_cache
 
 # Every scenario, Flotilla beside client-go's sample-controller where both
-# apply, then one table (.fleet/bench/summary.md). About 90 minutes on two
+# apply, then one table (.fleet/bench/summary.md). About 50 minutes on two
 # cores; knobs are listed in integration/bench/run.
 bench: toolchain
 	integration/bench/run

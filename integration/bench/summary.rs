@@ -63,7 +63,9 @@ impl Table {
         s: Option<Spread>,
         p: usize,
     ) {
-        let worse = if figure.contains("(s)") || figure.contains("(ms)") {
+        let worse = if figure.contains("CPU") {
+            "more"
+        } else if figure.contains("(s)") || figure.contains("(ms)") {
             "slower"
         } else {
             "more"
