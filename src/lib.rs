@@ -7,6 +7,7 @@ pub mod crd;
 pub mod domain;
 pub mod fleet;
 pub mod reconciler;
+pub mod registry;
 pub mod rollout;
 pub mod status;
 pub mod supervise;

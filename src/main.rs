@@ -17,6 +17,7 @@ use flotilla::fleet::cluster::ReplicaSettings;
 use flotilla::fleet::election::Timings;
 use flotilla::fleet::runtime::FleetOptions;
 use flotilla::reconciler::{self, Hooks, Settings, WriterIdentity};
+use flotilla::registry::Registration;
 use flotilla::status::hub::Hub;
 use flotilla::supervise::{Critical, supervise, with_fault};
 use flotilla::telemetry;
@@ -119,6 +120,36 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         home: home.clone(),
     };
     let defaults = args.platform_defaults();
+    let registration = match args.registry.config() {
+        Some(config) => Some(Registration::connect(&config).await),
+        None => None,
+    };
+    let departed_sweep = match &registration {
+        Some(Registration::Ready(registry)) => {
+            let (registry, hub, period) = (
+                registry.as_ref().clone(),
+                hub.clone(),
+                args.registry.sweep_period,
+            );
+            let members = move || {
+                hub.read(|ix| {
+                    ix.registry_was_read().then(|| {
+                        ix.clusters()
+                            .keys()
+                            .cloned()
+                            .collect::<std::collections::BTreeSet<String>>()
+                    })
+                })
+            };
+            Some(flotilla::registry::sweep::sweep_departed(
+                registry,
+                members,
+                period,
+                stopped(stop_rx.clone()),
+            ))
+        }
+        _ => None,
+    };
     let options = FleetOptions {
         home,
         home_namespace: args.home_namespace,
@@ -136,6 +167,8 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             streaming_lists: args.streaming_lists,
             debounce: args.debounce,
             defaults,
+            registry: registration,
+            registry_sweep: args.registry.sweep_period,
         },
         rescan: Duration::from_secs(2),
         hub: hub.clone(),
@@ -149,7 +182,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     });
     // The fleet first: on shutdown it stops writers and releases Leases
     // while the API still answers.
-    let tasks = vec![
+    let mut tasks = vec![
         Critical::spawn(
             "fleet runtime",
             flotilla::fleet::runtime::run(options, stopped(stop_rx.clone())),
@@ -181,6 +214,12 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             )
         }),
     ];
+    if let Some(sweep) = departed_sweep {
+        tasks.push(Critical::spawn("registry sweep", async move {
+            sweep.await;
+            Ok(())
+        }));
+    }
     supervise(tasks, stop_tx).await?;
     tracing::info!("stopped");
     Ok(())
@@ -324,6 +363,10 @@ async fn run(args: RunArgs, holder: String) -> Result<(), String> {
     settings.resync = args.resync;
     settings.streaming_lists = args.streaming_lists;
     settings.debounce = args.debounce;
+    if let Some(config) = args.registry.config() {
+        settings.registry = Some(Registration::connect(&config).await);
+        settings.registry_sweep = args.registry.sweep_period;
+    }
     tracing::info!(cluster = %settings.cluster, "starting controller");
     reconciler::run(client, settings, Hooks::default(), shutdown_signal()).await;
     tracing::info!("stopped");

@@ -70,6 +70,7 @@ fn hub(names: usize) -> Arc<Hub> {
                     image: format!("ghcr.io/acme/service-{n}:1.4.2"),
                     fleet_revision: None,
                     spec_digest: 0,
+                    deleting: false,
                     labels: BTreeMap::from([
                         ("team".to_string(), format!("team-{}", n % 7)),
                         ("tier".to_string(), "backend".to_string()),

@@ -5,6 +5,7 @@ use std::time::SystemTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use super::pb;
+use crate::domain::conditions;
 use crate::status::index::MicroserviceView;
 use crate::status::view::{Aggregate, ClusterInfo, Entry, EntryState, Reach, Replicas};
 
@@ -91,6 +92,14 @@ pub fn basic_entry(e: &Entry) -> pb::ClusterEntry {
         phase: e.facts.phase.clone(),
         reachability: reachability(e.reach) as i32,
         reason: e.reason.clone(),
+        deleting: e.facts.deleting,
+        registered: conditions::find(&e.facts.conditions, conditions::REGISTERED)
+            .map(|c| c.status.clone())
+            .unwrap_or_default(),
+        cleanup_blocked: conditions::find(&e.facts.conditions, conditions::CLEANUP_BLOCKED)
+            .filter(|c| c.status == "True")
+            .map(|c| c.reason.clone())
+            .unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -329,6 +329,67 @@ pub struct RunArgs {
     /// auth-provider credential plugins.
     #[arg(long, env = "FLOTILLA_ALLOW_EXEC_KUBECONFIGS")]
     pub allow_exec_kubeconfigs: bool,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+/// The fleet service registry (etcd, served by CoreDNS's etcd plugin).
+/// Off unless endpoints are given; turning it off releases every
+/// Microservice's registry finalizer, and the sweep removes the records
+/// left behind once it is on again.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RegistryArgs {
+    /// etcd endpoints of the registry, comma-separated (http:// or https://).
+    #[arg(
+        long = "registry-etcd-endpoints",
+        env = "FLOTILLA_REGISTRY_ETCD_ENDPOINTS",
+        value_delimiter = ','
+    )]
+    pub endpoints: Vec<String>,
+    /// The DNS zone the registry serves: names are NAME.NAMESPACE.CLUSTER.ZONE
+    /// and NAME.NAMESPACE.ZONE.
+    #[arg(
+        long = "registry-zone",
+        env = "FLOTILLA_REGISTRY_ZONE",
+        default_value = "fleet.example"
+    )]
+    pub zone: String,
+    /// CoreDNS's etcd `path`.
+    #[arg(long = "registry-path", env = "FLOTILLA_REGISTRY_PATH", default_value = crate::registry::records::DEFAULT_PATH)]
+    pub path: String,
+    /// The CA (PEM) that signs the registry etcd's certificate.
+    #[arg(long = "registry-ca", env = "FLOTILLA_REGISTRY_CA")]
+    pub ca: Option<PathBuf>,
+    /// A client certificate and key (PEM) for the registry etcd.
+    #[arg(
+        long = "registry-cert",
+        env = "FLOTILLA_REGISTRY_CERT",
+        requires = "key"
+    )]
+    pub cert: Option<PathBuf>,
+    #[arg(
+        long = "registry-key",
+        env = "FLOTILLA_REGISTRY_KEY",
+        requires = "cert"
+    )]
+    pub key: Option<PathBuf>,
+    /// How often the sweep removes records whose Microservice is gone.
+    #[arg(long = "registry-sweep-period", env = "FLOTILLA_REGISTRY_SWEEP_PERIOD", default_value = "60s", value_parser = parse_duration)]
+    pub sweep_period: Duration,
+}
+
+impl RegistryArgs {
+    /// `None` when the registry is off.
+    pub fn config(&self) -> Option<crate::registry::RegistryConfig> {
+        (!self.endpoints.is_empty()).then(|| crate::registry::RegistryConfig {
+            endpoints: self.endpoints.clone(),
+            zone: self.zone.clone(),
+            path: self.path.clone(),
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        })
+    }
 }
 
 impl RunArgs {

@@ -144,17 +144,31 @@ fn entry_rows(entries: &[pb::ClusterEntry]) -> Vec<Vec<String>> {
     entries
         .iter()
         .map(|e| {
+            let mut st = state(e.state).to_string();
+            if e.deleting {
+                st.push_str(", deleting");
+            }
+            if !e.registered.is_empty() {
+                st.push_str(if e.registered == "True" {
+                    ", registered"
+                } else {
+                    ", not registered"
+                });
+            }
+            let reason = if !e.cleanup_blocked.is_empty() {
+                format!("CleanupBlocked: {}", e.cleanup_blocked)
+            } else if e.reason.is_empty() {
+                "-".into()
+            } else {
+                e.reason.clone()
+            };
             vec![
                 e.cluster.clone(),
-                state(e.state).into(),
+                st,
                 format!("{}/{}", e.observed_generation, e.generation),
                 e.image.clone(),
                 ready(e),
-                if e.reason.is_empty() {
-                    "-".into()
-                } else {
-                    e.reason.clone()
-                },
+                reason,
             ]
         })
         .collect()
@@ -238,6 +252,7 @@ fn entry_json(e: &pb::ClusterEntry) -> Value {
         })),
         "reachability": reach(e.reachability), "lastSeen": time(&e.last_seen),
         "reason": e.reason, "message": e.message, "labels": e.labels,
+        "deleting": e.deleting, "registered": e.registered, "cleanupBlocked": e.cleanup_blocked,
         "conditions": e.conditions.iter().map(|c| json!({
             "type": c.r#type, "status": c.status, "reason": c.reason, "message": c.message,
             "observedGeneration": c.observed_generation,
@@ -291,6 +306,20 @@ mod tests {
             reason: "GenerationNotObserved".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_deletion_waiting_on_the_registry_shows_in_the_row_and_json() {
+        let mut e = entry("member-1", pb::EntryState::Done);
+        e.deleting = true;
+        e.registered = "True".into();
+        e.cleanup_blocked = "ExternalUnavailable".into();
+        let row = &entry_rows(std::slice::from_ref(&e))[0];
+        assert_eq!(row[1], "Done, deleting, registered");
+        assert_eq!(row[5], "CleanupBlocked: ExternalUnavailable");
+        let j = entry_json(&e);
+        assert_eq!(j["deleting"], true);
+        assert_eq!(j["cleanupBlocked"], "ExternalUnavailable");
     }
 
     #[test]

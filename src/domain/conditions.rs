@@ -10,8 +10,10 @@ pub const ACCEPTED: &str = "Accepted";
 pub const RECONCILED: &str = "Reconciled";
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
-/// Reserved for deletions that wait on something outside the cluster.
+/// A deletion waits on something outside the cluster (the registry).
 pub const CLEANUP_BLOCKED: &str = "CleanupBlocked";
+/// Whether the service registry holds the Microservice's records.
+pub const REGISTERED: &str = "Registered";
 
 /// The order conditions are written in, so that equal states serialize equally.
 const ORDER: [&str; 4] = [ACCEPTED, RECONCILED, AVAILABLE, PROGRESSING];

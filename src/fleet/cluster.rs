@@ -70,6 +70,9 @@ pub struct ReplicaSettings {
     /// Start watches with streaming lists rather than LIST requests.
     pub streaming_lists: bool,
     pub debounce: Duration,
+    /// The fleet service registry, when registration is on.
+    pub registry: Option<crate::registry::Registration>,
+    pub registry_sweep: Duration,
 }
 
 fn set_state(hub: &Hub, cluster: &str, me: &str, state: ClusterState) {
@@ -401,6 +404,8 @@ pub async fn run(
                 s.namespace = settings.namespace.clone();
                 s.streaming_lists = settings.streaming_lists;
                 s.debounce = settings.debounce;
+                s.registry = settings.registry.clone();
+                s.registry_sweep = settings.registry_sweep;
                 s.defaults = settings.defaults.clone();
                 s.leadership = Some(leadership.clone());
                 // Writes of this term, and only this term, pass the fence.

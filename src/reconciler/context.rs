@@ -65,6 +65,10 @@ pub struct Settings {
     /// A reconcile waits until its object's triggers have been quiet this
     /// long, so the burst of child events after a write is one reconcile.
     pub debounce: Duration,
+    /// The fleet service registry, when registration is on.
+    pub registry: Option<crate::registry::Registration>,
+    /// How often the leader sweeps its cluster's stale registry records.
+    pub registry_sweep: Duration,
 }
 
 impl Settings {
@@ -79,6 +83,8 @@ impl Settings {
             streaming_lists: true,
             debounce: DEBOUNCE,
             leadership: None,
+            registry: None,
+            registry_sweep: Duration::from_secs(60),
         }
     }
 }
@@ -141,6 +147,10 @@ pub(crate) struct Context {
     /// Children created here that the watches may not show yet.
     pub deployments_created: Arc<Created<Deployment>>,
     pub services_created: Arc<Created<Service>>,
+    /// Registry records known to be in etcd.
+    pub registrations: super::registration::Registrations,
+    /// Retries of a deletion blocked on the registry.
+    pub cleanup_backoff: Mutex<Backoff<ObjectRef<Microservice>>>,
 }
 
 impl Context {

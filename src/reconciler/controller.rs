@@ -4,15 +4,15 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 use super::Backoff;
@@ -40,6 +40,17 @@ fn waking(
 
 const BACKOFF_BASE: Duration = Duration::from_millis(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// A deletion blocked on the registry retries from 1 s to 10 s apart, so
+/// cleanup follows within seconds of etcd's return.
+const CLEANUP_BACKOFF_BASE: Duration = Duration::from_secs(1);
+const CLEANUP_BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// Triggers on a new spec, and on the deletion (which a finalizer turns
+/// into an update whose generation the API server may leave alone).
+fn generation_or_deleting(ms: &Microservice) -> Option<u64> {
+    let generation = u64::try_from(ms.metadata.generation?).ok()?;
+    Some(generation * 2 + u64::from(ms.metadata.deletion_timestamp.is_some()))
+}
 
 fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
@@ -124,7 +135,7 @@ pub async fn run(
             }
         })
         .applied_objects()
-        .predicate_filter(predicates::generation, Default::default())
+        .predicate_filter(generation_or_deleting, Default::default())
         .inspect(move |m| {
             if let Ok(m) = m {
                 notes.note(ObjectRef::from_obj(m), "Microservice");
@@ -161,6 +172,8 @@ pub async fn run(
         service_names,
         deployments_created: Default::default(),
         services_created: Default::default(),
+        registrations: Default::default(),
+        cleanup_backoff: Mutex::new(Backoff::new(CLEANUP_BACKOFF_BASE, CLEANUP_BACKOFF_MAX)),
     });
 
     // Children wake the Microservice that controls them, noting why as
@@ -169,7 +182,8 @@ pub async fn run(
     let by_deployment = move |d: Deployment| waking(&notes, owner_of(&d.metadata), "Deployment");
     let notes = triggers.clone();
     let by_service = move |s: Service| waking(&notes, owner_of(&s.metadata), "Service");
-    Controller::for_stream(ms_stream, ms_reader)
+    let sweep = sweeping(ctx.clone(), ms_reader.clone());
+    let controller = Controller::for_stream(ms_stream, ms_reader)
         .watches_stream(dep_stream, by_deployment)
         .watches_stream(svc_stream, by_service)
         // A stranger's change may free a name a Microservice is blocked on.
@@ -224,6 +238,43 @@ pub async fn run(
                 tracing::debug!(k8s.cluster.name = %cluster, error = %e, "controller event");
             }
             futures::future::ready(())
-        })
-        .await;
+        });
+    // The sweep lives as long as the controller (this leadership term).
+    tokio::select! {
+        _ = controller => {}
+        _ = sweep => {}
+    }
+}
+
+/// Every `registry_sweep`, removes this cluster's registry records whose
+/// Microservice is gone. Never returns while registration is on.
+async fn sweeping(ctx: Arc<Context>, microservices: Store<Microservice>) {
+    let Some(crate::registry::Registration::Ready(registry)) = ctx.settings.registry.clone() else {
+        return futures::future::pending().await;
+    };
+    let me = crate::registry::records::Writer {
+        cluster: ctx.settings.cluster.clone(),
+        epoch: i64::from(ctx.settings.writer.epoch.unwrap_or(0)),
+    };
+    let scope = ctx.settings.namespace.clone();
+    loop {
+        tokio::time::sleep(ctx.settings.registry_sweep).await;
+        let synced = matches!(
+            microservices.wait_until_ready().now_or_never(),
+            Some(Ok(()))
+        );
+        if !synced || ctx.ensure_leading().is_err() {
+            continue;
+        }
+        // Outside our namespace we know nothing: those records stay.
+        let alive = |ns: &str, name: &str| {
+            scope.as_deref().is_some_and(|s| s != ns)
+                || microservices
+                    .get(&ObjectRef::new(name).within(ns))
+                    .is_some()
+        };
+        if let Err(e) = crate::registry::sweep::sweep_cluster(&registry, &me, alive).await {
+            tracing::debug!(k8s.cluster.name = %me.cluster, error = %e, "registry sweep will retry");
+        }
+    }
 }

@@ -13,6 +13,7 @@ mod endpoints;
 mod error;
 pub mod names;
 mod reconcile;
+mod registration;
 mod status_writer;
 mod triggers;
 mod written;

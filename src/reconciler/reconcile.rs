@@ -14,7 +14,8 @@ use super::children::{self, Write};
 use super::coalesce;
 use super::context::{Context, Reconciled};
 use super::error::{ReconcileError, Result};
-use super::status_writer::{Concluded, conclude};
+use super::registration::{self, Deletion};
+use super::status_writer::{Concluded, conclude, conclude_with};
 use crate::crd::Microservice;
 use crate::domain::contains::{deployment_in_sync, service_in_sync};
 use crate::domain::desired::desired;
@@ -29,6 +30,8 @@ const CACHES_WARMING: &str = "CachesWarming";
 const CHILD_TERMINATING: &str = "ChildTerminating";
 /// A status change that may wait was held; the requeue writes it.
 const HELD: &str = "Held";
+/// A deletion waits for the registry; retried with its own backoff.
+const CLEANUP_BLOCKED: &str = "CleanupBlocked";
 
 /// Requeue soon when a result was dropped because the CR moved on, or the
 /// caches are still warming.
@@ -90,8 +93,21 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
             .observe(&[cluster], started.elapsed().as_secs_f64());
         match result {
             Ok(label) => {
+                let key = ObjectRef::from_obj(ms.as_ref());
                 if let Ok(mut b) = ctx.backoff.lock() {
-                    b.succeeded(&ObjectRef::from_obj(ms.as_ref()));
+                    b.succeeded(&key);
+                }
+                if label == "CleanedUp"
+                    && let Ok(mut b) = ctx.cleanup_backoff.lock()
+                {
+                    b.succeeded(&key);
+                }
+                if label == CLEANUP_BLOCKED {
+                    let delay = match ctx.cleanup_backoff.lock() {
+                        Ok(mut b) => b.failed(key),
+                        Err(_) => std::time::Duration::from_secs(10),
+                    };
+                    return Ok(Action::requeue(delay));
                 }
                 tracing::debug!(outcome = label, "reconciled");
                 Ok(if label == "Dropped" || label == CACHES_WARMING {
@@ -102,6 +118,10 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
                     // The deletion event wakes us first; this is the
                     // backstop, and a child held for long costs little.
                     Action::requeue(std::time::Duration::from_secs(5))
+                } else if ctx.registrations.failed(&ObjectRef::from_obj(ms.as_ref())) {
+                    // A registration that failed is tried again soon, not
+                    // only at the next resync.
+                    Action::requeue(registration::RETRY)
                 } else if ctx.awaiting_watch(
                     ms.metadata.namespace.as_deref().unwrap_or_default(),
                     ms.metadata.name.as_deref().unwrap_or_default(),
@@ -145,8 +165,15 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         return Ok(CACHES_WARMING);
     }
     if ms.metadata.deletion_timestamp.is_some() {
-        // Garbage collection removes the children through their ownerReferences.
-        return Ok("Deleting");
+        // Garbage collection removes the children through their
+        // ownerReferences; the registry's records are ours to remove.
+        let ms = ctx.written.fresher_than(ms).unwrap_or_else(|| ms.clone());
+        return Ok(match registration::on_deletion(ctx, &ms).await? {
+            Deletion::NotOurs => "Deleting",
+            Deletion::CleanedUp => "CleanedUp",
+            Deletion::Released => "FinalizerReleased",
+            Deletion::Blocked => CLEANUP_BLOCKED,
+        });
     }
     let owner = OwnerIdentity::of(ms)?;
     let children = match desired(ms, &ctx.settings.defaults) {
@@ -204,8 +231,13 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         });
     }
 
+    // The registry's finalizer goes on before anything is registered (on
+    // our latest write of this object, not a cache that has not seen it).
+    let latest = ctx.written.fresher_than(ms);
+    registration::ensure_finalizer(ctx, latest.as_ref().unwrap_or(ms)).await?;
+
     let applied = apply_both(ctx, ns, live_deployment, live_service, &children).await;
-    let (deployment, dep_write, svc_write) = match applied {
+    let (deployment, service, dep_write, svc_write) = match applied {
         Ok(done) => done,
         Err(ReconcileError::Rejected { message, kind, .. }) => {
             let msg = format!("the API server rejected the {kind}: {message}");
@@ -220,6 +252,10 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         hook(name.to_string()).await;
     }
 
+    let registered = match &ctx.settings.registry {
+        Some(registry) => vec![registration::register(ctx, registry, ms, &service).await],
+        None => Vec::new(),
+    };
     let endpoints = ctx.endpoints.ready(ns, name);
     let outcome = Outcome::Applied {
         deployment: name.to_string(),
@@ -227,7 +263,7 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         rollout: RolloutFacts::of(&deployment),
         ready_endpoints: endpoints,
     };
-    Ok(match conclude(ctx, ms, &outcome).await? {
+    Ok(match conclude_with(ctx, ms, &outcome, &registered).await? {
         Concluded::Dropped => "Dropped",
         Concluded::Held => HELD,
         _ if dep_write != Write::Unchanged || svc_write != Write::Unchanged => "Applied",
@@ -241,7 +277,7 @@ async fn apply_both(
     live_deployment: Option<Deployment>,
     live_service: Option<Service>,
     children: &crate::domain::desired::Children,
-) -> Result<(Deployment, Write, Write)> {
+) -> Result<(Deployment, Service, Write, Write)> {
     let (deployment, dep_write) = children::apply(
         ctx,
         &ctx.deployment_child(),
@@ -252,7 +288,7 @@ async fn apply_both(
         deployment_update,
     )
     .await?;
-    let (_service, svc_write) = children::apply(
+    let (service, svc_write) = children::apply(
         ctx,
         &ctx.service_child(),
         ns,
@@ -262,7 +298,7 @@ async fn apply_both(
         service_update,
     )
     .await?;
-    Ok((deployment, dep_write, svc_write))
+    Ok((deployment, service, dep_write, svc_write))
 }
 
 fn describe(kind: &str, name: &str, controller: Option<String>) -> String {

@@ -10,7 +10,8 @@ use tracing::Instrument;
 
 use super::context::{Context, FIELD_MANAGER};
 use super::error::{ReconcileError, Result};
-use crate::crd::Microservice;
+use crate::crd::{Microservice, MicroserviceStatus};
+use crate::domain::conditions::{Verdict, transition};
 use crate::domain::status::{Outcome, coalescable, next_status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +26,7 @@ pub enum Concluded {
     Held,
 }
 
-fn now() -> Time {
+pub(super) fn now() -> Time {
     // Whole seconds, as the API server stores them, so equal states compare equal.
     let ts = jiff::Timestamp::now();
     Time(jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
@@ -36,15 +37,31 @@ pub async fn conclude(
     cached: &Microservice,
     outcome: &Outcome,
 ) -> Result<Concluded> {
+    conclude_with(ctx, cached, outcome, &[]).await
+}
+
+/// `conclude`, with verdicts on facts other than the outcome's (the
+/// registry's `Registered`), each its own condition.
+pub async fn conclude_with(
+    ctx: &Context,
+    cached: &Microservice,
+    outcome: &Outcome,
+    also: &[Verdict],
+) -> Result<Concluded> {
     // What we last wrote is fresher than a cache that has not seen it yet.
     let ours = ctx.written.fresher_than(cached);
     let ms = ours.as_ref().unwrap_or(cached);
     let generation = ms.metadata.generation.unwrap_or(0);
     let now = now();
-    let cached = next_status(
-        ms.status.as_ref(),
-        outcome,
-        ms.spec.replicas,
+    let cached = with(
+        next_status(
+            ms.status.as_ref(),
+            outcome,
+            ms.spec.replicas,
+            generation,
+            &now,
+        ),
+        also,
         generation,
         &now,
     );
@@ -98,10 +115,15 @@ pub async fn conclude(
     {
         return Ok(Concluded::Dropped);
     }
-    let next = next_status(
-        fresh.status.as_ref(),
-        outcome,
-        fresh.spec.replicas,
+    let next = with(
+        next_status(
+            fresh.status.as_ref(),
+            outcome,
+            fresh.spec.replicas,
+            generation,
+            &now,
+        ),
+        also,
         generation,
         &now,
     );
@@ -116,6 +138,18 @@ pub async fn conclude(
     ctx.written
         .record(fresh.metadata.resource_version.clone(), result);
     Ok(Concluded::Written)
+}
+
+fn with(
+    mut status: MicroserviceStatus,
+    also: &[Verdict],
+    generation: i64,
+    now: &Time,
+) -> MicroserviceStatus {
+    if !also.is_empty() {
+        status.conditions = transition(&status.conditions, also, generation, now);
+    }
+    status
 }
 
 /// Replaces the status, conditional on `ms`'s resourceVersion; returns the

@@ -30,6 +30,7 @@ pub fn facts(ms: &Microservice) -> Facts {
             .get(crate::rollout::spec::REVISION_ANNOTATION)
             .cloned(),
         spec_digest: crate::rollout::placement::digest(&ms.spec),
+        deleting: ms.metadata.deletion_timestamp.is_some(),
         phase: status
             .phase
             .map(|p| p.as_str().to_string())

@@ -73,6 +73,8 @@ pub struct Facts {
     pub fleet_revision: Option<String>,
     /// Its spec's digest, so the fleet can tell a drifted copy.
     pub spec_digest: u64,
+    /// It has a deletionTimestamp (a finalizer keeps it).
+    pub deleting: bool,
 }
 
 /// The Deployment's replica counts.

@@ -167,6 +167,8 @@ pub struct Metrics {
     pub rollout_wave_duration: Family,
     pub rollout_home_writes_total: Family,
     pub rollout_member_writes_total: Family,
+    pub registry_up: Family,
+    pub registry_writes_total: Family,
 }
 
 impl Metrics {
@@ -265,6 +267,18 @@ impl Metrics {
                 Counter,
                 &["cluster", "verb"],
             ),
+            registry_up: Family::new(
+                "flotilla_registry_up",
+                "1 while the service registry's etcd answered the last call of this cluster's leader.",
+                Gauge,
+                &["cluster"],
+            ),
+            registry_writes_total: Family::new(
+                "flotilla_registry_writes_total",
+                "Conditional writes to the service registry, by cluster and result (applied, conflict, error).",
+                Counter,
+                &["cluster", "result"],
+            ),
         };
         let mut registry = Registry::default();
         for f in m.families() {
@@ -274,7 +288,7 @@ impl Metrics {
         m
     }
 
-    fn families(&self) -> [&Family; 15] {
+    fn families(&self) -> [&Family; 17] {
         [
             &self.reconcile_total,
             &self.reconcile_duration,
@@ -291,6 +305,8 @@ impl Metrics {
             &self.rollout_wave_duration,
             &self.rollout_home_writes_total,
             &self.rollout_member_writes_total,
+            &self.registry_up,
+            &self.registry_writes_total,
         ]
     }
 

@@ -6,6 +6,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod lag;
+pub mod registry;
 pub mod replicas;
 pub mod rollout;
 

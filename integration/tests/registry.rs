@@ -1,0 +1,598 @@
+//! The fleet service registry (#15) against the test bed's own etcd and
+//! CoreDNS (`integration/fleet registry up`), asked real DNS questions.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use tokio::time::Instant;
+
+use flotilla::api::client::{ClientOptions, connect};
+use flotilla::api::pb;
+use flotilla::crd::Microservice;
+use flotilla::domain::conditions::find;
+use flotilla::reconciler::Hooks;
+use flotilla::registry::records::{Entry, Existing, Writer, plan_register};
+use flotilla::registry::{FINALIZER, Registration, Registry, RegistryConfig, RegistryError};
+use support::registry::{StoppedEtcd, dig, rcode, registration, zone};
+use support::{
+    Operator, TestNamespace, client, ensure_crd, eventually, microservice, settings, wait_condition,
+};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The tests of this binary run at once; the one that stops the registry's
+/// etcd holds this exclusively, those that need it up hold it shared.
+static ETCD_UP: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+fn cluster_ip(s: &Service) -> String {
+    s.spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.clone())
+        .expect("a ClusterIP")
+}
+
+async fn service_ip(client: &Client, ns: &str, name: &str) -> String {
+    let api = Api::<Service>::namespaced(client.clone(), ns);
+    let service = eventually("the Service", WAIT, || {
+        let api = api.clone();
+        async move { api.get_opt(name).await.ok().flatten() }
+    })
+    .await;
+    cluster_ip(&service)
+}
+
+/// An in-process controller with registration on. Its sweep waits an hour
+/// unless a test asks otherwise: a sweep would hide what the deletion path
+/// itself does.
+async fn operator(
+    client: &Client,
+    cluster: &str,
+    ns: &str,
+    registration: Registration,
+) -> Operator {
+    swept_operator(client, cluster, ns, registration, Duration::from_secs(3600))
+}
+
+fn swept_operator(
+    client: &Client,
+    cluster: &str,
+    ns: &str,
+    registration: Registration,
+    sweep: Duration,
+) -> Operator {
+    let mut s = settings(cluster, ns);
+    s.registry = Some(registration);
+    s.registry_sweep = sweep;
+    Operator::start(client, s, Hooks::default())
+}
+
+/// Waits for `CleanupBlocked=True` about the object's current generation
+/// (a deletion bumps it). The status's own `observedGeneration` stays with
+/// the last spec concluded: the deletion is no spec to apply.
+async fn cleanup_blocked(api: &Api<Microservice>, name: &str) -> Microservice {
+    eventually(&format!("{name}: CleanupBlocked=True"), WAIT, || {
+        let api = api.clone();
+        async move {
+            let ms = api.get(name).await.ok()?;
+            let c = find(&ms.status.as_ref()?.conditions, "CleanupBlocked")?;
+            (c.status == "True" && c.observed_generation == ms.metadata.generation)
+                .then_some(ms.clone())
+        }
+    })
+    .await
+}
+
+async fn warning_reasons(client: &Client, ns: &str, name: &str) -> Vec<String> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+/// Deletes `name` and waits until it is gone (the operator releases it).
+async fn delete_and_wait(api: &Api<Microservice>, name: &str) {
+    api.delete(name, &DeleteParams::default()).await.ok();
+    eventually(&format!("{name} gone"), WAIT, || {
+        let api = api.clone();
+        async move { api.get_opt(name).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+}
+
+/// Tests 1-3 of #15: names resolve per cluster and fleet-wide, with the
+/// port over SRV; a deletion while etcd is stopped keeps the object, its
+/// finalizer and `CleanupBlocked=True/ExternalUnavailable`, with a Warning;
+/// once etcd is back, the record leaves DNS before the object leaves the
+/// apiserver, and the other cluster's record stays.
+#[tokio::test]
+async fn names_resolve_and_a_blocked_deletion_cleans_up_in_order_once_etcd_returns() {
+    let etcd_up = ETCD_UP.read().await;
+    let (c1, c2) = (client("member-1").await, client("member-2").await);
+    ensure_crd(&c1).await;
+    ensure_crd(&c2).await;
+    let ns_name = format!("reg-{:08x}", rand::random::<u32>());
+    let ns1 = TestNamespace::create_named(&c1, "member-1", &ns_name).await;
+    let ns2 = TestNamespace::create_named(&c2, "member-2", &ns_name).await;
+    let op1 = operator(&c1, "member-1", &ns_name, registration().await).await;
+    let _op2 = operator(&c2, "member-2", &ns_name, registration().await).await;
+    let (api1, api2) = (ns1.api::<Microservice>(), ns2.api::<Microservice>());
+    let ms = microservice("todo-api", "ghcr.io/acme/todo:1", 8080, Some(1));
+    api1.create(&PostParams::default(), &ms)
+        .await
+        .expect("create in member-1");
+    api2.create(&PostParams::default(), &ms)
+        .await
+        .expect("create in member-2");
+    for api in [&api1, &api2] {
+        wait_condition(api, "todo-api", "Registered", "True", None).await;
+    }
+    let got = api1.get("todo-api").await.unwrap();
+    assert!(
+        got.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER)
+    );
+    let (ip1, ip2) = (
+        service_ip(&c1, &ns_name, "todo-api").await,
+        service_ip(&c2, &ns_name, "todo-api").await,
+    );
+    let zone = zone();
+    let own = |cluster: &str| format!("todo-api.{ns_name}.{cluster}.{zone}");
+    let shared = format!("todo-api.{ns_name}.{zone}");
+    assert_eq!(dig(&own("member-1"), "A"), vec![ip1.clone()]);
+    assert_eq!(dig(&own("member-2"), "A"), vec![ip2.clone()]);
+    let mut both = vec![ip1.clone(), ip2.clone()];
+    both.sort();
+    assert_eq!(
+        dig(&shared, "A"),
+        both,
+        "the fleet-wide name lists both clusters"
+    );
+    let srv = dig(&own("member-1"), "SRV");
+    assert_eq!(srv.len(), 1, "{srv:?}");
+    assert_eq!(
+        srv[0].split_whitespace().nth(2),
+        Some("8080"),
+        "SRV gives the port: {srv:?}"
+    );
+
+    // Delete in member-1 with the registry's etcd stopped.
+    drop(etcd_up);
+    let _exclusive = ETCD_UP.write().await;
+    let mut stopped = StoppedEtcd::stop();
+    api1.delete("todo-api", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let blocked = cleanup_blocked(&api1, "todo-api").await;
+    assert!(blocked.metadata.deletion_timestamp.is_some());
+    assert!(
+        blocked
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER)
+    );
+    let condition = find(
+        &blocked.status.as_ref().unwrap().conditions,
+        "CleanupBlocked",
+    )
+    .unwrap()
+    .clone();
+    assert_eq!(condition.reason, "ExternalUnavailable");
+    assert!(
+        !condition.message.contains("://"),
+        "no endpoint or credential: {}",
+        condition.message
+    );
+    eventually("a CleanupBlocked Warning", WAIT, || {
+        let c1 = c1.clone();
+        let ns = ns_name.clone();
+        async move {
+            warning_reasons(&c1, &ns, "todo-api")
+                .await
+                .iter()
+                .any(|r| r == "CleanupBlocked")
+                .then_some(())
+        }
+    })
+    .await;
+    // Still blocked a few retries later: nothing gives up on its own.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(api1.get_opt("todo-api").await.unwrap().is_some());
+
+    // etcd returns: the record leaves etcd and DNS before the object leaves
+    // the API. Each poll notes whether the record is still seen (in etcd,
+    // or answered by CoreDNS) and whether the object is gone; a record seen
+    // after the object was gone fails. CoreDNS answers SERVFAIL while it
+    // reconnects, which says nothing either way.
+    stopped.start();
+    let Registration::Ready(registry) = registration().await else {
+        panic!("the test bed's registry config is valid");
+    };
+    let keys = Entry {
+        cluster: "member-1".into(),
+        namespace: ns_name.clone(),
+        name: "todo-api".into(),
+    }
+    .keys(registry.zone())
+    .unwrap();
+    let start = Instant::now();
+    let (mut last_seen, mut object_gone, mut nxdomain) = (None, None, false);
+    while object_gone.is_none() || !nxdomain {
+        // CoreDNS may take a while to reconnect (gRPC's backoff).
+        assert!(start.elapsed() < 2 * WAIT, "cleanup did not complete");
+        let in_etcd = registry
+            .read(&keys)
+            .await
+            .is_ok_and(|found| !found.is_empty());
+        let dns = rcode(&own("member-1"), "A");
+        if in_etcd || dns == "NOERROR" {
+            last_seen = Some(start.elapsed());
+        }
+        nxdomain |= dns == "NXDOMAIN";
+        if object_gone.is_none() && api1.get_opt("todo-api").await.unwrap().is_none() {
+            object_gone = Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let object_gone = object_gone.unwrap();
+    eprintln!(
+        "cleanup after etcd returned: record last seen at {last_seen:?}, object gone at {object_gone:?}"
+    );
+    assert!(
+        last_seen.is_none_or(|t| t < object_gone),
+        "the record outlived the object: seen at {last_seen:?}, object gone at {object_gone:?}"
+    );
+    drop(stopped);
+    assert_eq!(
+        dig(&own("member-2"), "A"),
+        vec![ip2.clone()],
+        "member-2's record is untouched"
+    );
+    assert_eq!(dig(&shared, "A"), vec![ip2]);
+
+    op1.stop().await;
+    delete_and_wait(&api2, "todo-api").await;
+}
+
+/// Test 7 of #15: a registry that cannot be reached, or is misconfigured,
+/// stops no reconcile; `Registered=False` says why.
+#[tokio::test]
+async fn an_unreachable_or_misconfigured_registry_stops_no_reconcile() {
+    let c = client("member-3").await;
+    ensure_crd(&c).await;
+    let ns = TestNamespace::create(&c, "member-3", "reg-bad").await;
+    let api = ns.api::<Microservice>();
+
+    // Nothing listens on this loopback port.
+    let unreachable = Registration::connect(&RegistryConfig {
+        endpoints: vec!["http://127.0.0.1:9".into()],
+        ..support::registry::config()
+    })
+    .await;
+    assert!(
+        matches!(unreachable, Registration::Ready(_)),
+        "connecting is lazy"
+    );
+    let op = operator(&c, "member-3", &ns.name, unreachable).await;
+    let ms = microservice("api", "ghcr.io/acme/api:1", 8080, Some(1));
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    wait_condition(&api, "api", "Available", "True", None).await;
+    let got = wait_condition(&api, "api", "Registered", "False", None).await;
+    let registered = find(&got.status.as_ref().unwrap().conditions, "Registered")
+        .unwrap()
+        .clone();
+    assert_eq!(registered.reason, "ExternalUnavailable");
+    assert_eq!(registered.observed_generation, got.metadata.generation);
+    // The registry's health is in /metrics (this process's registry).
+    let metrics = flotilla::telemetry::metrics::METRICS.encode();
+    assert!(
+        metrics.contains("flotilla_registry_up{cluster=\"member-3\"} 0"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("registry"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    op.stop().await;
+
+    // A bad zone: the finalizer stays on, and the reason is Invalid.
+    let broken = Registration::connect(&RegistryConfig {
+        zone: "not a zone".into(),
+        ..support::registry::config()
+    })
+    .await;
+    assert!(matches!(broken, Registration::Broken(_)));
+    let op = operator(&c, "member-3", &ns.name, broken).await;
+    let ms = microservice("web", "ghcr.io/acme/web:1", 8080, Some(1));
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    wait_condition(&api, "web", "Available", "True", None).await;
+    let got = wait_condition(&api, "web", "Registered", "False", None).await;
+    let registered = find(&got.status.as_ref().unwrap().conditions, "Registered")
+        .unwrap()
+        .clone();
+    assert_eq!(registered.reason, "Invalid");
+    assert!(
+        registered.message.contains("not a zone"),
+        "{}",
+        registered.message
+    );
+    op.stop().await;
+
+    // Registration off: the finalizers are released, so nothing is stranded.
+    let _op = Operator::start(&c, settings("member-3", &ns.name), Hooks::default());
+    for name in ["api", "web"] {
+        delete_and_wait(&api, name).await;
+    }
+}
+
+fn entry(cluster: &str, ns: &str, name: &str) -> Entry {
+    Entry {
+        cluster: cluster.into(),
+        namespace: ns.into(),
+        name: name.into(),
+    }
+}
+
+async fn put(
+    registry: &Registry,
+    entry: &Entry,
+    ip: &str,
+    epoch: i64,
+) -> Result<(), RegistryError> {
+    let me = Writer {
+        cluster: entry.cluster.clone(),
+        epoch,
+    };
+    let desired = entry.desired(registry.zone(), Some(ip), 80, epoch)?;
+    let keys: Vec<String> = desired.iter().map(|(k, _)| k.clone()).collect();
+    let existing = registry.read(&keys).await?;
+    let ops = plan_register(&desired, &existing, &me)?;
+    registry.apply(&ops).await
+}
+
+/// Test 5 of #15, at the registry's edge: a term that is not the newest is
+/// refused, and a write planned on a stale read changes nothing.
+#[tokio::test]
+async fn a_deposed_writer_and_a_stale_read_change_nothing_in_etcd() {
+    let _up = ETCD_UP.read().await;
+    let Registration::Ready(registry) = registration().await else {
+        panic!("the test bed's registry config is valid");
+    };
+    let ns = format!("dep-{:08x}", rand::random::<u32>());
+    let e = entry("member-1", &ns, "api");
+    put(&registry, &e, "10.96.0.10", 7)
+        .await
+        .expect("term 7 writes");
+    let refused = put(&registry, &e, "10.96.0.66", 6).await;
+    assert!(
+        matches!(refused, Err(RegistryError::Refused(_))),
+        "term 6 is deposed: {refused:?}"
+    );
+    // A read, then someone else's write, then ours planned on the old read.
+    let desired = e
+        .desired(registry.zone(), Some("10.96.0.11"), 80, 7)
+        .unwrap();
+    let keys: Vec<String> = desired.iter().map(|(k, _)| k.clone()).collect();
+    let stale: Vec<Existing> = registry.read(&keys).await.unwrap();
+    put(&registry, &e, "10.96.0.12", 8)
+        .await
+        .expect("term 8 writes");
+    let me = Writer {
+        cluster: "member-1".into(),
+        epoch: 9,
+    };
+    let ops = plan_register(&desired, &stale, &me).unwrap();
+    assert!(matches!(
+        registry.apply(&ops).await,
+        Err(RegistryError::Conflict)
+    ));
+    let now = registry.read(&keys).await.unwrap();
+    assert!(
+        now.iter()
+            .all(|x| x.record.as_ref().unwrap().host == "10.96.0.12")
+    );
+    assert_eq!(
+        dig(&format!("api.{ns}.member-1.{}", zone()), "A"),
+        vec!["10.96.0.12".to_string()]
+    );
+    // Clean up.
+    let ops = flotilla::registry::records::plan_remove(
+        &keys,
+        &now,
+        &Writer {
+            cluster: "member-1".into(),
+            epoch: 8,
+        },
+    )
+    .unwrap();
+    registry.apply(&ops).await.unwrap();
+}
+
+/// Test 6 of #15, the sweep of a cluster that left the fleet: its records
+/// go within two sweep periods, and a member's stay.
+#[tokio::test]
+async fn the_sweep_removes_a_departed_clusters_records_and_keeps_members() {
+    let _up = ETCD_UP.read().await;
+    let Registration::Ready(registry) = registration().await else {
+        panic!("the test bed's registry config is valid");
+    };
+    let ns = format!("swp-{:08x}", rand::random::<u32>());
+    let gone = entry("member-9", &ns, "api");
+    let kept = entry("member-1", &ns, "api");
+    put(&registry, &gone, "10.96.0.20", 1).await.unwrap();
+    put(&registry, &kept, "10.96.0.21", 1).await.unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let members = || {
+        Some(
+            ["member-1", "member-2", "member-3"]
+                .map(String::from)
+                .into_iter()
+                .collect(),
+        )
+    };
+    let sweep = tokio::spawn(flotilla::registry::sweep::sweep_departed(
+        registry.as_ref().clone(),
+        members,
+        Duration::from_millis(500),
+        async move {
+            stop_rx.await.ok();
+        },
+    ));
+    let z = zone();
+    eventually("member-9's records swept", Duration::from_secs(20), || {
+        let name = format!("api.{ns}.member-9.{z}");
+        async move { (rcode(&name, "A") == "NXDOMAIN").then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        dig(&format!("api.{ns}.{z}"), "A"),
+        vec!["10.96.0.21".to_string()]
+    );
+    stop_tx.send(()).ok();
+    sweep.await.unwrap();
+
+    // A cluster leader's own sweep: a record of a Microservice that does
+    // not exist (as after an etcd restore) goes; one that exists stays.
+    let c3 = client("member-3").await;
+    ensure_crd(&c3).await;
+    let ns3 = TestNamespace::create(&c3, "member-3", "reg-sweep").await;
+    let ghost = entry("member-3", &ns3.name, "ghost");
+    put(&registry, &ghost, "10.96.0.30", 0).await.unwrap();
+    let api3 = ns3.api::<Microservice>();
+    let real = microservice("real", "ghcr.io/acme/real:1", 8080, Some(1));
+    api3.create(&PostParams::default(), &real).await.unwrap();
+    let op = swept_operator(
+        &c3,
+        "member-3",
+        &ns3.name,
+        registration().await,
+        Duration::from_secs(1),
+    );
+    wait_condition(&api3, "real", "Registered", "True", None).await;
+    eventually("the ghost's records swept", Duration::from_secs(20), || {
+        let name = format!("ghost.{}.member-3.{z}", ns3.name);
+        async move { (rcode(&name, "A") == "NXDOMAIN").then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        dig(&format!("real.{}.member-3.{z}", ns3.name), "A").len(),
+        1
+    );
+    delete_and_wait(&api3, "real").await;
+    op.stop().await;
+    let keys = kept.keys(registry.zone()).unwrap();
+    let now = registry.read(&keys).await.unwrap();
+    let ops = flotilla::registry::records::plan_remove(
+        &keys,
+        &now,
+        &Writer {
+            cluster: "member-1".into(),
+            epoch: 1,
+        },
+    )
+    .unwrap();
+    registry.apply(&ops).await.unwrap();
+}
+
+/// Test 4 of #15: the leader of member-1 is killed (-9) while a deletion
+/// waits on a stopped registry; the successor completes the cleanup once
+/// etcd is back.
+#[tokio::test]
+async fn a_successor_completes_a_cleanup_its_killed_predecessor_was_blocked_on() {
+    use support::replicas::{Replicas, holder, member_clients, namespaces};
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "reg-kill").await;
+    let c1 = clients["member-1"].clone();
+    let etcd_up = ETCD_UP.read().await;
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    for (k, v) in support::registry::env() {
+        replicas.env.push((k, v));
+    }
+    replicas
+        .extra_args
+        .extend(["--registry-sweep-period".into(), "2s".into()]);
+    for id in ["r1", "r2"] {
+        replicas.start(id);
+    }
+    let lease = replicas.lease_name();
+    let leader = eventually("a leader of member-1", WAIT, || {
+        let (c1, lease) = (c1.clone(), lease.clone());
+        async move { holder(&c1, &lease).await }
+    })
+    .await;
+    let api = Api::<Microservice>::namespaced(c1.clone(), &ns);
+    let ms = microservice("todo-api", "ghcr.io/acme/todo:1", 8080, Some(1));
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    wait_condition(&api, "todo-api", "Registered", "True", None).await;
+    let name = format!("todo-api.{ns}.member-1.{}", zone());
+    assert_eq!(dig(&name, "A").len(), 1);
+
+    drop(etcd_up);
+    let _exclusive = ETCD_UP.write().await;
+    let stopped = StoppedEtcd::stop();
+    api.delete("todo-api", &DeleteParams::default())
+        .await
+        .unwrap();
+    cleanup_blocked(&api, "todo-api").await;
+    // Over gRPC, from the replica that survives: deleting, cleanup pending.
+    let other = if leader == "r1" { "r2" } else { "r1" };
+    let grpc = connect(&ClientOptions {
+        server: replicas.grpc_url(other),
+        ..Default::default()
+    })
+    .await
+    .expect("gRPC");
+    let get = pb::GetMicroserviceRequest {
+        namespace: ns.clone(),
+        name: "todo-api".into(),
+    };
+    eventually("gRPC shows the pending cleanup", WAIT, || {
+        let (mut grpc, get) = (grpc.clone(), get.clone());
+        async move {
+            let m = grpc.get_microservice(get).await.ok()?.into_inner();
+            m.clusters
+                .iter()
+                .any(|e| {
+                    e.cluster == "member-1"
+                        && e.deleting
+                        && e.registered == "True"
+                        && e.cleanup_blocked == "ExternalUnavailable"
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    replicas.kill_9(&leader);
+    let successor = eventually("a successor", WAIT, || {
+        let (c1, lease, leader) = (c1.clone(), lease.clone(), leader.clone());
+        async move { holder(&c1, &lease).await.filter(|h| *h != leader) }
+    })
+    .await;
+    drop(stopped);
+    eventually("the object gone", WAIT, || {
+        let api = api.clone();
+        async move { api.get_opt("todo-api").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        rcode(&name, "A"),
+        "NXDOMAIN",
+        "{successor} removed the record"
+    );
+}

@@ -1,0 +1,323 @@
+//! The registry side of a reconcile (on with `--registry-etcd-endpoints`):
+//! our finalizer, the records, the `Registered` condition, and on deletion
+//! seed 001's cleanup contract: the records go first, the finalizer
+//! second, and while etcd cannot be reached the object stays with
+//! `CleanupBlocked=True`, retried with backoff.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use tokio::time::Instant;
+
+use super::context::{Context, FIELD_MANAGER};
+use super::error::{ReconcileError, Result};
+use crate::crd::Microservice;
+use crate::domain::conditions::{CLEANUP_BLOCKED, REGISTERED, Status, Verdict, transition};
+use crate::registry::records::{Entry, Record, Refusal, Writer, plan_register, plan_remove};
+use crate::registry::{FINALIZER, Registration, Registry, RegistryError};
+use crate::telemetry::metrics::METRICS;
+
+/// Records known to be in etcd, per Microservice, so a reconcile in sync
+/// costs no etcd read. A note is trusted for `TRUST`, so a record lost to
+/// an etcd restore comes back within that.
+/// The records a Microservice had in etcd, and when that was last known.
+type Known = (Vec<(String, Record)>, Instant);
+
+#[derive(Debug, Default)]
+pub struct Registrations {
+    known: Mutex<HashMap<ObjectRef<Microservice>, Known>>,
+    /// Registrations that failed: retried every `RETRY`, not only at resync.
+    failed: Mutex<std::collections::HashSet<ObjectRef<Microservice>>>,
+}
+
+const TRUST: Duration = Duration::from_secs(300);
+/// How soon a failed registration is tried again.
+pub const RETRY: Duration = Duration::from_secs(10);
+
+impl Registrations {
+    fn fresh(&self, key: &ObjectRef<Microservice>, desired: &[(String, Record)]) -> bool {
+        let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(key)
+            .is_some_and(|(known, at)| known.as_slice() == desired && at.elapsed() < TRUST)
+    }
+
+    fn note(&self, key: ObjectRef<Microservice>, desired: Vec<(String, Record)>) {
+        self.set_failed(&key, false);
+        let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        map.insert(key, (desired, Instant::now()));
+    }
+
+    fn set_failed(&self, key: &ObjectRef<Microservice>, failed: bool) {
+        let mut set = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        if failed {
+            set.insert(key.clone());
+        } else {
+            set.remove(key);
+        }
+    }
+
+    /// Whether `key`'s last registration failed.
+    pub fn failed(&self, key: &ObjectRef<Microservice>) -> bool {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(key)
+    }
+
+    pub fn forget(&self, key: &ObjectRef<Microservice>) {
+        self.known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        self.set_failed(key, false);
+    }
+}
+
+/// What the deletion of a Microservice came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deletion {
+    /// Not ours to hold: garbage collection removes the children.
+    NotOurs,
+    /// Records removed, then the finalizer.
+    CleanedUp,
+    /// Registration is off: the finalizer is released, and the sweep
+    /// removes the records once it is on again.
+    Released,
+    /// etcd could not be reached; retried with backoff.
+    Blocked,
+}
+
+pub fn has_finalizer(ms: &Microservice) -> bool {
+    ms.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+fn writer(ctx: &Context) -> Writer {
+    Writer {
+        cluster: ctx.settings.cluster.clone(),
+        epoch: i64::from(ctx.settings.writer.epoch.unwrap_or(0)),
+    }
+}
+
+fn entry(ctx: &Context, ms: &Microservice) -> Entry {
+    Entry {
+        cluster: ctx.settings.cluster.clone(),
+        namespace: ms.namespace().unwrap_or_default(),
+        name: ms.name_any(),
+    }
+}
+
+/// Notes whether etcd answered, for `/metrics`.
+fn observed<T>(ctx: &Context, result: Result<T, RegistryError>) -> Result<T, RegistryError> {
+    let up = !matches!(result, Err(RegistryError::Unavailable(_)));
+    METRICS
+        .registry_up
+        .set(&[ctx.settings.cluster.as_str()], if up { 1.0 } else { 0.0 });
+    result
+}
+
+/// Puts our finalizer on while registration is on, and takes it off when
+/// it is off. Returns the object as written, if it wrote.
+pub async fn ensure_finalizer(ctx: &Context, ms: &Microservice) -> Result<Option<Microservice>> {
+    let want = ctx.settings.registry.is_some();
+    if has_finalizer(ms) == want {
+        return Ok(None);
+    }
+    set_finalizer(ctx, ms, want).await.map(Some)
+}
+
+/// Sets or clears the finalizer, conditional on the resourceVersion read.
+async fn set_finalizer(ctx: &Context, ms: &Microservice, present: bool) -> Result<Microservice> {
+    let mut finalizers: Vec<String> = ms.finalizers().to_vec();
+    finalizers.retain(|f| f != FINALIZER);
+    if present {
+        finalizers.push(FINALIZER.to_string());
+    }
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": ms.resource_version(),
+            "finalizers": finalizers,
+        }
+    });
+    ctx.ensure_leading()?;
+    let api =
+        Api::<Microservice>::namespaced(ctx.client.clone(), &ms.namespace().unwrap_or_default());
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let written = api
+        .patch(&ms.name_any(), &params, &Patch::Merge(&patch))
+        .await
+        .map_err(|e| ReconcileError::api("patch", "Microservice", e))?;
+    // The status write that follows starts from this, not a stale cache.
+    ctx.written.record(ms.resource_version(), written.clone());
+    Ok(written)
+}
+
+/// The Service's address as the records give it: ClusterIP and first port.
+fn address(service: &Service) -> (Option<&str>, u16) {
+    let spec = service.spec.as_ref();
+    let ip = spec.and_then(|s| s.cluster_ip.as_deref());
+    let port = spec
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|p| p.first())
+        .map_or(0, |p| u16::try_from(p.port).unwrap_or(0));
+    (ip, port)
+}
+
+async fn try_register(
+    ctx: &Context,
+    registry: &Registry,
+    ms: &Microservice,
+    service: &Service,
+) -> Result<(), RegistryError> {
+    let me = writer(ctx);
+    let (host, port) = address(service);
+    let desired = entry(ctx, ms).desired(registry.zone(), host, port, me.epoch)?;
+    let key = ObjectRef::from_obj(ms);
+    if ctx.registrations.fresh(&key, &desired) {
+        return Ok(());
+    }
+    let keys: Vec<String> = desired.iter().map(|(k, _)| k.clone()).collect();
+    let existing = observed(ctx, registry.read(&keys).await)?;
+    let ops = plan_register(&desired, &existing, &me)?;
+    if !ops.is_empty() {
+        let applied = observed(ctx, registry.apply(&ops).await);
+        let result = match &applied {
+            Ok(()) => "applied",
+            Err(RegistryError::Conflict) => "conflict",
+            Err(_) => "error",
+        };
+        METRICS
+            .registry_writes_total
+            .inc(&[ctx.settings.cluster.as_str(), result]);
+        applied?;
+    }
+    ctx.registrations.note(key, desired);
+    Ok(())
+}
+
+/// Registers `ms`'s Service; the `Registered` verdict, true or saying why not.
+pub async fn register(
+    ctx: &Context,
+    registration: &Registration,
+    ms: &Microservice,
+    service: &Service,
+) -> Verdict {
+    let result = match registration.get() {
+        Ok(registry) => try_register(ctx, registry, ms, service)
+            .await
+            .map(|()| registry),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(registry) => {
+            let (ns, name, zone) = (
+                ms.namespace().unwrap_or_default(),
+                ms.name_any(),
+                &registry.zone().name,
+            );
+            let cluster = &ctx.settings.cluster;
+            Verdict::new(
+                REGISTERED,
+                Status::True,
+                "Registered",
+                format!("resolvable as {name}.{ns}.{cluster}.{zone} and {name}.{ns}.{zone}"),
+            )
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "registration failed");
+            ctx.registrations.set_failed(&ObjectRef::from_obj(ms), true);
+            Verdict::new(REGISTERED, Status::False, e.category(), e.to_string())
+        }
+    }
+}
+
+async fn remove_records(
+    ctx: &Context,
+    registry: &Registry,
+    ms: &Microservice,
+) -> Result<(), RegistryError> {
+    let me = writer(ctx);
+    let keys = entry(ctx, ms).keys(registry.zone())?;
+    let existing = observed(ctx, registry.read(&keys).await)?;
+    let ops = plan_remove(&keys, &existing, &me)?;
+    observed(ctx, registry.apply(&ops).await)
+}
+
+/// Seed 001's contract for a Microservice being deleted: records first,
+/// finalizer second; while etcd cannot be reached, `CleanupBlocked=True`
+/// and a Warning, and the finalizer stays.
+pub async fn on_deletion(ctx: &Context, ms: &Microservice) -> Result<Deletion> {
+    if !has_finalizer(ms) {
+        return Ok(Deletion::NotOurs);
+    }
+    let Some(registration) = &ctx.settings.registry else {
+        set_finalizer(ctx, ms, false).await?;
+        return Ok(Deletion::Released);
+    };
+    let removed = match registration.get() {
+        Ok(registry) => remove_records(ctx, registry, ms).await,
+        Err(e) => Err(e),
+    };
+    match removed {
+        // A record at our name that is not ours is not ours to remove.
+        Ok(())
+        | Err(RegistryError::Refused(Refusal::Foreign { .. }))
+        | Err(RegistryError::Invalid(_)) => {
+            ctx.registrations.forget(&ObjectRef::from_obj(ms));
+            set_finalizer(ctx, ms, false).await?;
+            tracing::info!("registry records removed; finalizer released");
+            Ok(Deletion::CleanedUp)
+        }
+        Err(RegistryError::Refused(Refusal::Deposed { .. })) => Err(ReconcileError::NotLeader),
+        Err(e) => {
+            let message = format!("the registry records cannot be removed yet: {e}");
+            let verdict =
+                Verdict::new(CLEANUP_BLOCKED, Status::True, e.category(), message.clone());
+            if set_condition(ctx, ms, verdict).await? {
+                ctx.announcer.warning(ms, "CleanupBlocked", message);
+            }
+            Ok(Deletion::Blocked)
+        }
+    }
+}
+
+/// Writes one condition on an object being deleted (no other conclusion
+/// applies to it); whether it changed anything.
+async fn set_condition(ctx: &Context, ms: &Microservice, verdict: Verdict) -> Result<bool> {
+    let status = ms.status.clone().unwrap_or_default();
+    let generation = ms.metadata.generation.unwrap_or(0);
+    let conditions = transition(
+        &status.conditions,
+        &[verdict],
+        generation,
+        &super::status_writer::now(),
+    );
+    if conditions == status.conditions {
+        return Ok(false);
+    }
+    let mut next = ms.clone();
+    next.status = Some(crate::crd::MicroserviceStatus {
+        conditions,
+        ..status
+    });
+    ctx.ensure_leading()?;
+    let api =
+        Api::<Microservice>::namespaced(ctx.client.clone(), &ms.namespace().unwrap_or_default());
+    let params = PostParams {
+        dry_run: false,
+        field_manager: Some(FIELD_MANAGER.into()),
+    };
+    let written = api
+        .replace_status(&ms.name_any(), &params, &next)
+        .await
+        .map_err(|e| ReconcileError::api("update_status", "Microservice", e))?;
+    ctx.written.record(ms.resource_version(), written);
+    Ok(true)
+}
