@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-status-api bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -80,6 +80,11 @@ bench-churn: toolchain
 	integration/bench/churn-sweep
 
 # The reconciler's name cache at 5,000 foreign Deployments.
+# The service registry: create to resolvable by DNS, steady-state writes,
+# cleanup delay after an etcd outage (needs the fleet and its registry up).
+bench-registry: toolchain
+	cargo bench --locked --bench registry
+
 bench-names: toolchain
 	integration/fleet up
 	cargo bench --locked --bench name_cache

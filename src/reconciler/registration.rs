@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tokio::time::Instant;
@@ -130,30 +130,27 @@ pub async fn ensure_finalizer(ctx: &Context, ms: &Microservice) -> Result<Option
     set_finalizer(ctx, ms, want).await.map(Some)
 }
 
-/// Sets or clears the finalizer, conditional on the resourceVersion read.
+/// Sets or clears the finalizer: a replace of the object as read, so it is
+/// conditional on its resourceVersion (a stale copy gets 409 and nothing
+/// lands), and the member role needs no `patch`.
 async fn set_finalizer(ctx: &Context, ms: &Microservice, present: bool) -> Result<Microservice> {
-    let mut finalizers: Vec<String> = ms.finalizers().to_vec();
+    let mut next = ms.clone();
+    let finalizers = next.metadata.finalizers.get_or_insert_with(Vec::new);
     finalizers.retain(|f| f != FINALIZER);
     if present {
         finalizers.push(FINALIZER.to_string());
     }
-    let patch = serde_json::json!({
-        "metadata": {
-            "resourceVersion": ms.resource_version(),
-            "finalizers": finalizers,
-        }
-    });
     ctx.ensure_leading()?;
     let api =
         Api::<Microservice>::namespaced(ctx.client.clone(), &ms.namespace().unwrap_or_default());
-    let params = PatchParams {
+    let params = PostParams {
+        dry_run: false,
         field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
     };
     let written = api
-        .patch(&ms.name_any(), &params, &Patch::Merge(&patch))
+        .replace(&ms.name_any(), &params, &next)
         .await
-        .map_err(|e| ReconcileError::api("patch", "Microservice", e))?;
+        .map_err(|e| ReconcileError::api("update", "Microservice", e))?;
     // The status write that follows starts from this, not a stale cache.
     ctx.written.record(ms.resource_version(), written.clone());
     Ok(written)

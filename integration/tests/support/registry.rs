@@ -89,6 +89,24 @@ pub fn dig(name: &str, qtype: &str) -> Vec<String> {
     lines
 }
 
+/// Waits (up to 30 s) until `dig +short` gives `want`: a CoreDNS whose
+/// etcd client is still reconnecting times out now and then, which must not
+/// read as a missing record. A record that is really gone still fails.
+pub async fn resolves(name: &str, qtype: &str, want: &[String]) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let got = dig(name, qtype);
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} {qtype}: {got:?}, not {want:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// `integration/fleet registry stop|start`: the registry etcd alone.
 pub fn registry_etcd(action: &str) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/fleet");
