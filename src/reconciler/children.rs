@@ -73,7 +73,7 @@ where
         .map_err(|e| ReconcileError::api("get", child.kind, e))
 }
 
-fn post_params() -> PostParams {
+pub(super) fn post_params() -> PostParams {
     PostParams {
         dry_run: false,
         field_manager: Some(FIELD_MANAGER.into()),

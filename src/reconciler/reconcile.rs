@@ -231,10 +231,8 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         });
     }
 
-    // The registry's finalizer goes on before anything is registered (on
-    // our latest write of this object, not a cache that has not seen it).
-    let latest = ctx.written.fresher_than(ms);
-    registration::ensure_finalizer(ctx, latest.as_ref().unwrap_or(ms)).await?;
+    // The registry's finalizer goes on before anything is registered.
+    registration::ensure_finalizer(ctx, ms).await?;
 
     let applied = apply_both(ctx, ns, live_deployment, live_service, &children).await;
     let (deployment, service, dep_write, svc_write) = match applied {

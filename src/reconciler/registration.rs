@@ -9,12 +9,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
-use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tokio::time::Instant;
 
-use super::context::{Context, FIELD_MANAGER};
+use super::children::post_params;
+use super::context::Context;
 use super::error::{ReconcileError, Result};
 use crate::crd::Microservice;
 use crate::domain::conditions::{CLEANUP_BLOCKED, REGISTERED, Status, Verdict, transition};
@@ -127,7 +127,17 @@ pub async fn ensure_finalizer(ctx: &Context, ms: &Microservice) -> Result<Option
     if has_finalizer(ms) == want {
         return Ok(None);
     }
+    // Our own write may be ahead of the cache: judge on it, and write on it.
+    let latest = ctx.written.fresher_than(ms);
+    let ms = latest.as_ref().unwrap_or(ms);
+    if has_finalizer(ms) == want {
+        return Ok(None);
+    }
     set_finalizer(ctx, ms, want).await.map(Some)
+}
+
+fn api_of(ctx: &Context, ms: &Microservice) -> Api<Microservice> {
+    Api::namespaced(ctx.client.clone(), &ms.namespace().unwrap_or_default())
 }
 
 /// Sets or clears the finalizer: a replace of the object as read, so it is
@@ -141,12 +151,8 @@ async fn set_finalizer(ctx: &Context, ms: &Microservice, present: bool) -> Resul
         finalizers.push(FINALIZER.to_string());
     }
     ctx.ensure_leading()?;
-    let api =
-        Api::<Microservice>::namespaced(ctx.client.clone(), &ms.namespace().unwrap_or_default());
-    let params = PostParams {
-        dry_run: false,
-        field_manager: Some(FIELD_MANAGER.into()),
-    };
+    let api = api_of(ctx, ms);
+    let params = post_params();
     let written = api
         .replace(&ms.name_any(), &params, &next)
         .await
@@ -305,12 +311,8 @@ async fn set_condition(ctx: &Context, ms: &Microservice, verdict: Verdict) -> Re
         ..status
     });
     ctx.ensure_leading()?;
-    let api =
-        Api::<Microservice>::namespaced(ctx.client.clone(), &ms.namespace().unwrap_or_default());
-    let params = PostParams {
-        dry_run: false,
-        field_manager: Some(FIELD_MANAGER.into()),
-    };
+    let api = api_of(ctx, ms);
+    let params = post_params();
     let written = api
         .replace_status(&ms.name_any(), &params, &next)
         .await
