@@ -535,14 +535,8 @@ async fn a_successor_completes_a_cleanup_its_killed_predecessor_was_blocked_on()
     let name = format!("todo-api.{ns}.member-1.{}", zone());
     assert_eq!(dig(&name, "A").len(), 1);
 
-    drop(etcd_up);
-    let _exclusive = ETCD_UP.write().await;
-    let stopped = StoppedEtcd::stop();
-    api.delete("todo-api", &DeleteParams::default())
-        .await
-        .unwrap();
-    cleanup_blocked(&api, "todo-api").await;
-    // Over gRPC, from the replica that survives: deleting, cleanup pending.
+    // Over gRPC, from the replica that survives: a watch that sees the
+    // object deleting, cleanup pending, until it is gone.
     let other = if leader == "r1" { "r2" } else { "r1" };
     let grpc = connect(&ClientOptions {
         server: replicas.grpc_url(other),
@@ -550,6 +544,15 @@ async fn a_successor_completes_a_cleanup_its_killed_predecessor_was_blocked_on()
     })
     .await
     .expect("gRPC");
+    let watched = tokio::spawn(watch_until_deleted(grpc.clone(), ns.clone()));
+
+    drop(etcd_up);
+    let _exclusive = ETCD_UP.write().await;
+    let stopped = StoppedEtcd::stop();
+    api.delete("todo-api", &DeleteParams::default())
+        .await
+        .unwrap();
+    cleanup_blocked(&api, "todo-api").await;
     let get = pb::GetMicroserviceRequest {
         namespace: ns.clone(),
         name: "todo-api".into(),
@@ -587,4 +590,261 @@ async fn a_successor_completes_a_cleanup_its_killed_predecessor_was_blocked_on()
         "NXDOMAIN",
         "{successor} removed the record"
     );
+    // member-1's entry of each UPSERT after the deletion, then the DELETE.
+    let seen = tokio::time::timeout(WAIT, watched)
+        .await
+        .expect("the watch sent the DELETE")
+        .unwrap();
+    let first = seen
+        .iter()
+        .position(|e| e.as_ref().is_some_and(|(deleting, _)| *deleting))
+        .unwrap_or_else(|| panic!("the watch never sent it deleting: {seen:?}"));
+    assert!(
+        seen[first..seen.len() - 1]
+            .iter()
+            .all(|e| e.as_ref().is_some_and(|(deleting, _)| *deleting)),
+        "once deleting, every UPSERT says so until the DELETE: {seen:?}"
+    );
+    assert!(
+        seen[first..].iter().any(|e| e
+            .as_ref()
+            .is_some_and(|(_, blocked)| blocked == "ExternalUnavailable")),
+        "the watch sent the blocked cleanup: {seen:?}"
+    );
+    assert_eq!(seen.last(), Some(&None), "it ends with the DELETE");
+}
+
+/// Watches `ns` until `todo-api`'s DELETE: for each UPSERT of it, member-1's
+/// (deleting, cleanup_blocked); `None` for the DELETE.
+async fn watch_until_deleted(
+    mut grpc: flotilla::api::client::Client,
+    ns: String,
+) -> Vec<Option<(bool, String)>> {
+    use tokio_stream::StreamExt;
+    let request = pb::WatchMicroservicesRequest {
+        namespace: ns,
+        ..Default::default()
+    };
+    let mut stream = grpc
+        .watch_microservices(request)
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut seen = Vec::new();
+    while let Some(event) = stream.next().await {
+        let event = event.expect("the stream stays open");
+        let Some(m) = event.microservice.as_ref().filter(|m| m.name == "todo-api") else {
+            continue;
+        };
+        match pb::WatchEventType::try_from(event.r#type) {
+            Ok(pb::WatchEventType::Delete) => {
+                seen.push(None);
+                return seen;
+            }
+            Ok(pb::WatchEventType::Upsert) => {
+                if let Some(e) = m.clusters.iter().find(|e| e.cluster == "member-1") {
+                    seen.push(Some((e.deleting, e.cleanup_blocked.clone())));
+                }
+            }
+            _ => {}
+        }
+    }
+    panic!("the stream ended before the DELETE: {seen:?}");
+}
+
+/// The value of `series` on a replica's /metrics, 0 if absent.
+async fn metric(replicas: &support::replicas::Replicas, id: &str, series: &str) -> f64 {
+    let url = format!("{}/metrics", replicas.metrics_url(id));
+    let Some((_, body)) = support::http_get(&url).await else {
+        return 0.0;
+    };
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Points the replicas started next at another registry endpoint.
+fn set_endpoint(replicas: &mut support::replicas::Replicas, endpoint: String) {
+    const KEY: &str = "FLOTILLA_REGISTRY_ETCD_ENDPOINTS";
+    replicas.env.retain(|(k, _)| k != KEY);
+    replicas.env.push((KEY.into(), endpoint));
+}
+
+/// Test 5 of #15 on live replicas, with the fencing test's SIGSTOP: the
+/// leader of member-1 sends a registry write that a gate holds on its way
+/// to etcd, and is stopped; its successor registers the same change at a
+/// newer term; the held write then reaches etcd and is refused by its
+/// mod-revision comparison. The record keeps the successor's term.
+#[tokio::test]
+async fn a_stopped_leaders_registry_write_is_refused_once_its_successor_has_written() {
+    use support::gate::Gate;
+    use support::replicas::{Replicas, holder, namespaces};
+    let _up = ETCD_UP.read().await;
+    let c1 = client("member-1").await;
+    ensure_crd(&c1).await;
+    let clients = std::collections::BTreeMap::from([("member-1", c1.clone())]);
+    let (ns, _guards) = namespaces(&clients, "reg-stop").await;
+    let env = support::registry::env();
+    let etcd = env["FLOTILLA_REGISTRY_ETCD_ENDPOINTS"].clone();
+    let gate = Gate::start(etcd.trim_start_matches("http://").to_string()).await;
+
+    // sa is member-1's assigned leader with sb beside it, so sb joining
+    // does not take member-1 from it.
+    let live: std::collections::BTreeSet<String> = ["sa", "sb"].map(String::from).into();
+    let only: std::collections::BTreeSet<String> = ["member-1".to_string()].into();
+    assert_eq!(
+        flotilla::fleet::shard::assign(&only, &live)["member-1"],
+        "sa"
+    );
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    replicas.env.extend(env.clone());
+    replicas
+        .extra_args
+        .extend(["--registry-sweep-period".into(), "1h".into()]);
+    // The first replica reaches etcd through the gate, the second directly.
+    set_endpoint(&mut replicas, format!("http://127.0.0.1:{}", gate.port));
+    replicas.start("sa");
+    let lease = replicas.lease_name();
+    eventually("sa leading member-1", WAIT, || {
+        let (c1, lease) = (c1.clone(), lease.clone());
+        async move { holder(&c1, &lease).await.filter(|h| h == "sa") }
+    })
+    .await;
+    set_endpoint(&mut replicas, etcd);
+    replicas.start("sb");
+
+    let api = Api::<Microservice>::namespaced(c1.clone(), &ns);
+    let ms = microservice("todo-api", "ghcr.io/acme/todo:1", 8080, Some(1));
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    wait_condition(&api, "todo-api", "Registered", "True", None).await;
+    let Registration::Ready(registry) = registration().await else {
+        panic!("the test bed's registry config is valid");
+    };
+    let keys = entry("member-1", &ns, "todo-api")
+        .keys(registry.zone())
+        .unwrap();
+    let records = || async {
+        let found = registry.read(&keys).await.expect("read etcd");
+        assert_eq!(found.len(), 2, "{found:?}");
+        found
+            .into_iter()
+            .map(|e| e.record.expect("a record of ours"))
+            .collect::<Vec<_>>()
+    };
+    let first = records().await;
+    let old_term = first[0].writer.epoch;
+    assert_eq!(first[0].port, 8080);
+
+    // A port change: sa updates the Service, reads etcd, and sends its
+    // conditional write, which the gate holds on its way.
+    gate.hold_next_write();
+    let port = serde_json::json!({"spec": {"port": 9090}});
+    api.patch(
+        "todo-api",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&port),
+    )
+    .await
+    .unwrap();
+    eventually("sa's registry write held at the gate", WAIT, || {
+        let holding = gate.holding();
+        async move { holding.then_some(()) }
+    })
+    .await;
+    replicas.signal("sa", "STOP");
+    let new_term = eventually("sb registering port 9090", WAIT, || async {
+        let now = records().await;
+        now.iter()
+            .all(|r| r.port == 9090 && r.writer.epoch > old_term)
+            .then(|| now[0].writer.epoch)
+    })
+    .await;
+    assert_eq!(holder(&c1, &lease).await.as_deref(), Some("sb"), "sb leads");
+    let before: Vec<i64> = registry
+        .read(&keys)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.mod_revision)
+        .collect();
+    // sa's write, planned on a read from before sb's, reaches etcd now,
+    // while sa is still stopped: the mod-revision comparison refuses it.
+    let held = gate.waiting();
+    gate.release();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = registry.read(&keys).await.unwrap();
+    assert_eq!(
+        after.iter().map(|e| e.mod_revision).collect::<Vec<_>>(),
+        before,
+        "sa's write ({held} bytes held, then sent) changed nothing: {after:?}"
+    );
+    replicas.signal("sa", "CONT");
+    // sa wakes deposed; whatever it does next, the record never goes back
+    // to its old term (the shard assignment may hand it member-1 again,
+    // at a newer term still).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for r in records().await {
+        assert_eq!(r.port, 9090, "{r:?}");
+        assert!(r.writer.epoch >= new_term, "an older term's record: {r:?}");
+    }
+    let conflicts = "flotilla_registry_writes_total{cluster=\"member-1\",result=\"conflict\"}";
+    println!(
+        "figure: the deposed leader's held write ({held} bytes) refused by etcd; its conflict count {}",
+        metric(&replicas, "sa", conflicts).await
+    );
+    let name = format!("todo-api.{ns}.member-1.{}", zone());
+    let srv = dig(&name, "SRV");
+    assert!(
+        srv.first()
+            .and_then(|s| s.split_whitespace().nth(2))
+            .is_some_and(|p| p == "9090"),
+        "{srv:?}"
+    );
+    // Whoever leads now cleans up.
+    delete_and_wait(&api, "todo-api").await;
+}
+
+/// Test 7 of #15 on a live replica: with its registry unreachable, the
+/// replica reconciles, is ready, and shows the registry down in /metrics.
+#[tokio::test]
+async fn a_replica_with_an_unreachable_registry_is_ready_and_says_so_in_metrics() {
+    use support::replicas::{Replicas, namespaces};
+    let c3 = client("member-3").await;
+    ensure_crd(&c3).await;
+    let clients = std::collections::BTreeMap::from([("member-3", c3.clone())]);
+    let (ns, _guards) = namespaces(&clients, "reg-ready").await;
+    let mut replicas = Replicas::new(&ns, &["member-3"]);
+    replicas.env.extend(support::registry::env());
+    // Nothing listens on this loopback port.
+    set_endpoint(&mut replicas, "http://127.0.0.1:9".into());
+    replicas
+        .extra_args
+        .extend(["--registry-sweep-period".into(), "1h".into()]);
+    replicas.start("ru");
+    let api = Api::<Microservice>::namespaced(c3.clone(), &ns);
+    let ms = microservice("api", "ghcr.io/acme/api:1", 8080, Some(1));
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    wait_condition(&api, "api", "Available", "True", None).await;
+    let got = wait_condition(&api, "api", "Registered", "False", None).await;
+    let registered = find(&got.status.as_ref().unwrap().conditions, "Registered")
+        .unwrap()
+        .clone();
+    assert_eq!(registered.reason, "ExternalUnavailable");
+    let readyz = format!("{}/readyz", replicas.metrics_url("ru"));
+    let (code, body) = support::http_get(&readyz).await.expect("/readyz answers");
+    assert_eq!(code, 200, "ready without the registry: {body}");
+    let up = "flotilla_registry_up{cluster=\"member-3\"}";
+    assert_eq!(metric(&replicas, "ru", up).await, 0.0);
+    let (_, body) = support::http_get(&format!("{}/metrics", replicas.metrics_url("ru")))
+        .await
+        .expect("/metrics");
+    assert!(body.contains(&format!("{up} 0")), "the series is present");
+    // Still ready a few retries later.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let (code, _) = support::http_get(&readyz).await.expect("/readyz answers");
+    assert_eq!(code, 200);
+    drop(replicas);
+    // Registration off releases the finalizer.
+    let _op = Operator::start(&c3, settings("member-3", &ns), Hooks::default());
+    delete_and_wait(&api, "api").await;
 }

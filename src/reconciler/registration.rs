@@ -188,7 +188,12 @@ async fn try_register(
     }
     let keys: Vec<String> = desired.iter().map(|(k, _)| k.clone()).collect();
     let existing = observed(ctx, registry.read(&keys).await)?;
-    let ops = plan_register(&desired, &existing, &me)?;
+    let ops = plan_register(&desired, &existing, &me).inspect_err(|_| {
+        // A newer term's record, or one not ours: counted, never written.
+        METRICS
+            .registry_writes_total
+            .inc(&[ctx.settings.cluster.as_str(), "refused"]);
+    })?;
     if !ops.is_empty() {
         let applied = observed(ctx, registry.apply(&ops).await);
         let result = match &applied {

@@ -275,7 +275,7 @@ impl Metrics {
             ),
             registry_writes_total: Family::new(
                 "flotilla_registry_writes_total",
-                "Conditional writes to the service registry, by cluster and result (applied, conflict, error).",
+                "Writes to the service registry, by cluster and result: applied, conflict (a key changed since read), error, refused (a newer term or a record not ours held the key).",
                 Counter,
                 &["cluster", "result"],
             ),
