@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -84,6 +84,10 @@ bench-churn: toolchain
 # cleanup delay after an etcd outage (needs the fleet and its registry up).
 bench-registry: toolchain
 	cargo bench --locked --bench registry
+
+# The dashboard in headless Chromium over 3 x 500 Microservices; no fleet needed.
+bench-dashboard: deps
+	cargo bench --locked --bench dashboard
 
 bench-names: toolchain
 	integration/fleet up

@@ -12,4 +12,5 @@ pub mod rollout;
 pub mod status;
 pub mod supervise;
 pub mod telemetry;
+pub mod ui;
 pub mod watching;

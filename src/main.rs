@@ -91,10 +91,20 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let metrics_listener = telemetry::http::bind(args.metrics_addr)
         .await
         .map_err(|e| e.to_string())?;
+    let ui = match ui_options(&args, &grpc) {
+        Some(o) => {
+            let l = flotilla::ui::server::bind(&o)
+                .await
+                .map_err(|e| e.to_string())?;
+            Some((o, l))
+        }
+        None => None,
+    };
     let home_config = config_for(args.home_kubeconfig.as_ref(), &replica_id).await?;
     let home = Client::try_from(home_config.clone()).map_err(|e| format!("client: {e}"))?;
     let hub = Hub::new(&replica_id);
     let (credentials, credentials_rx) = tokio::sync::watch::channel(Default::default());
+    let ui_warnings = flotilla::ui::warnings::Warnings::new(&replica_id, credentials_rx.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         rx.wait_for(|s| *s).await.ok();
@@ -214,6 +224,13 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             )
         }),
     ];
+    if let Some((o, l)) = ui {
+        let serve =
+            flotilla::ui::server::serve(hub.clone(), o, l, Some(ui_warnings), stop_rx.clone());
+        tasks.push(Critical::spawn("dashboard", async move {
+            serve.await.map_err(|e| e.to_string())
+        }));
+    }
     if let Some(sweep) = departed_sweep {
         tasks.push(Critical::spawn("registry sweep", async move {
             sweep.await;
@@ -255,6 +272,18 @@ fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
     }
     o.validate().map_err(|e| e.to_string())?;
     Ok(o)
+}
+
+/// The dashboard shares the gRPC server's certificate and read token.
+fn ui_options(args: &RunArgs, grpc: &ServerOptions) -> Option<flotilla::ui::server::UiOptions> {
+    Some(flotilla::ui::server::UiOptions {
+        addr: args.ui_addr.0?,
+        tls: grpc.tls.clone(),
+        insecure: args.ui_insecure,
+        token: grpc.token.clone(),
+        token_file: grpc.token_file.clone(),
+        limits: Default::default(),
+    })
 }
 
 fn client_options(r: &RemoteArgs) -> Result<(ClientOptions, Format), String> {

@@ -290,6 +290,10 @@ async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
             &["create", "events.events.k8s.io", "-n", "default"][..],
             true,
         ),
+        // The dashboard's detail view lists an object's Warnings; it
+        // never deletes Events.
+        (&["list", "events", "-n", "default"][..], true),
+        (&["delete", "events", "-n", "default"][..], false),
         (
             &[
                 "update",

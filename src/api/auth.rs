@@ -10,7 +10,7 @@ use tonic::{Request, Status};
 
 /// SHA-256 of a token. Comparing digests of equal length in constant time
 /// reveals neither a prefix nor the token's length.
-type Digest = [u8; 32];
+pub type Digest = [u8; 32];
 
 fn digest(token: &[u8]) -> Digest {
     let d = ring::digest::digest(&ring::digest::SHA256, token);
@@ -42,6 +42,24 @@ impl BearerToken {
 
     pub fn configured(&self) -> bool {
         self.want().is_some()
+    }
+
+    /// Whether `token` is the one in force (never, when none is set).
+    pub fn accepts(&self, token: &str) -> bool {
+        self.want()
+            .is_some_and(|want| bool::from(digest(token.trim().as_bytes()).ct_eq(&want)))
+    }
+
+    /// A value bound to the token in force and to `purpose`: HMAC-SHA256
+    /// keyed by the token's digest. It changes when the token does, and
+    /// reveals nothing of it.
+    pub fn derive(&self, purpose: &str) -> Option<Digest> {
+        let want = self.want()?;
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &want);
+        let tag = ring::hmac::sign(&key, purpose.as_bytes());
+        let mut out = [0u8; 32];
+        out.copy_from_slice(tag.as_ref());
+        Some(out)
     }
 
     /// Whether the request carries this token (never, when none is set).

@@ -17,6 +17,21 @@ fn parse_progress_deadline(s: &str) -> Result<Duration, String> {
     }
     Ok(d)
 }
+
+/// An address, or none when empty: a server the environment can turn off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OptionalAddr(pub Option<std::net::SocketAddr>);
+
+fn parse_optional_addr(s: &str) -> Result<OptionalAddr, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(OptionalAddr(None));
+    }
+    s.parse()
+        .map(|a| OptionalAddr(Some(a)))
+        .map_err(|e| format!("{s:?}: {e}"))
+}
+
 use crate::fleet::client_budget::Budget;
 
 #[derive(Parser)]
@@ -317,6 +332,13 @@ pub struct RunArgs {
     /// resumes, so long-lived streams spread over replicas.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_STREAM_AGE", default_value = "30m", value_parser = parse_duration)]
     pub grpc_max_stream_age: Duration,
+    /// Fleet mode: where the dashboard is served (HTTP, or HTTPS with
+    /// --grpc-tls-cert); empty turns it off. Its token is --grpc-token-file's.
+    #[arg(long, env = "FLOTILLA_UI_ADDR", default_value = "", value_parser = parse_optional_addr)]
+    pub ui_addr: OptionalAddr,
+    /// Serve the dashboard in plaintext without a token (local development only).
+    #[arg(long, env = "FLOTILLA_UI_INSECURE")]
+    pub ui_insecure: bool,
     /// Fleet mode: where /metrics, /healthz and /readyz are served.
     #[arg(long, env = "FLOTILLA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: std::net::SocketAddr,

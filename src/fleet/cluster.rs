@@ -173,6 +173,11 @@ pub fn fleet_user_agent(replica_id: &str) -> Result<http::HeaderValue, String> {
     agent_named("flotilla-fleet", replica_id)
 }
 
+/// `flotilla-ui/<replica-id>`: the dashboard's reads of member Events.
+pub fn ui_user_agent(replica_id: &str) -> Result<http::HeaderValue, String> {
+    agent_named("flotilla-ui", replica_id)
+}
+
 fn agent_named(product: &str, replica_id: &str) -> Result<http::HeaderValue, String> {
     http::HeaderValue::from_str(&format!("{product}/{replica_id}"))
         .map_err(|_| format!("replica id {replica_id:?} is not a valid header value"))

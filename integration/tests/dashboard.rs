@@ -1,0 +1,928 @@
+//! The dashboard (#16) in a real headless Chromium, over WebDriver, served
+//! by real replicas of a real fleet.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use flotilla::crd::Microservice;
+use support::browser::Browser;
+use support::replicas::{
+    MEMBERS, REPLICA_IDS, Replicas, free_port, holders, member_clients, namespaces,
+    three_replica_fleet,
+};
+use support::{StoppedMember, eventually, microservice, wait_condition};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The test that stops member-2 holds this exclusively.
+static MEMBERS_UP: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+fn ui_args(port: u16) -> Vec<String> {
+    vec![
+        "--ui-addr".into(),
+        format!("127.0.0.1:{port}"),
+        "--ui-insecure".into(),
+    ]
+}
+
+/// A replica id that the shard assignment gives no member beside REPLICA_IDS.
+fn viewer_id() -> String {
+    let clusters: BTreeSet<String> = MEMBERS.iter().map(|m| m.to_string()).collect();
+    (1..)
+        .map(|i| format!("v{i}"))
+        .find(|id| {
+            let mut live: BTreeSet<String> = REPLICA_IDS.iter().map(|r| r.to_string()).collect();
+            live.insert(id.clone());
+            let a = flotilla::fleet::shard::assign(&clusters, &live);
+            !a.values().any(|r| *r == id.as_str())
+        })
+        .expect("an id that leads nothing")
+}
+
+fn now_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1000.0
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn set_image(api: &Api<Microservice>, name: &str, image: &str) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": image}})),
+    )
+    .await
+    .expect("patch image");
+}
+
+/// Records, in the page, every state the cell passes through and when
+/// (browser clock) its image first reads `image`.
+const OBSERVE: &str = r#"
+const [key, cluster, image] = arguments;
+const seen = { states: [], at: null };
+window.__observed = seen;
+const read = () => {
+  const c = document.querySelector(`td[data-key="${key}"][data-cluster="${cluster}"]`);
+  if (!c) return;
+  const s = c.dataset.state;
+  if (seen.states[seen.states.length - 1] !== s) seen.states.push(s);
+  const img = c.querySelector(".image");
+  if (seen.at === null && img && img.textContent === image) seen.at = Date.now();
+};
+if (window.__observer) window.__observer.disconnect();
+window.__observer = new MutationObserver(read);
+window.__observer.observe(document.getElementById("matrix-body"), { childList: true, subtree: true, attributes: true });
+read();
+"#;
+
+/// Tests 1, 2 and 9 of #16, the live stream's figures, and a restart of
+/// the serving replica.
+#[tokio::test]
+async fn a_replica_that_leads_nothing_shows_the_fleet_and_follows_it_live() {
+    let _up = MEMBERS_UP.read().await;
+    let mut fleet = three_replica_fleet("ui").await;
+    let ns = fleet.namespace.clone();
+    let viewer = viewer_id();
+    let port = free_port();
+    fleet.replicas.extra_args = ui_args(port);
+    fleet.replicas.start(&viewer);
+
+    // todo-api at generation 2 in every member.
+    for m in MEMBERS {
+        let api = Api::<Microservice>::namespaced(fleet.clients[m].clone(), &ns);
+        let ms = microservice("todo-api", "ghcr.io/acme/todo:1", 8080, Some(1));
+        api.create(&PostParams::default(), &ms).await.unwrap();
+        set_image(&api, "todo-api", "ghcr.io/acme/todo:2").await;
+    }
+    for m in MEMBERS {
+        let api = Api::<Microservice>::namespaced(fleet.clients[m].clone(), &ns);
+        wait_condition(&api, "todo-api", "Available", "True", None).await;
+    }
+
+    let browser = Browser::start("overview", None).await;
+    let url = format!("http://127.0.0.1:{port}/");
+    eventually("the dashboard answering", WAIT, || async {
+        support::http_get(&url).await.filter(|(c, _)| *c == 200)
+    })
+    .await;
+    browser.client.goto(&url).await.unwrap();
+    let key = format!("{ns}/todo-api");
+    for m in MEMBERS {
+        let text = eventually(&format!("todo-api Done 2/2 in {m}"), WAIT, || async {
+            browser
+                .cell(&key, m)
+                .await
+                .filter(|t| t.contains("Done") && t.contains("gen 2/2"))
+        })
+        .await;
+        assert!(text.contains("ghcr.io/acme/todo:2"), "{text}");
+    }
+    // The fleet bar: three clusters, each led by a replica other than this one.
+    let bar = browser
+        .js(
+            "return [...document.querySelectorAll('#clusters li')].map(li => [li.dataset.cluster, li.dataset.reach, li.innerText]);",
+            vec![],
+        )
+        .await;
+    let bar = bar.as_array().unwrap();
+    assert_eq!(bar.len(), 3, "{bar:?}");
+    let held = holders(&fleet.clients, &fleet.replicas.lease_name()).await;
+    for entry in bar {
+        let (cluster, reach, text) = (
+            entry[0].as_str().unwrap(),
+            entry[1].as_str().unwrap(),
+            entry[2].as_str().unwrap(),
+        );
+        assert_eq!(reach, "Reachable", "{text}");
+        let leader = held[cluster].clone().expect("a leader");
+        assert_ne!(leader, viewer);
+        assert!(text.contains(&format!("leader {leader}")), "{text}");
+    }
+    browser.screenshot("overview").await;
+
+    // Live: image changes in member-1, each seen without a reload.
+    browser.js("window.__marker = 'no reload';", vec![]).await;
+    let api1 = Api::<Microservice>::namespaced(fleet.clients["member-1"].clone(), &ns);
+    let mut latencies = Vec::new();
+    let mut update_bytes = Vec::new();
+    for i in 3..23 {
+        let image = format!("ghcr.io/acme/todo:{i}");
+        browser
+            .js(OBSERVE, vec![json!(key), json!("member-1"), json!(image)])
+            .await;
+        let patched = now_ms();
+        set_image(&api1, "todo-api", &image).await;
+        let seen = browser
+            .until(
+                "the new image in member-1's cell, then Done",
+                WAIT,
+                "const s = window.__observed; return s.at !== null && s.states[s.states.length - 1] === 'Done' ? s : null;",
+            )
+            .await;
+        latencies.push(seen["at"].as_f64().unwrap() - patched);
+        let states: Vec<&str> = seen["states"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        assert!(
+            states.contains(&"Progressing"),
+            "the cell went through Progressing: {states:?}"
+        );
+        update_bytes.push(
+            browser
+                .js("return window.flotilla.lastUpdateBytes;", vec![])
+                .await
+                .as_f64()
+                .unwrap(),
+        );
+        if i == 3 {
+            browser.screenshot("live-change").await;
+        }
+    }
+    assert_eq!(
+        browser.js("return window.__marker;", vec![]).await,
+        "no reload"
+    );
+    latencies.sort_by(f64::total_cmp);
+    update_bytes.sort_by(f64::total_cmp);
+    let weight = flotilla::ui::assets::page_weight();
+    println!(
+        "figure: patch to cell over {} changes: p50 {:.0} ms, p99 {:.0} ms; bytes per update p50 {:.0}, max {:.0}; page weight {weight} bytes",
+        latencies.len(),
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        percentile(&update_bytes, 0.5),
+        update_bytes.last().unwrap(),
+    );
+
+    // The serving replica restarts: the page says so, starts over from the
+    // new index (a RESET), and goes on.
+    browser
+        .js(
+            "window.__live = []; new MutationObserver(() => window.__live.push(document.getElementById('live').dataset.state)).observe(document.getElementById('live'), { attributes: true });",
+            vec![],
+        )
+        .await;
+    let resets = browser.js("return window.flotilla.resets;", vec![]).await;
+    fleet.replicas.restart(&viewer);
+    browser
+        .until(
+            "the page back to live after the restart",
+            WAIT,
+            &format!("return document.getElementById('live').dataset.state === 'live' && window.flotilla.resets > {resets};"),
+        )
+        .await;
+    let states = browser.js("return window.__live;", vec![]).await;
+    assert!(
+        states
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s == "reconnecting"),
+        "the page showed it was reconnecting: {states}"
+    );
+    browser
+        .js(
+            OBSERVE,
+            vec![json!(key), json!("member-1"), json!("ghcr.io/acme/todo:99")],
+        )
+        .await;
+    set_image(&api1, "todo-api", "ghcr.io/acme/todo:99").await;
+    browser
+        .until(
+            "a change after the restart",
+            WAIT,
+            "return window.__observed.at !== null;",
+        )
+        .await;
+    assert_eq!(
+        browser.js("return window.__marker;", vec![]).await,
+        "no reload"
+    );
+}
+
+/// Test 3 of #16: a member's apiserver stops; its column turns Unknown
+/// with a recent last-seen time, and recovers when it returns.
+#[tokio::test]
+async fn a_stopped_member_shows_unknown_with_its_last_seen_time_and_recovers() {
+    let _exclusive = MEMBERS_UP.write().await;
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "ui-down").await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    let port = free_port();
+    replicas.extra_args = ui_args(port);
+    replicas.start("solo");
+    for m in MEMBERS {
+        let api = Api::<Microservice>::namespaced(clients[m].clone(), &ns);
+        let ms = microservice("web", "ghcr.io/acme/web:1", 8080, Some(1));
+        api.create(&PostParams::default(), &ms).await.unwrap();
+    }
+    let browser = Browser::start("member-down", None).await;
+    let url = format!("http://127.0.0.1:{port}/");
+    eventually("the dashboard answering", WAIT, || async {
+        support::http_get(&url).await.filter(|(c, _)| *c == 200)
+    })
+    .await;
+    browser.client.goto(&url).await.unwrap();
+    let key = format!("{ns}/web");
+    for m in MEMBERS {
+        eventually(&format!("web Done in {m}"), WAIT, || async {
+            browser.cell(&key, m).await.filter(|t| t.contains("Done"))
+        })
+        .await;
+    }
+
+    let stopped = StoppedMember::stop("member-2");
+    let stopped_at = now_ms();
+    let cell = eventually("member-2's cell Unknown", WAIT, || async {
+        browser
+            .cell(&key, "member-2")
+            .await
+            .filter(|t| t.contains("Unknown"))
+    })
+    .await;
+    assert!(cell.contains("last seen"), "{cell}");
+    let last_seen = browser
+        .js(
+            "const li = document.querySelector('#clusters li[data-cluster=\"member-2\"]'); return [li.dataset.reach, Date.parse(li.dataset.lastSeen)];",
+            vec![],
+        )
+        .await;
+    assert_eq!(last_seen[0], "Unreachable");
+    let seen = last_seen[1].as_f64().expect("a last-seen time");
+    assert!(
+        (stopped_at - seen).abs() < 20_000.0,
+        "last seen {:.1} s from the stop",
+        (stopped_at - seen) / 1000.0
+    );
+    // The other columns stay Done.
+    for m in ["member-1", "member-3"] {
+        let t = browser.cell(&key, m).await.unwrap();
+        assert!(t.contains("Done"), "{m}: {t}");
+    }
+    browser.screenshot("member-down").await;
+    drop(stopped);
+    eventually("member-2's cell Done again", WAIT, || async {
+        browser
+            .cell(&key, "member-2")
+            .await
+            .filter(|t| t.contains("Done"))
+    })
+    .await;
+}
+
+/// A single replica leading member-3, with the dashboard on `port`.
+async fn member3_replica(
+    prefix: &str,
+    extra: &[&str],
+) -> (
+    String,
+    Vec<support::TestNamespace>,
+    Replicas,
+    u16,
+    kube::Client,
+) {
+    let c3 = support::client("member-3").await;
+    support::ensure_crd(&c3).await;
+    let clients = std::collections::BTreeMap::from([("member-3", c3.clone())]);
+    let (ns, guards) = namespaces(&clients, prefix).await;
+    let mut replicas = Replicas::new(&ns, &["member-3"]);
+    let port = free_port();
+    replicas.extra_args = extra.iter().map(|s| s.to_string()).collect();
+    replicas
+        .extra_args
+        .extend(["--ui-addr".to_string(), format!("127.0.0.1:{port}")]);
+    (ns, guards, replicas, port, c3)
+}
+
+/// Tests 4, 5 and 6 of #16: the detail view while a change is in progress
+/// and during an ownership conflict; filters in the URL; hostile values
+/// shown as text.
+#[tokio::test]
+async fn details_filters_and_hostile_values_on_a_slow_member() {
+    let _up = MEMBERS_UP.read().await;
+    // A request budget so small that a change stays unobserved for seconds.
+    let (ns, _guards, mut replicas, port, c3) = member3_replica(
+        "ui-detail",
+        &[
+            "--ui-insecure",
+            "--cluster-qps",
+            "0.5",
+            "--cluster-burst",
+            "1",
+        ],
+    )
+    .await;
+    replicas.start("slow");
+    let api = Api::<Microservice>::namespaced(c3.clone(), &ns);
+    let mut web = microservice("web-a", "ghcr.io/acme/web:1", 8080, Some(1));
+    web.metadata.labels = Some([("team".to_string(), "web".to_string())].into());
+    let mut other = microservice("api-b", "ghcr.io/acme/api:1", 8080, Some(1));
+    other.metadata.labels = Some([("team".to_string(), "api".to_string())].into());
+    // Hostile: an image that is markup and script (no whitespace, so the
+    // schema takes it; the reconciler rejects it and quotes it back).
+    let payload = "<img/src=x/onerror=document.title=1><script>document.title=2</script>";
+    let mut hostile = microservice("hostile", payload, 8080, Some(1));
+    hostile.metadata.labels = Some([("team".to_string(), "x-script-alert-1".to_string())].into());
+    for ms in [&web, &other, &hostile] {
+        api.create(&PostParams::default(), ms).await.unwrap();
+    }
+    // Someone else's Deployment under the name of a Microservice.
+    let taken: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "taken"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "taken"}},
+            "template": {"metadata": {"labels": {"app": "taken"}},
+                          "spec": {"containers": [{"name": "c", "image": "other:1"}]}}
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(c3.clone(), &ns)
+        .create(&PostParams::default(), &taken)
+        .await
+        .unwrap();
+    api.create(
+        &PostParams::default(),
+        &microservice("taken", "ghcr.io/acme/taken:1", 8080, Some(1)),
+    )
+    .await
+    .unwrap();
+    wait_condition(&api, "web-a", "Available", "True", None).await;
+
+    let browser = Browser::start("detail", None).await;
+    let base = format!("http://127.0.0.1:{port}/");
+    eventually("the dashboard answering", WAIT, || async {
+        support::http_get(&base).await.filter(|(c, _)| *c == 200)
+    })
+    .await;
+    // The detail view of web-a while generation 2 is not yet observed.
+    browser
+        .client
+        .goto(&format!("{base}?detail={ns}/web-a"))
+        .await
+        .unwrap();
+    browser
+        .until(
+            "web-a's detail at generation 1",
+            WAIT,
+            "const h = document.querySelector('#detail-clusters h3'); return h && h.textContent.includes('generation 1, observed 1');",
+        )
+        .await;
+    set_image(&api, "web-a", "ghcr.io/acme/web:2").await;
+    let lagging = browser
+        .until(
+            "the detail showing observedGeneration behind generation",
+            WAIT,
+            "const h = document.querySelector('#detail-clusters h3'); return h && h.textContent.includes('generation 2, observed 1') ? document.getElementById('detail').innerText : null;",
+        )
+        .await;
+    assert!(
+        lagging.as_str().unwrap().contains("Progressing"),
+        "{lagging}"
+    );
+    browser.screenshot("detail-lagging").await;
+    browser
+        .until(
+            "the detail caught up",
+            WAIT,
+            "const h = document.querySelector('#detail-clusters h3'); return h && h.textContent.includes('generation 2, observed 2');",
+        )
+        .await;
+    // The conflict's Warning Event in the detail of `taken`.
+    browser
+        .client
+        .goto(&format!("{base}?detail={ns}/taken"))
+        .await
+        .unwrap();
+    let warnings = browser
+        .until(
+            "the OwnershipConflict Warning",
+            WAIT,
+            "const w = document.querySelector('#detail-warnings li[data-reason=\"OwnershipConflict\"]'); if (w) return w.innerText; loadDetail(); return null;",
+        )
+        .await;
+    assert!(
+        warnings.as_str().unwrap().contains("member-3"),
+        "{warnings}"
+    );
+    browser.screenshot("detail-conflict").await;
+
+    // Filters: a label selector, then a name search; the URL keeps them.
+    browser
+        .client
+        .goto(&format!("{base}?ns={ns}"))
+        .await
+        .unwrap();
+    let visible = "return [...document.querySelectorAll('#matrix-body tr:not([hidden])')].map(r => r.dataset.key.split('/')[1]).sort();";
+    browser
+        .until(
+            "four rows",
+            WAIT,
+            "return document.querySelectorAll('#matrix-body tr:not([hidden])').length === 4;",
+        )
+        .await;
+    let selector = browser
+        .client
+        .find(fantoccini::Locator::Id("f-selector"))
+        .await
+        .unwrap();
+    selector.send_keys("team=web").await.unwrap();
+    shows(&browser, visible, json!(["web-a"])).await;
+    let url = browser.client.current_url().await.unwrap();
+    assert!(url.as_str().contains("selector=team%3Dweb"), "{url}");
+    browser.client.refresh().await.unwrap();
+    browser
+        .until(
+            "the filtered view after a reload",
+            WAIT,
+            "return document.getElementById('f-selector').value === 'team=web' && document.querySelectorAll('#matrix-body tr').length === 4;",
+        )
+        .await;
+    shows(&browser, visible, json!(["web-a"])).await;
+    browser
+        .client
+        .goto(&format!("{base}?ns={ns}&q=api&state=Done"))
+        .await
+        .unwrap();
+    browser
+        .until(
+            "the name search",
+            WAIT,
+            "return document.querySelectorAll('#matrix-body tr').length === 4;",
+        )
+        .await;
+    shows(&browser, visible, json!(["api-b"])).await;
+    browser.screenshot("filters").await;
+
+    // Hostile values are text: no element from them, no script run.
+    browser
+        .client
+        .goto(&format!("{base}?ns={ns}&detail={ns}/hostile"))
+        .await
+        .unwrap();
+    let cell = eventually("the hostile row", WAIT, || async {
+        browser
+            .cell(&format!("{ns}/hostile"), "member-3")
+            .await
+            .filter(|t| t.contains("<img"))
+    })
+    .await;
+    assert!(cell.contains(payload), "shown as text: {cell}");
+    browser
+        .until(
+            "the hostile detail",
+            WAIT,
+            "return document.getElementById('detail-title').textContent.endsWith('hostile') && document.querySelectorAll('#detail-clusters h3').length > 0;",
+        )
+        .await;
+    let injected = browser
+        .js(
+            "return { imgs: document.querySelectorAll('img').length, scripts: document.scripts.length, title: document.title };",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        injected,
+        json!({"imgs": 0, "scripts": 1, "title": "Flotilla fleet"}),
+        "nothing from a cluster became markup"
+    );
+    browser.screenshot("hostile").await;
+}
+
+/// The raw response of a GET: status line and headers, lower-cased names.
+async fn head(url: &str, cookie: Option<&str>) -> (u16, Vec<(String, String)>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+    let cookie = cookie
+        .map(|c| format!("Cookie: {c}\r\n"))
+        .unwrap_or_default();
+    s.write_all(
+        format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\n{cookie}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, _) = text.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let code = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (code, headers)
+}
+
+/// Test 7 of #16, and the security headers: with a token, the page offers
+/// only the prompt; a wrong token is refused; the right one shows the
+/// fleet, and the session cookie is out of the page's reach.
+#[tokio::test]
+async fn with_a_token_the_page_asks_once_and_refuses_a_wrong_one() {
+    let _up = MEMBERS_UP.read().await;
+    let (ns, _guards, mut replicas, port, c3) = member3_replica("ui-auth", &[]).await;
+    // Beside the kubeconfig directory, not in it.
+    let token_file = replicas.dir.with_extension("token");
+    std::fs::write(&token_file, "the-right-token\n").unwrap();
+    replicas.extra_args.extend([
+        "--grpc-token-file".to_string(),
+        token_file.display().to_string(),
+    ]);
+    replicas.start("guarded");
+    let api = Api::<Microservice>::namespaced(c3.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &microservice("web", "ghcr.io/acme/web:1", 8080, Some(1)),
+    )
+    .await
+    .unwrap();
+    let base = format!("http://127.0.0.1:{port}/");
+    eventually("the dashboard answering", WAIT, || async {
+        support::http_get(&base).await.filter(|(c, _)| *c == 200)
+    })
+    .await;
+
+    // Every response's headers; the data refused without a session.
+    let (code, headers) = head(&base, None).await;
+    assert_eq!(code, 200);
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let csp = header("content-security-policy");
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(header("x-content-type-options"), "nosniff");
+    let (code, _) = head(&format!("{base}api/clusters"), None).await;
+    assert_eq!(code, 401);
+    let (code, _) = head(&format!("{base}api/events"), Some("flotilla_ui=forged")).await;
+    assert_eq!(code, 401);
+
+    let browser = Browser::start("auth", None).await;
+    browser.client.goto(&base).await.unwrap();
+    browser
+        .until(
+            "only the token prompt",
+            WAIT,
+            "return !document.getElementById('login').hidden && document.getElementById('fleet').hidden;",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .js(
+                "return document.querySelectorAll('#matrix-body tr, #clusters li').length;",
+                vec![]
+            )
+            .await,
+        json!(0)
+    );
+    browser.screenshot("auth-prompt").await;
+    let token = browser
+        .client
+        .find(fantoccini::Locator::Id("token"))
+        .await
+        .unwrap();
+    token.send_keys("a-wrong-token").await.unwrap();
+    browser
+        .client
+        .find(fantoccini::Locator::Css("#login-form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let error = browser
+        .until(
+            "the wrong token refused",
+            WAIT,
+            "const e = document.getElementById('login-error').textContent; return e || null;",
+        )
+        .await;
+    assert!(error.as_str().unwrap().contains("refused"), "{error}");
+    assert_eq!(
+        browser
+            .js("return document.getElementById('fleet').hidden;", vec![])
+            .await,
+        json!(true)
+    );
+    token.send_keys("the-right-token").await.unwrap();
+    browser
+        .client
+        .find(fantoccini::Locator::Css("#login-form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let key = format!("{ns}/web");
+    eventually("the fleet after signing in", WAIT, || async {
+        browser.cell(&key, "member-3").await
+    })
+    .await;
+    // HttpOnly: the page's script cannot read the session.
+    let cookies = browser.js("return document.cookie;", vec![]).await;
+    assert!(
+        !cookies.as_str().unwrap().contains("flotilla_ui"),
+        "{cookies}"
+    );
+    // Asked once: a reload goes straight to the fleet.
+    browser.client.refresh().await.unwrap();
+    eventually("the fleet after a reload", WAIT, || async {
+        browser.cell(&key, "member-3").await
+    })
+    .await;
+    assert_eq!(
+        browser
+            .js("return document.getElementById('login').hidden;", vec![])
+            .await,
+        json!(true)
+    );
+    browser.screenshot("auth-signed-in").await;
+}
+
+/// Waits until the visible rows (by `script`) are `want`.
+async fn shows(browser: &Browser, script: &str, want: serde_json::Value) {
+    let w = want.clone();
+    eventually(&format!("the matrix showing {want}"), WAIT, || {
+        let w = w.clone();
+        async move {
+            let got = browser.client.execute(script, vec![]).await.ok()?;
+            (got == w).then_some(())
+        }
+    })
+    .await;
+}
+
+fn curl(args: &[&str]) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .args(args)
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Safe by default (#16): with the gRPC certificate configured the page is
+/// served over TLS only, without asking browsers for the gRPC client
+/// certificate, and the session cookie is Secure.
+#[tokio::test]
+async fn with_tls_the_page_is_https_only_and_its_cookie_secure() {
+    let _up = MEMBERS_UP.read().await;
+    let (_ns, _guards, mut replicas, port, _c3) = member3_replica("ui-tls", &[]).await;
+    let pki = replicas.dir.with_extension("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let script = r#"
+      openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=ca" -keyout ca.key -out ca.crt 2>/dev/null
+      printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > server.ext
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=flotilla" -keyout server.key -out server.csr 2>/dev/null
+      openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext -out server.crt 2>/dev/null
+      printf 'tls-token\n' > token
+    "#;
+    let ok = std::process::Command::new("bash")
+        .args(["-ec", script])
+        .current_dir(&pki)
+        .status()
+        .expect("openssl");
+    assert!(ok.success());
+    let p = |f: &str| pki.join(f).display().to_string();
+    replicas.grpc_args = vec![
+        "--grpc-tls-cert".into(),
+        p("server.crt"),
+        "--grpc-tls-key".into(),
+        p("server.key"),
+        // gRPC asks for client certificates; the page must not.
+        "--grpc-client-ca".into(),
+        p("ca.crt"),
+        "--grpc-token-file".into(),
+        p("token"),
+    ];
+    replicas.start("tls");
+    let https = format!("https://127.0.0.1:{port}/");
+    let ca = p("ca.crt");
+    let code = eventually("the page over TLS", WAIT, || {
+        let (https, ca) = (https.clone(), ca.clone());
+        async move {
+            let c = curl(&[
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--cacert",
+                &ca,
+                &https,
+            ]);
+            (c == "200").then_some(c)
+        }
+    })
+    .await;
+    assert_eq!(code, "200");
+    // Plaintext to the same port gets no page.
+    let plain = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &format!("http://127.0.0.1:{port}/"),
+    ]);
+    assert_ne!(plain, "200", "plaintext answered");
+    // Signing in sets a Secure, HttpOnly, SameSite=Strict cookie.
+    let headers = curl(&[
+        "-D",
+        "-",
+        "-o",
+        "/dev/null",
+        "--cacert",
+        &ca,
+        "-H",
+        "content-type: application/json",
+        "--data",
+        r#"{"token":"tls-token"}"#,
+        &format!("{https}api/login"),
+    ]);
+    let cookie = headers
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no cookie: {headers}"));
+    for part in ["flotilla_ui=", "HttpOnly", "SameSite=Strict", "Secure"] {
+        assert!(cookie.contains(part), "{cookie}");
+    }
+    let wrong = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--cacert",
+        &ca,
+        "-H",
+        "content-type: application/json",
+        "--data",
+        r#"{"token":"nope"}"#,
+        &format!("{https}api/login"),
+    ]);
+    assert_eq!(wrong, "401");
+}
+
+/// Usable (#16): the grid by keyboard alone, a phone-width screen, and
+/// the OS's dark scheme.
+#[tokio::test]
+async fn the_grid_works_by_keyboard_on_a_phone_and_in_the_dark() {
+    use fantoccini::key::Key;
+    let _up = MEMBERS_UP.read().await;
+    let (ns, _guards, mut replicas, port, c3) =
+        member3_replica("ui-a11y", &["--ui-insecure"]).await;
+    replicas.start("a11y");
+    let api = Api::<Microservice>::namespaced(c3.clone(), &ns);
+    for name in ["alpha", "beta"] {
+        api.create(
+            &PostParams::default(),
+            &microservice(name, "ghcr.io/acme/app:1", 8080, Some(1)),
+        )
+        .await
+        .unwrap();
+    }
+    let base = format!("http://127.0.0.1:{port}/?ns={ns}");
+    let browser = Browser::start("a11y", None).await;
+    eventually("the dashboard answering", WAIT, || async {
+        browser.client.goto(&base).await.ok()?;
+        browser.cell(&format!("{ns}/beta"), "member-3").await
+    })
+    .await;
+    let roles = browser
+        .js(
+            "return [document.getElementById('matrix').getAttribute('role'), document.querySelectorAll('[role=gridcell]').length, document.querySelectorAll('[role=row]').length];",
+            vec![],
+        )
+        .await;
+    assert_eq!(roles, json!(["grid", 2, 2]));
+    // Into the grid by Tab, across and down by arrows, Enter for the detail.
+    browser
+        .js(
+            "document.querySelector('#matrix [tabindex=\"0\"]').focus();",
+            vec![],
+        )
+        .await;
+    let key = |k: Key| char::from(k).to_string();
+    let active = || async { browser.client.active_element().await.unwrap() };
+    active().await.send_keys(&key(Key::Right)).await.unwrap();
+    active().await.send_keys(&key(Key::Down)).await.unwrap();
+    let focused = browser
+        .js(
+            "const a = document.activeElement; return [a.dataset.key, a.dataset.cluster];",
+            vec![],
+        )
+        .await;
+    assert_eq!(focused, json!([format!("{ns}/beta"), "member-3"]));
+    active().await.send_keys(&key(Key::Enter)).await.unwrap();
+    browser
+        .until(
+            "the detail of beta by keyboard",
+            WAIT,
+            "return document.getElementById('detail-title').textContent.endsWith('/beta');",
+        )
+        .await;
+
+    // A phone: nothing wider than the screen but the grid's own scroller.
+    browser.client.set_window_size(390, 844).await.unwrap();
+    browser.client.goto(&base).await.unwrap();
+    browser
+        .until(
+            "the matrix on a phone",
+            WAIT,
+            "return document.querySelectorAll('#matrix-body tr').length === 2;",
+        )
+        .await;
+    let overflow = browser
+        .js(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth;",
+            vec![],
+        )
+        .await;
+    assert_eq!(overflow, json!(0), "the page scrolls sideways on a phone");
+    browser.screenshot("phone").await;
+    drop(browser);
+
+    // The OS's dark scheme.
+    let dark = Browser::start_with("dark", None, &["--force-dark-mode"]).await;
+    dark.client.goto(&base).await.unwrap();
+    let background = dark
+        .until(
+            "the dark scheme",
+            WAIT,
+            "return document.querySelectorAll('#matrix-body tr').length === 2 ? getComputedStyle(document.body).backgroundColor : null;",
+        )
+        .await;
+    assert_eq!(background, json!("rgb(13, 17, 23)"));
+    dark.screenshot("dark").await;
+}

@@ -1,0 +1,184 @@
+//! The dashboard's live stream: the watch planner (`status::watch`)
+//! driven from the hub and sent as Server-Sent Events. An event's id is
+//! `<index id>/<revision>`; a browser that reconnects sends it back as
+//! `Last-Event-ID` and gets what changed since, or, from another index
+//! (a restarted or different replica), a fresh snapshot.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+
+use super::json;
+use crate::status::hub::Hub;
+use crate::status::index::Filter;
+use crate::status::watch::{Cursor, Event};
+
+/// One SSE message, before encoding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    pub event: &'static str,
+    /// Set on resume points only; `reset` clears the browser's.
+    pub id: Option<String>,
+    pub data: String,
+}
+
+/// Not a resume point: a browser that drops mid-snapshot starts over.
+pub const NO_RESUME: &str = "snapshot";
+
+fn resume_id(index_id: &str, revision: u64) -> Option<String> {
+    Some(format!("{index_id}/{revision}"))
+}
+
+/// The revision to resume from, if `last_event_id` names this index.
+pub fn resume_from(last_event_id: &str, index_id: &str) -> Option<u64> {
+    let (id, revision) = last_event_id.trim().rsplit_once('/')?;
+    (id == index_id).then(|| revision.parse().ok()).flatten()
+}
+
+pub fn frame(event: Event, index_id: &str) -> Frame {
+    let (name, id, data) = match event {
+        Event::Reset => ("reset", Some(NO_RESUME.to_string()), json!({})),
+        Event::Item(v) => ("item", None, json::row(&v)),
+        Event::Synced(r) => ("synced", resume_id(index_id, r), json!({"revision": r})),
+        Event::Upsert(r, v) => ("upsert", resume_id(index_id, r), json::row(&v)),
+        Event::Delete(r, (namespace, name)) => (
+            "delete",
+            resume_id(index_id, r),
+            json!({"namespace": namespace, "name": name}),
+        ),
+        Event::Bookmark(r) => ("bookmark", resume_id(index_id, r), json!({})),
+    };
+    Frame {
+        event: name,
+        id,
+        data: data.to_string(),
+    }
+}
+
+fn clusters(hub: &Hub) -> Value {
+    hub.read(|ix| {
+        Value::Array(
+            ix.clusters()
+                .iter()
+                .map(|(name, info)| json::cluster(name, info))
+                .collect(),
+        )
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct StreamLimits {
+    /// The fleet bar is checked this often for changes no revision marks
+    /// (last seen, leader, epoch, labels).
+    pub clusters_every: Duration,
+    pub bookmark_every: Duration,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        StreamLimits {
+            clusters_every: Duration::from_secs(2),
+            bookmark_every: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Feeds one browser until it leaves or the server shuts down.
+pub async fn run(
+    hub: Arc<Hub>,
+    resume: Option<u64>,
+    tx: mpsc::Sender<Frame>,
+    limits: StreamLimits,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let id = hub.index_id.clone();
+    let mut changed = hub.subscribe();
+    let mut cursor = Cursor::new(Filter::default());
+    let mut sent_clusters = clusters(&hub);
+    let first_clusters = Frame {
+        event: "clusters",
+        id: None,
+        data: sent_clusters.to_string(),
+    };
+    if tx.send(first_clusters).await.is_err() {
+        return;
+    }
+    let (snap, changes) = hub.read(|ix| (ix.snapshot(), resume.and_then(|r| ix.changes_since(r))));
+    let first: Vec<Event> = match changes {
+        Some(changes) => cursor.resume(&snap, &changes),
+        None => cursor.snapshot(&snap).collect(),
+    };
+    drop(snap);
+    for e in first {
+        if tx.send(frame(e, &id)).await.is_err() {
+            return;
+        }
+    }
+    let mut clusters_tick = tokio::time::interval(limits.clusters_every);
+    let mut bookmark_tick = tokio::time::interval(limits.bookmark_every);
+    bookmark_tick.reset();
+    loop {
+        let events = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tx.closed() => return,
+            _ = bookmark_tick.tick() => vec![cursor.bookmark()],
+            _ = clusters_tick.tick() => Vec::new(),
+            c = changed.changed() => {
+                if c.is_err() {
+                    return;
+                }
+                let (snap, changes) =
+                    hub.read(|ix| (ix.snapshot(), ix.changes_since(cursor.revision())));
+                match changes {
+                    Some(changes) => cursor.changes(&snap, &changes),
+                    None => cursor.snapshot(&snap).collect(),
+                }
+            }
+        };
+        let now = clusters(&hub);
+        if now != sent_clusters {
+            let f = Frame {
+                event: "clusters",
+                id: None,
+                data: now.to_string(),
+            };
+            if tx.send(f).await.is_err() {
+                return;
+            }
+            sent_clusters = now;
+        }
+        for e in events {
+            if tx.send(frame(e, &id)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_browser_resumes_only_on_this_index() {
+        assert_eq!(resume_from("r1-abc/42", "r1-abc"), Some(42));
+        assert_eq!(resume_from("r2-def/42", "r1-abc"), None);
+        assert_eq!(resume_from(NO_RESUME, "r1-abc"), None);
+        assert_eq!(resume_from("r1-abc/x", "r1-abc"), None);
+    }
+
+    #[test]
+    fn only_resume_points_carry_an_id() {
+        let reset = frame(Event::Reset, "i");
+        assert_eq!(reset.id.as_deref(), Some(NO_RESUME));
+        let synced = frame(Event::Synced(9), "i");
+        assert_eq!(
+            (synced.event, synced.id.as_deref()),
+            ("synced", Some("i/9"))
+        );
+        let delete = frame(Event::Delete(10, ("ns".into(), "a".into())), "i");
+        assert_eq!(delete.data, r#"{"name":"a","namespace":"ns"}"#);
+    }
+}
