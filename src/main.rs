@@ -125,6 +125,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         credentials: credentials_rx,
         cache: rollout_cache.clone(),
     };
+    let ui_rollouts = rollout_cache.clone();
     let rollout_source = flotilla::api::server::RolloutSource {
         cache: rollout_cache,
         home: home.clone(),
@@ -225,8 +226,14 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         }),
     ];
     if let Some((o, l)) = ui {
-        let serve =
-            flotilla::ui::server::serve(hub.clone(), o, l, Some(ui_warnings), stop_rx.clone());
+        let serve = flotilla::ui::server::serve(
+            hub.clone(),
+            o,
+            l,
+            Some(ui_warnings),
+            Some(ui_rollouts),
+            stop_rx.clone(),
+        );
         tasks.push(Critical::spawn("dashboard", async move {
             serve.await.map_err(|e| e.to_string())
         }));

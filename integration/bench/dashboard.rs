@@ -91,7 +91,7 @@ async fn main() {
     };
     let listener = flotilla::ui::server::bind(&opts).await.expect("bind");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let server = tokio::spawn(serve(hub.clone(), opts, listener, None, stop_rx));
+    let server = tokio::spawn(serve(hub.clone(), opts, listener, None, None, stop_rx));
     let url = format!("http://127.0.0.1:{port}/");
 
     let browser = Browser::start("bench", None).await;

@@ -926,3 +926,140 @@ async fn the_grid_works_by_keyboard_on_a_phone_and_in_the_dark() {
     assert_eq!(background, json!("rgb(13, 17, 23)"));
     dark.screenshot("dark").await;
 }
+
+/// Records each change of a wave's state that the rollouts view shows for
+/// `key` from now on, in order, as "wave:state".
+const WAVES: &str = r#"
+const [key] = arguments;
+window.__waves = [];
+const last = {};
+const read = (record) => {
+  const r = document.querySelector(`article[data-rollout="${key}"]`);
+  if (!r) return;
+  for (const w of r.querySelectorAll("li[data-wave]")) {
+    if (last[w.dataset.wave] !== w.dataset.state && record) window.__waves.push(w.dataset.wave + ":" + w.dataset.state);
+    last[w.dataset.wave] = w.dataset.state;
+  }
+};
+new MutationObserver(() => read(true)).observe(document.getElementById("rollouts"), { childList: true, subtree: true, attributes: true });
+read(false);
+"#;
+
+/// Test 8 of #16: a FleetMicroservice's waves advance on screen in order,
+/// and an automatic rollback is shown.
+#[tokio::test]
+async fn the_rollouts_view_shows_waves_in_order_and_a_rollback() {
+    use flotilla::rollout::spec::RolloutPhase;
+    use support::rollout::{fleet_microservice, rollout_fleet};
+    let _up = MEMBERS_UP.read().await;
+    let mut fleet = rollout_fleet("ui-roll", &[("member-1", "ring: canary\n")]).await;
+    let viewer = viewer_id();
+    let port = free_port();
+    fleet.replicas.extra_args = ui_args(port);
+    fleet.replicas.start(&viewer);
+    let canary_first = json!({
+        "waves": [{"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}}],
+        "bake": "4s",
+        "progressDeadline": "5m",
+    });
+    fleet
+        .create(fleet_microservice(
+            "api",
+            "ghcr.io/acme/api:1",
+            canary_first,
+        ))
+        .await;
+    fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(120))
+        .await;
+
+    let browser = Browser::start("rollouts", None).await;
+    let url = format!("http://127.0.0.1:{port}/");
+    eventually("the dashboard answering", WAIT, || async {
+        support::http_get(&url).await.filter(|(c, _)| *c == 200)
+    })
+    .await;
+    browser.client.goto(&url).await.unwrap();
+    let key = format!("{}/api", fleet.namespace);
+    browser
+        .until(
+            "api Complete on screen",
+            WAIT,
+            &format!(
+                "const r = document.querySelector('article[data-rollout=\"{key}\"]'); return r && r.dataset.phase === 'Complete';"
+            ),
+        )
+        .await;
+    let waves: Vec<String> = browser
+        .js(
+            &format!(
+                "return [...document.querySelectorAll('article[data-rollout=\"{key}\"] li[data-wave]')].map(w => w.dataset.wave);"
+            ),
+            vec![],
+        )
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(waves.len(), 2, "the canary, then the rest: {waves:?}");
+    assert_eq!(waves[0], "canary");
+
+    // A good release: each wave updating, then done, the canary first.
+    browser.js(WAVES, vec![json!(key)]).await;
+    fleet.set_image("api", "ghcr.io/acme/api:2").await;
+    fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(120))
+        .await;
+    let seen = browser
+        .until(
+            "the last wave done on screen",
+            WAIT,
+            &format!(
+                "return window.__waves.includes('{}:Done') && window.__waves.includes('canary:Baking') ? window.__waves : null;",
+                waves[1]
+            ),
+        )
+        .await;
+    let seen: Vec<String> = seen
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    let at = |s: &str| {
+        seen.iter()
+            .position(|x| x == s)
+            .unwrap_or_else(|| panic!("{s} never shown: {seen:?}"))
+    };
+    let rest = &waves[1];
+    assert!(at("canary:Progressing") < at("canary:Baking"), "{seen:?}");
+    assert!(
+        at("canary:Baking") < at(&format!("{rest}:Progressing")),
+        "the rest started only after the canary baked: {seen:?}"
+    );
+    assert!(at(&format!("{rest}:Progressing")) < at(&format!("{rest}:Done")));
+    browser.screenshot("rollout-waves").await;
+
+    // A release that never becomes ready: rolled back on the canary, shown.
+    fleet
+        .set_image_and_deadline("api", "ghcr.io/acme/api:never-ready", "15s")
+        .await;
+    fleet
+        .wait_phase("api", RolloutPhase::RolledBack, Duration::from_secs(90))
+        .await;
+    let shown = browser
+        .until(
+            "the rollback on screen",
+            WAIT,
+            &format!(
+                "const r = document.querySelector('article[data-rollout=\"{key}\"]'); return r && r.dataset.phase === 'RolledBack' && r.querySelector('.rollback') ? r.innerText : null;"
+            ),
+        )
+        .await;
+    let text = shown.as_str().unwrap();
+    assert!(text.contains("Rolled back"), "{text}");
+    assert!(text.contains("History (3 revisions)"), "{text}");
+    browser.screenshot("rollout-rollback").await;
+}

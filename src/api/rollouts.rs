@@ -38,14 +38,6 @@ pub struct FleetRolloutsService {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::RolloutEvent, Status>> + Send>>;
 
-fn history(cache: &RolloutCache, f: &FleetMicroservice) -> Vec<Revision> {
-    let stored = cache.revisions.state();
-    revisions_of(f, stored.iter().map(|r| r.as_ref()))
-        .into_iter()
-        .map(|(r, _)| r)
-        .collect()
-}
-
 fn kube_status(e: kube::Error) -> Status {
     match &e {
         kube::Error::Api(s) if s.code == 404 => Status::not_found(s.message.clone()),
@@ -87,7 +79,7 @@ impl FleetRolloutsService {
             .cache
             .get(namespace, name)
             .ok_or_else(|| Status::not_found(format!("no FleetMicroservice {namespace}/{name}")))?;
-        Ok(rollout(&f, &history(&self.cache, &f), true))
+        Ok(rollout(&f, &self.cache.history(&f), true))
     }
 
     async fn set_paused(
@@ -107,7 +99,7 @@ impl FleetRolloutsService {
             .await
             .map_err(kube_status)?;
         tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), paused, "rollout paused or resumed over gRPC");
-        Ok(Response::new(rollout(&f, &history(&self.cache, &f), true)))
+        Ok(Response::new(rollout(&f, &self.cache.history(&f), true)))
     }
 }
 
@@ -187,7 +179,7 @@ impl FleetRollouts for FleetRolloutsService {
         }
         let api = self.api(&ns);
         let mut f = api.get(&name).await.map_err(kube_status)?;
-        let stored = history(&self.cache, &f);
+        let stored = self.cache.history(&f);
         let st = f.status.clone().unwrap_or_default();
         let target = undo_target(
             &stored,
@@ -204,7 +196,7 @@ impl FleetRollouts for FleetRolloutsService {
             .await
             .map_err(kube_status)?;
         tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), to = %target.name, number = target.number, "rollout undone over gRPC");
-        Ok(Response::new(rollout(&f, &history(&self.cache, &f), true)))
+        Ok(Response::new(rollout(&f, &self.cache.history(&f), true)))
     }
 }
 

@@ -180,6 +180,15 @@ impl RolloutCache {
         self.fleet.get(&ObjectRef::new(name).within(namespace))
     }
 
+    /// `f`'s stored revisions, as the cache holds them.
+    pub fn history(&self, f: &FleetMicroservice) -> Vec<crate::rollout::revision::Revision> {
+        let stored = self.revisions.state();
+        crate::rollout::home::revisions_of(f, stored.iter().map(|r| r.as_ref()))
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect()
+    }
+
     pub async fn ready(&self) -> bool {
         self.fleet.wait_until_ready().await.is_ok()
             && self.revisions.wait_until_ready().await.is_ok()

@@ -10,7 +10,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
+use kube::ResourceExt;
+
 use super::json;
+use crate::rollout::cache::RolloutCache;
 use crate::status::hub::Hub;
 use crate::status::index::Filter;
 use crate::status::watch::{Cursor, Event};
@@ -57,6 +60,17 @@ pub fn frame(event: Event, index_id: &str) -> Frame {
     }
 }
 
+/// Every FleetMicroservice, by namespace and name.
+pub fn rollouts(cache: &RolloutCache) -> Value {
+    let mut all = cache.fleet.state();
+    all.sort_by_key(|f| (f.namespace(), f.name_any()));
+    Value::Array(
+        all.iter()
+            .map(|f| json::rollout(f, &cache.history(f)))
+            .collect(),
+    )
+}
+
 fn clusters(hub: &Hub) -> Value {
     hub.read(|ix| {
         Value::Array(
@@ -88,6 +102,7 @@ impl Default for StreamLimits {
 /// Feeds one browser until it leaves or the server shuts down.
 pub async fn run(
     hub: Arc<Hub>,
+    fleet_rollouts: Option<Arc<RolloutCache>>,
     resume: Option<u64>,
     tx: mpsc::Sender<Frame>,
     limits: StreamLimits,
@@ -105,6 +120,9 @@ pub async fn run(
     if tx.send(first_clusters).await.is_err() {
         return;
     }
+    // The rollouts view: the whole list again whenever the cache changes.
+    let mut rollouts_changed = fleet_rollouts.as_ref().map(|c| c.subscribe());
+    let mut sent_rollouts = Value::Null;
     let (snap, changes) = hub.read(|ix| (ix.snapshot(), resume.and_then(|r| ix.changes_since(r))));
     let first: Vec<Event> = match changes {
         Some(changes) => cursor.resume(&snap, &changes),
@@ -116,15 +134,45 @@ pub async fn run(
             return;
         }
     }
+    let rollouts_frame = |cache: &RolloutCache, sent: &mut Value| {
+        let now = rollouts(cache);
+        (now != *sent).then(|| {
+            *sent = now.clone();
+            Frame {
+                event: "rollouts",
+                id: None,
+                data: now.to_string(),
+            }
+        })
+    };
+    if let Some(f) = fleet_rollouts
+        .as_deref()
+        .and_then(|c| rollouts_frame(c, &mut sent_rollouts))
+        && tx.send(f).await.is_err()
+    {
+        return;
+    }
     let mut clusters_tick = tokio::time::interval(limits.clusters_every);
     let mut bookmark_tick = tokio::time::interval(limits.bookmark_every);
     bookmark_tick.reset();
     loop {
         let events = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
+            // The guard `wait_for` returns is not Send: drop it here.
+            _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => return,
             _ = tx.closed() => return,
             _ = bookmark_tick.tick() => vec![cursor.bookmark()],
             _ = clusters_tick.tick() => Vec::new(),
+            Some(()) = changed_rollouts(&mut rollouts_changed) => {
+                let frame = fleet_rollouts
+                    .as_deref()
+                    .and_then(|c| rollouts_frame(c, &mut sent_rollouts));
+                if let Some(f) = frame
+                    && tx.send(f).await.is_err()
+                {
+                    return;
+                }
+                Vec::new()
+            }
             c = changed.changed() => {
                 if c.is_err() {
                     return;
@@ -154,6 +202,14 @@ pub async fn run(
                 return;
             }
         }
+    }
+}
+
+/// Resolves when the rollout cache changed; never without one.
+async fn changed_rollouts(rx: &mut Option<watch::Receiver<u64>>) -> Option<()> {
+    match rx {
+        Some(rx) => rx.changed().await.ok(),
+        None => std::future::pending().await,
     }
 }
 

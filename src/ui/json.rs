@@ -5,6 +5,10 @@ use std::time::SystemTime;
 
 use serde_json::{Value, json};
 
+use kube::ResourceExt;
+
+use crate::rollout::revision::Revision;
+use crate::rollout::spec::FleetMicroservice;
 use crate::status::index::MicroserviceView;
 use crate::status::view::{self, ClusterInfo, Entry, EntryState, Reach, RolloutResult};
 
@@ -116,6 +120,27 @@ pub fn detail(v: &MicroserviceView) -> Value {
         "name": v.name,
         "clusters": clusters,
         "wait": wait_verdict(v),
+    })
+}
+
+/// One FleetMicroservice for the rollouts view: its status as stored (waves,
+/// clusters, revisions, conditions), and its revision history newest first.
+pub fn rollout(f: &FleetMicroservice, history: &[Revision]) -> Value {
+    let mut newest_first: Vec<&Revision> = history.iter().collect();
+    newest_first.sort_by_key(|r| std::cmp::Reverse(r.number));
+    json!({
+        "namespace": f.namespace().unwrap_or_default(),
+        "name": f.name_any(),
+        "generation": f.metadata.generation,
+        "image": f.spec.template.image,
+        "paused": f.spec.paused,
+        "bake": f.spec.rollout.bake,
+        "deleting": f.metadata.deletion_timestamp.is_some(),
+        "status": f.status,
+        "history": newest_first
+            .iter()
+            .map(|r| json!({"name": r.name, "number": r.number, "image": r.data.template.image}))
+            .collect::<Vec<_>>(),
     })
 }
 

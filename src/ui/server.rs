@@ -24,6 +24,7 @@ use super::warnings::Warnings;
 use super::{UiError, assets, auth, json};
 use crate::api::auth::BearerToken;
 use crate::api::tls::{Rotating, TlsFiles};
+use crate::rollout::cache::RolloutCache;
 use crate::status::hub::Hub;
 
 #[derive(Debug, Clone)]
@@ -56,6 +57,7 @@ struct Ctx {
     token: BearerToken,
     secure: bool,
     warnings: Option<Arc<Warnings>>,
+    fleet_rollouts: Option<Arc<RolloutCache>>,
     limits: StreamLimits,
     shutdown: watch::Receiver<bool>,
 }
@@ -184,6 +186,16 @@ async fn detail(
     json_response(body)
 }
 
+async fn rollouts(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
+    if !auth::admitted(&ctx.token, &headers) {
+        return unauthorized();
+    }
+    match &ctx.fleet_rollouts {
+        Some(cache) => json_response(events::rollouts(cache)),
+        None => json_response(json!([])),
+    }
+}
+
 fn sse(f: Frame) -> SseEvent {
     let e = SseEvent::default().event(f.event).data(f.data);
     match f.id {
@@ -203,6 +215,7 @@ async fn stream(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(events::run(
         ctx.hub.clone(),
+        ctx.fleet_rollouts.clone(),
         resume,
         tx,
         ctx.limits,
@@ -235,6 +248,7 @@ fn router(ctx: Ctx) -> Router {
         .route("/api/clusters", get(clusters))
         .route("/api/microservices/{ns}/{name}", get(detail))
         .route("/api/events", get(stream))
+        .route("/api/rollouts", get(rollouts))
         .with_state(ctx)
         .layer(axum::middleware::map_response(|r: Response| async move {
             secure_headers(r)
@@ -284,6 +298,7 @@ pub async fn serve(
     opts: UiOptions,
     listener: TcpListener,
     warnings: Option<Warnings>,
+    fleet_rollouts: Option<Arc<RolloutCache>>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), UiError> {
     let token = BearerToken::new(opts.token.as_deref());
@@ -309,6 +324,7 @@ pub async fn serve(
         token,
         secure: tls.is_some(),
         warnings: warnings.map(Arc::new),
+        fleet_rollouts,
         limits: opts.limits,
         shutdown: shutdown.clone(),
     };

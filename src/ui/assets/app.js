@@ -329,6 +329,63 @@ function detailChanged(key) {
   detailTimer = setTimeout(loadDetail, 250);
 }
 
+// ---- the rollouts view
+
+const WAVE_WORDS = { Pending: "pending", Progressing: "updating", Baking: "baking", Done: "done" };
+
+// "5s", "2m", "1m30s", "500ms" as milliseconds.
+function durationMs(text) {
+  let total = 0;
+  for (const [, n, unit] of String(text || "").matchAll(/(\d+(?:\.\d+)?)(ms|s|m|h)/g)) {
+    total += Number(n) * { ms: 1, s: 1000, m: 60000, h: 3600000 }[unit];
+  }
+  return total;
+}
+
+function waveElement(r, w) {
+  const st = r.status || {};
+  const clusters = (st.clusters || []).filter((c) => w.clusters.includes(c.name));
+  const done = clusters.filter((c) => c.state === "Done").length;
+  let word = WAVE_WORDS[w.state] || w.state;
+  if (w.state === "Baking") {
+    const doneAt = Math.max(...clusters.map((c) => Date.parse(c.since) || 0));
+    const left = Math.max(0, Math.ceil((durationMs(r.bake) - (Date.now() - doneAt)) / 1000));
+    word = "baking, " + left + " s left";
+  }
+  if (clusters.some((c) => c.state === "Failed")) word = "failed";
+  return el("li", { "data-wave": w.name, "data-state": w.state },
+    el("span", { class: "wave-name", text: w.name }),
+    el("progress", { max: Math.max(1, w.clusters.length), value: done, "aria-label": w.name + ": " + done + " of " + w.clusters.length + " clusters done" }),
+    el("span", { class: "wave-state", text: word + " (" + done + "/" + w.clusters.length + ")" }),
+    ...clusters.map((c) => el("span", { class: "chip", "data-cluster": c.name, "data-state": c.state, title: c.message || c.reason, text: c.name + ": " + c.state })));
+}
+
+function renderRollouts(list) {
+  $("rollouts-section").hidden = list.length === 0;
+  $("rollouts").replaceChildren(...list.map((r) => {
+    const st = r.status || {};
+    const number = (name) => (r.history.find((h) => h.name === name) || {}).number;
+    const rolledBack = (st.conditions || []).find((c) => c.type === "RolledBack" && c.status === "True");
+    const phase = st.phase || "Pending";
+    const revision = "revision " + (number(st.updateRevision) ?? "–") +
+      (st.currentRevision && st.currentRevision !== st.updateRevision ? ", current " + number(st.currentRevision) : "") +
+      (st.lastGoodRevision ? ", last good " + number(st.lastGoodRevision) : "");
+    return el("article", { class: "rollout", "data-rollout": r.namespace + "/" + r.name, "data-phase": phase },
+      el("h3", { text: r.namespace + "/" + r.name }),
+      el("p", { class: "phase", text: phase + (r.paused ? " (paused)" : "") + " · " + revision + " · " + r.image +
+        (st.wave ? " · wave " + st.wave : "") }),
+      rolledBack ? el("p", { class: "rollback", text: "Rolled back: " + rolledBack.message }) : null,
+      el("ol", { class: "waves" }, ...(st.waves || []).map((w) => waveElement(r, w))),
+      el("details", {}, el("summary", { text: "History (" + r.history.length + " revisions)" }),
+        el("ol", { class: "history" }, ...r.history.map((h) => el("li", { "data-revision": h.number,
+          text: "#" + h.number + " " + h.image + (h.name === st.updateRevision ? " (update)" : "") +
+            (h.name === st.lastGoodRevision ? " (last good)" : "") })))));
+  }));
+}
+
+let lastRollouts = [];
+setInterval(() => { if (lastRollouts.some((r) => (r.status?.waves || []).some((w) => w.state === "Baking"))) renderRollouts(lastRollouts); }, 1000);
+
 // ---- the live stream
 
 function setLive(state, text) {
@@ -375,13 +432,17 @@ function handle(type, data, bytes) {
       model.clusters = data;
       renderClusters();
       break;
+    case "rollouts":
+      lastRollouts = data;
+      renderRollouts(data);
+      break;
   }
   if (model.synced) schedule();
 }
 
 function connect() {
   const source = new EventSource("/api/events");
-  for (const type of ["reset", "item", "upsert", "delete", "synced", "clusters", "bookmark"]) {
+  for (const type of ["reset", "item", "upsert", "delete", "synced", "clusters", "rollouts", "bookmark"]) {
     source.addEventListener(type, (e) => handle(type, e.data ? JSON.parse(e.data) : {}, e.data.length));
   }
   source.onerror = () => {
