@@ -125,11 +125,11 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         credentials: credentials_rx,
         cache: rollout_cache.clone(),
     };
-    let ui_rollouts = rollout_cache.clone();
     let rollout_source = flotilla::api::server::RolloutSource {
         cache: rollout_cache,
         home: home.clone(),
     };
+    let ui_rollouts = rollout_source.clone();
     let defaults = args.platform_defaults();
     let registration = match args.registry.config() {
         Some(config) => Some(Registration::connect(&config).await),
@@ -289,6 +289,7 @@ fn ui_options(args: &RunArgs, grpc: &ServerOptions) -> Option<flotilla::ui::serv
         insecure: args.ui_insecure,
         token: grpc.token.clone(),
         token_file: grpc.token_file.clone(),
+        write_token: grpc.write_token.clone(),
         limits: Default::default(),
     })
 }

@@ -87,6 +87,7 @@ async fn main() {
         insecure: true,
         token: None,
         token_file: None,
+        write_token: None,
         limits: Default::default(),
     };
     let listener = flotilla::ui::server::bind(&opts).await.expect("bind");

@@ -855,10 +855,21 @@ async fn the_grid_works_by_keyboard_on_a_phone_and_in_the_dark() {
     let base = format!("http://127.0.0.1:{port}/?ns={ns}");
     let browser = Browser::start("a11y", None).await;
     eventually("the dashboard answering", WAIT, || async {
-        browser.client.goto(&base).await.ok()?;
-        browser.cell(&format!("{ns}/beta"), "member-3").await
+        support::http_get(&format!("http://127.0.0.1:{port}/"))
+            .await
+            .filter(|(c, _)| *c == 200)
     })
     .await;
+    browser.client.goto(&base).await.unwrap();
+    for name in ["alpha", "beta"] {
+        eventually(&format!("{name} Done"), WAIT, || async {
+            browser
+                .cell(&format!("{ns}/{name}"), "member-3")
+                .await
+                .filter(|t| t.contains("Done"))
+        })
+        .await;
+    }
     let roles = browser
         .js(
             "return [document.getElementById('matrix').getAttribute('role'), document.querySelectorAll('[role=gridcell]').length, document.querySelectorAll('[role=row]').length];",
@@ -950,9 +961,19 @@ read(false);
 #[tokio::test]
 async fn the_rollouts_view_shows_waves_in_order_and_a_rollback() {
     use flotilla::rollout::spec::RolloutPhase;
-    use support::rollout::{fleet_microservice, rollout_fleet};
+    use support::rollout::{fleet_microservice, rollout_fleet_with};
     let _up = MEMBERS_UP.read().await;
-    let mut fleet = rollout_fleet("ui-roll", &[("member-1", "ring: canary\n")]).await;
+    let write_token = support::fleet_dir().join(format!("ui-write-{:08x}", rand::random::<u32>()));
+    std::fs::write(&write_token, "write-me\n").unwrap();
+    let mut fleet = rollout_fleet_with(
+        "ui-roll",
+        &[("member-1", "ring: canary\n")],
+        &[
+            "--grpc-write-token-file".to_string(),
+            write_token.display().to_string(),
+        ],
+    )
+    .await;
     let viewer = viewer_id();
     let port = free_port();
     fleet.replicas.extra_args = ui_args(port);
@@ -1062,4 +1083,82 @@ async fn the_rollouts_view_shows_waves_in_order_and_a_rollback() {
     assert!(text.contains("Rolled back"), "{text}");
     assert!(text.contains("History (3 revisions)"), "{text}");
     browser.screenshot("rollout-rollback").await;
+
+    // Read-only until the write token is presented: no edit buttons, and
+    // an edit without it is refused.
+    assert_eq!(
+        browser
+            .js("return [document.querySelectorAll('[data-action]').length, document.getElementById('unlock').hidden];", vec![])
+            .await,
+        json!([0, false])
+    );
+    let refused = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .arg(format!("{url}api/rollouts/{key}/pause"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&refused.stdout), "403");
+    browser
+        .client
+        .find(fantoccini::Locator::Id("unlock"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let token = browser
+        .client
+        .find(fantoccini::Locator::Id("token"))
+        .await
+        .unwrap();
+    token.send_keys("write-me").await.unwrap();
+    browser
+        .client
+        .find(fantoccini::Locator::Css("#login-form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let click = |action: &'static str| {
+        let browser = &browser;
+        let key = key.clone();
+        async move {
+            eventually(&format!("the {action} button"), WAIT, || {
+                let key = key.clone();
+                async move {
+                    let css = format!("article[data-rollout=\"{key}\"] [data-action=\"{action}\"]");
+                    let b = browser
+                        .client
+                        .find(fantoccini::Locator::Css(&css))
+                        .await
+                        .ok()?;
+                    b.click().await.ok()
+                }
+            })
+            .await
+        }
+    };
+    let paused = |want: bool| {
+        let api = fleet.api();
+        async move {
+            eventually(&format!("spec.paused {want}"), WAIT, || {
+                let api = api.clone();
+                async move { (api.get("api").await.ok()?.spec.paused == want).then_some(()) }
+            })
+            .await
+        }
+    };
+    click("pause").await;
+    paused(true).await;
+    browser
+        .until(
+            "the pause on screen",
+            WAIT,
+            &format!("const r = document.querySelector('article[data-rollout=\"{key}\"] .phase'); return r && /^Paused|\\(paused\\)/.test(r.textContent);"),
+        )
+        .await;
+    browser.screenshot("rollout-paused").await;
+    click("resume").await;
+    paused(false).await;
 }

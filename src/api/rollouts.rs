@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::Client;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
@@ -21,9 +20,9 @@ use super::rollout_convert::{deleted, rollout};
 use super::streams::{self, Outbox, Streams};
 use super::watch::WatchLimits;
 use crate::rollout::cache::{Key, RolloutCache};
+use crate::rollout::edits::{self, EditError};
 use crate::rollout::home::revisions_of;
-use crate::rollout::revision::{Revision, undo_target};
-use crate::rollout::spec::FleetMicroservice;
+use crate::rollout::revision::Revision;
 
 pub struct FleetRolloutsService {
     pub cache: Arc<RolloutCache>,
@@ -69,10 +68,6 @@ impl FleetRolloutsService {
         }
     }
 
-    fn api(&self, namespace: &str) -> Api<FleetMicroservice> {
-        Api::namespaced(self.home.clone(), namespace)
-    }
-
     fn one(&self, namespace: &str, name: &str) -> Result<pb::Rollout, Status> {
         self.ready()?;
         let f = self
@@ -89,17 +84,18 @@ impl FleetRolloutsService {
     ) -> Result<Response<pb::Rollout>, Status> {
         require_write(&self.write, &r)?;
         let (ns, name) = request::key(&r.get_ref().namespace, &r.get_ref().name)?;
-        let f = self
-            .api(&ns)
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"spec": {"paused": paused}})),
-            )
+        let f = edits::set_paused(&self.home, &ns, &name, paused)
             .await
-            .map_err(kube_status)?;
+            .map_err(edit_status)?;
         tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), paused, "rollout paused or resumed over gRPC");
         Ok(Response::new(rollout(&f, &self.cache.history(&f), true)))
+    }
+}
+
+fn edit_status(e: EditError) -> Status {
+    match e {
+        EditError::Kube(e) => kube_status(e),
+        EditError::Undo(m) => Status::invalid_argument(m),
     }
 }
 
@@ -174,27 +170,9 @@ impl FleetRollouts for FleetRolloutsService {
         self.ready()?;
         let req = r.get_ref();
         let (ns, name) = request::key(&req.namespace, &req.name)?;
-        if req.to_revision < 0 {
-            return Err(Status::invalid_argument("to_revision must not be negative"));
-        }
-        let api = self.api(&ns);
-        let mut f = api.get(&name).await.map_err(kube_status)?;
-        let stored = self.cache.history(&f);
-        let st = f.status.clone().unwrap_or_default();
-        let target = undo_target(
-            &stored,
-            st.update_revision.as_deref(),
-            st.last_good_revision.as_deref(),
-            req.to_revision,
-        )
-        .map_err(Status::invalid_argument)?;
-        f.spec.template = target.data.template.clone();
-        f.spec.overrides = target.data.overrides.clone();
-        // Conditional on the resourceVersion just read.
-        let f = api
-            .replace(&name, &PostParams::default(), &f)
+        let (f, target) = edits::undo(&self.home, &self.cache, &ns, &name, req.to_revision)
             .await
-            .map_err(kube_status)?;
+            .map_err(edit_status)?;
         tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), to = %target.name, number = target.number, "rollout undone over gRPC");
         Ok(Response::new(rollout(&f, &self.cache.history(&f), true)))
     }

@@ -122,7 +122,8 @@ pub async fn bind(opts: &ServerOptions) -> Result<TcpListener, ApiError> {
         .map_err(|e| ApiError::Config(format!("--grpc-addr {}: {e}", opts.addr)))
 }
 
-/// What FleetRollouts reads and edits.
+/// What FleetRollouts (and the dashboard) reads and edits.
+#[derive(Clone)]
 pub struct RolloutSource {
     pub cache: Arc<crate::rollout::cache::RolloutCache>,
     /// The home cluster, for the spec edits users ask for.

@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod controller;
+pub mod edits;
 pub mod error;
 pub mod events;
 pub mod home;

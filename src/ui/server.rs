@@ -23,8 +23,9 @@ use super::events::{self, Frame, StreamLimits};
 use super::warnings::Warnings;
 use super::{UiError, assets, auth, json};
 use crate::api::auth::BearerToken;
+use crate::api::server::RolloutSource;
 use crate::api::tls::{Rotating, TlsFiles};
-use crate::rollout::cache::RolloutCache;
+use crate::rollout::edits::{self, EditError};
 use crate::status::hub::Hub;
 
 #[derive(Debug, Clone)]
@@ -36,6 +37,9 @@ pub struct UiOptions {
     pub insecure: bool,
     pub token: Option<String>,
     pub token_file: Option<PathBuf>,
+    /// The rollout API's write token: a session signed in with it may
+    /// pause, resume and undo rollouts.
+    pub write_token: Option<String>,
     pub limits: StreamLimits,
 }
 
@@ -55,9 +59,10 @@ impl UiOptions {
 struct Ctx {
     hub: Arc<Hub>,
     token: BearerToken,
+    write: BearerToken,
     secure: bool,
     warnings: Option<Arc<Warnings>>,
-    fleet_rollouts: Option<Arc<RolloutCache>>,
+    fleet_rollouts: Option<RolloutSource>,
     limits: StreamLimits,
     shutdown: watch::Receiver<bool>,
 }
@@ -105,11 +110,13 @@ fn json_response(v: serde_json::Value) -> Response {
 }
 
 async fn session(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    if auth::admitted(&ctx.token, &headers) {
-        StatusCode::NO_CONTENT.into_response()
-    } else {
-        unauthorized()
+    if !auth::admitted(&ctx.token, &ctx.write, &headers) {
+        return unauthorized();
     }
+    json_response(json!({
+        "write": auth::may_write(&ctx.write, &headers),
+        "writeConfigured": ctx.write.configured() && ctx.fleet_rollouts.is_some(),
+    }))
 }
 
 async fn login(State(ctx): State<Ctx>, body: Bytes) -> Response {
@@ -120,11 +127,17 @@ async fn login(State(ctx): State<Ctx>, body: Bytes) -> Response {
     let Ok(Login { token }) = serde_json::from_slice::<Login>(&body) else {
         return (StatusCode::BAD_REQUEST, "expected {\"token\": \"...\"}\n").into_response();
     };
-    if !ctx.token.configured() {
+    let value = if ctx.write.accepts(&token) {
+        auth::write_session_value(&ctx.write)
+    } else if ctx.token.accepts(&token) {
+        auth::session_value(&ctx.token)
+    } else if !ctx.token.configured() && !ctx.write.configured() {
         return StatusCode::NO_CONTENT.into_response();
-    }
-    match (ctx.token.accepts(&token), auth::session_value(&ctx.token)) {
-        (true, Some(value)) => (
+    } else {
+        None
+    };
+    match value {
+        Some(value) => (
             StatusCode::NO_CONTENT,
             [(
                 header::SET_COOKIE,
@@ -132,7 +145,7 @@ async fn login(State(ctx): State<Ctx>, body: Bytes) -> Response {
             )],
         )
             .into_response(),
-        _ => unauthorized(),
+        None => unauthorized(),
     }
 }
 
@@ -145,7 +158,7 @@ async fn logout(State(ctx): State<Ctx>) -> Response {
 }
 
 async fn clusters(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    if !auth::admitted(&ctx.token, &headers) {
+    if !auth::admitted(&ctx.token, &ctx.write, &headers) {
         return unauthorized();
     }
     let list = ctx.hub.read(|ix| {
@@ -162,7 +175,7 @@ async fn detail(
     headers: HeaderMap,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
-    if !auth::admitted(&ctx.token, &headers) {
+    if !auth::admitted(&ctx.token, &ctx.write, &headers) {
         return unauthorized();
     }
     let key = (ns.clone(), name.clone());
@@ -187,12 +200,67 @@ async fn detail(
 }
 
 async fn rollouts(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    if !auth::admitted(&ctx.token, &headers) {
+    if !auth::admitted(&ctx.token, &ctx.write, &headers) {
         return unauthorized();
     }
     match &ctx.fleet_rollouts {
-        Some(cache) => json_response(events::rollouts(cache)),
+        Some(source) => json_response(events::rollouts(&source.cache)),
         None => json_response(json!([])),
+    }
+}
+
+/// Pause, resume or undo: the same edits as the gRPC rollouts API, for a
+/// session signed in with its write token.
+async fn edit(
+    State(ctx): State<Ctx>,
+    headers: HeaderMap,
+    Path((ns, name, action)): Path<(String, String, String)>,
+    body: Bytes,
+) -> Response {
+    let refuse = |code: StatusCode, error: String| {
+        (
+            code,
+            [(header::CONTENT_TYPE, "application/json")],
+            json!({"error": error}).to_string(),
+        )
+            .into_response()
+    };
+    if !auth::may_write(&ctx.write, &headers) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "changing rollouts needs the rollout API's write token".into(),
+        );
+    }
+    let Some(source) = &ctx.fleet_rollouts else {
+        return refuse(StatusCode::NOT_FOUND, "no rollouts here".into());
+    };
+    let to = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["toRevision"].as_i64())
+        .unwrap_or(0);
+    let done = match action.as_str() {
+        "pause" => edits::set_paused(&source.home, &ns, &name, true)
+            .await
+            .map(|_| ()),
+        "resume" => edits::set_paused(&source.home, &ns, &name, false)
+            .await
+            .map(|_| ()),
+        "undo" => edits::undo(&source.home, &source.cache, &ns, &name, to)
+            .await
+            .map(|_| ()),
+        other => return refuse(StatusCode::NOT_FOUND, format!("no action {other:?}")),
+    };
+    match done {
+        Ok(()) => {
+            tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), action, "rollout changed from the dashboard");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(EditError::Undo(m)) => refuse(StatusCode::BAD_REQUEST, m),
+        Err(EditError::Kube(kube::Error::Api(s))) => refuse(
+            StatusCode::from_u16(s.code).unwrap_or(StatusCode::BAD_GATEWAY),
+            s.message,
+        ),
+        Err(e) => refuse(StatusCode::BAD_GATEWAY, e.to_string()),
     }
 }
 
@@ -205,7 +273,7 @@ fn sse(f: Frame) -> SseEvent {
 }
 
 async fn stream(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    if !auth::admitted(&ctx.token, &headers) {
+    if !auth::admitted(&ctx.token, &ctx.write, &headers) {
         return unauthorized();
     }
     let resume = headers
@@ -215,7 +283,7 @@ async fn stream(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(events::run(
         ctx.hub.clone(),
-        ctx.fleet_rollouts.clone(),
+        ctx.fleet_rollouts.as_ref().map(|s| s.cache.clone()),
         resume,
         tx,
         ctx.limits,
@@ -249,6 +317,7 @@ fn router(ctx: Ctx) -> Router {
         .route("/api/microservices/{ns}/{name}", get(detail))
         .route("/api/events", get(stream))
         .route("/api/rollouts", get(rollouts))
+        .route("/api/rollouts/{ns}/{name}/{action}", post(edit))
         .with_state(ctx)
         .layer(axum::middleware::map_response(|r: Response| async move {
             secure_headers(r)
@@ -298,10 +367,11 @@ pub async fn serve(
     opts: UiOptions,
     listener: TcpListener,
     warnings: Option<Warnings>,
-    fleet_rollouts: Option<Arc<RolloutCache>>,
+    fleet_rollouts: Option<RolloutSource>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), UiError> {
     let token = BearerToken::new(opts.token.as_deref());
+    let write = BearerToken::new(opts.write_token.as_deref());
     let tls = opts
         .tls
         .clone()
@@ -322,6 +392,7 @@ pub async fn serve(
     let ctx = Ctx {
         hub,
         token,
+        write,
         secure: tls.is_some(),
         warnings: warnings.map(Arc::new),
         fleet_rollouts,
@@ -364,6 +435,7 @@ mod tests {
             insecure: false,
             token: None,
             token_file: None,
+            write_token: None,
             limits: StreamLimits::default(),
         }
     }

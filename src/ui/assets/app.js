@@ -214,8 +214,15 @@ function renderDirty() {
       continue;
     }
     const tr = rowElement(row, 0);
-    if (old) old.replaceWith(tr);
-    else added = true;
+    if (old) {
+      // Keep the keyboard where it was: the same cell of the new row.
+      const at = (e) => (e ? [...e.parentElement.children].indexOf(e) : -1);
+      const focused = old.contains(document.activeElement) ? at(document.activeElement.closest("td, th")) : -1;
+      const roving = at(old.querySelector('[tabindex="0"]'));
+      old.replaceWith(tr);
+      if (roving >= 0 && tr.children[roving]) tr.children[roving].tabIndex = 0;
+      if (focused >= 0 && tr.children[focused]) tr.children[focused].focus();
+    } else added = true;
     rowElements.set(key, tr);
   }
   model.dirty.clear();
@@ -360,7 +367,36 @@ function waveElement(r, w) {
     ...clusters.map((c) => el("span", { class: "chip", "data-cluster": c.name, "data-state": c.state, title: c.message || c.reason, text: c.name + ": " + c.state })));
 }
 
+let session = { write: false, writeConfigured: false };
+
+async function edit(key, action, body) {
+  const [ns, name] = key.split("/");
+  const res = await fetch("/api/rollouts/" + encodeURIComponent(ns) + "/" + encodeURIComponent(name) + "/" + action, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body || {}),
+  });
+  let message = action + " " + key + ": ";
+  if (res.ok) message += "done";
+  else message += ((await res.json().catch(() => ({}))).error || "error " + res.status);
+  $("edit-result").textContent = message;
+}
+
+function editButtons(r) {
+  if (!session.write) return null;
+  const key = r.namespace + "/" + r.name;
+  const button = (action, label) => {
+    const b = el("button", { type: "button", "data-action": action, text: label });
+    b.addEventListener("click", () => edit(key, action));
+    return b;
+  };
+  return el("p", { class: "edits" },
+    r.paused ? button("resume", "Resume") : button("pause", "Pause"), " ",
+    button("undo", "Undo to the last good revision"));
+}
+
 function renderRollouts(list) {
+  $("unlock").hidden = session.write || !session.writeConfigured;
   $("rollouts-section").hidden = list.length === 0;
   $("rollouts").replaceChildren(...list.map((r) => {
     const st = r.status || {};
@@ -372,9 +408,10 @@ function renderRollouts(list) {
       (st.lastGoodRevision ? ", last good " + number(st.lastGoodRevision) : "");
     return el("article", { class: "rollout", "data-rollout": r.namespace + "/" + r.name, "data-phase": phase },
       el("h3", { text: r.namespace + "/" + r.name }),
-      el("p", { class: "phase", text: phase + (r.paused ? " (paused)" : "") + " · " + revision + " · " + r.image +
+      el("p", { class: "phase", text: phase + (r.paused && phase !== "Paused" ? " (paused)" : "") + " · " + revision + " · " + r.image +
         (st.wave ? " · wave " + st.wave : "") }),
       rolledBack ? el("p", { class: "rollback", text: "Rolled back: " + rolledBack.message }) : null,
+      editButtons(r),
       el("ol", { class: "waves" }, ...(st.waves || []).map((w) => waveElement(r, w))),
       el("details", {}, el("summary", { text: "History (" + r.history.length + " revisions)" }),
         el("ol", { class: "history" }, ...r.history.map((h) => el("li", { "data-revision": h.number,
@@ -440,14 +477,17 @@ function handle(type, data, bytes) {
   if (model.synced) schedule();
 }
 
+let source = null;
+
 function connect() {
-  const source = new EventSource("/api/events");
+  source = new EventSource("/api/events");
   for (const type of ["reset", "item", "upsert", "delete", "synced", "clusters", "rollouts", "bookmark"]) {
     source.addEventListener(type, (e) => handle(type, e.data ? JSON.parse(e.data) : {}, e.data.length));
   }
   source.onerror = () => {
     if (source.readyState === EventSource.CLOSED) {
       // Refused outright (e.g. the session ended): ask again.
+      source = null;
       setLive("reconnecting", "disconnected; checking the session…");
       setTimeout(start, 2000);
     } else {
@@ -491,8 +531,11 @@ async function start() {
     return;
   }
   if (res.status === 401) return showLogin();
+  session = await res.json().catch(() => session);
   $("login").hidden = true;
   $("fleet").hidden = false;
+  renderRollouts(lastRollouts);
+  if (source) return;
   connect();
   if (filters.detail) loadDetail();
 }
@@ -509,5 +552,10 @@ document.addEventListener("DOMContentLoaded", () => {
     if (b) openDetail(b.dataset.open);
   });
   $("detail-close").addEventListener("click", closeDetail);
+  // The write token, asked for beside the fleet rather than instead of it.
+  $("unlock").addEventListener("click", () => {
+    $("login").hidden = false;
+    $("token").focus();
+  });
   start();
 });
