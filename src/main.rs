@@ -104,7 +104,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let home = Client::try_from(home_config.clone()).map_err(|e| format!("client: {e}"))?;
     let hub = Hub::new(&replica_id);
     let (credentials, credentials_rx) = tokio::sync::watch::channel(Default::default());
-    let ui_warnings = flotilla::ui::warnings::Warnings::new(&replica_id, credentials_rx.clone());
+    let ui_warnings = flotilla::ui::warnings::Warnings::new(&replica_id, credentials_rx.clone())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         rx.wait_for(|s| *s).await.ok();

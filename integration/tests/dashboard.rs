@@ -115,11 +115,7 @@ async fn a_replica_that_leads_nothing_shows_the_fleet_and_follows_it_live() {
 
     let browser = Browser::start("overview", None).await;
     let url = format!("http://127.0.0.1:{port}/");
-    eventually("the dashboard answering", WAIT, || async {
-        support::http_get(&url).await.filter(|(c, _)| *c == 200)
-    })
-    .await;
-    browser.client.goto(&url).await.unwrap();
+    browser.open(&url).await;
     let key = format!("{ns}/todo-api");
     for m in MEMBERS {
         let text = eventually(&format!("todo-api Done 2/2 in {m}"), WAIT, || async {
@@ -275,11 +271,7 @@ async fn a_stopped_member_shows_unknown_with_its_last_seen_time_and_recovers() {
     }
     let browser = Browser::start("member-down", None).await;
     let url = format!("http://127.0.0.1:{port}/");
-    eventually("the dashboard answering", WAIT, || async {
-        support::http_get(&url).await.filter(|(c, _)| *c == 200)
-    })
-    .await;
-    browser.client.goto(&url).await.unwrap();
+    browser.open(&url).await;
     let key = format!("{ns}/web");
     for m in MEMBERS {
         eventually(&format!("web Done in {m}"), WAIT, || async {
@@ -407,16 +399,8 @@ async fn details_filters_and_hostile_values_on_a_slow_member() {
 
     let browser = Browser::start("detail", None).await;
     let base = format!("http://127.0.0.1:{port}/");
-    eventually("the dashboard answering", WAIT, || async {
-        support::http_get(&base).await.filter(|(c, _)| *c == 200)
-    })
-    .await;
     // The detail view of web-a while generation 2 is not yet observed.
-    browser
-        .client
-        .goto(&format!("{base}?detail={ns}/web-a"))
-        .await
-        .unwrap();
+    browser.open(&format!("{base}?detail={ns}/web-a")).await;
     browser
         .until(
             "web-a's detail at generation 1",
@@ -649,20 +633,7 @@ async fn with_a_token_the_page_asks_once_and_refuses_a_wrong_one() {
         json!(0)
     );
     browser.screenshot("auth-prompt").await;
-    let token = browser
-        .client
-        .find(fantoccini::Locator::Id("token"))
-        .await
-        .unwrap();
-    token.send_keys("a-wrong-token").await.unwrap();
-    browser
-        .client
-        .find(fantoccini::Locator::Css("#login-form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.sign_in("a-wrong-token").await;
     let error = browser
         .until(
             "the wrong token refused",
@@ -677,15 +648,7 @@ async fn with_a_token_the_page_asks_once_and_refuses_a_wrong_one() {
             .await,
         json!(true)
     );
-    token.send_keys("the-right-token").await.unwrap();
-    browser
-        .client
-        .find(fantoccini::Locator::Css("#login-form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.sign_in("the-right-token").await;
     let key = format!("{ns}/web");
     eventually("the fleet after signing in", WAIT, || async {
         browser.cell(&key, "member-3").await
@@ -832,6 +795,26 @@ async fn with_tls_the_page_is_https_only_and_its_cookie_secure() {
         &format!("{https}api/login"),
     ]);
     assert_eq!(wrong, "401");
+    // And in the browser (which does not know the test CA): the prompt,
+    // then the fleet.
+    let browser = Browser::start_with("tls", None, &["--ignore-certificate-errors"]).await;
+    browser.client.goto(&https).await.unwrap();
+    browser
+        .until(
+            "the token prompt over HTTPS",
+            WAIT,
+            "return !document.getElementById('login').hidden;",
+        )
+        .await;
+    browser.sign_in("tls-token").await;
+    browser
+        .until(
+            "the fleet over HTTPS",
+            WAIT,
+            "return document.querySelectorAll('#clusters li').length === 1 && location.protocol === 'https:';",
+        )
+        .await;
+    browser.screenshot("tls").await;
 }
 
 /// Usable (#16): the grid by keyboard alone, a phone-width screen, and
@@ -854,13 +837,7 @@ async fn the_grid_works_by_keyboard_on_a_phone_and_in_the_dark() {
     }
     let base = format!("http://127.0.0.1:{port}/?ns={ns}");
     let browser = Browser::start("a11y", None).await;
-    eventually("the dashboard answering", WAIT, || async {
-        support::http_get(&format!("http://127.0.0.1:{port}/"))
-            .await
-            .filter(|(c, _)| *c == 200)
-    })
-    .await;
-    browser.client.goto(&base).await.unwrap();
+    browser.open(&base).await;
     for name in ["alpha", "beta"] {
         eventually(&format!("{name} Done"), WAIT, || async {
             browser
@@ -996,11 +973,7 @@ async fn the_rollouts_view_shows_waves_in_order_and_a_rollback() {
 
     let browser = Browser::start("rollouts", None).await;
     let url = format!("http://127.0.0.1:{port}/");
-    eventually("the dashboard answering", WAIT, || async {
-        support::http_get(&url).await.filter(|(c, _)| *c == 200)
-    })
-    .await;
-    browser.client.goto(&url).await.unwrap();
+    browser.open(&url).await;
     let key = format!("{}/api", fleet.namespace);
     browser
         .until(
@@ -1106,20 +1079,7 @@ async fn the_rollouts_view_shows_waves_in_order_and_a_rollback() {
         .click()
         .await
         .unwrap();
-    let token = browser
-        .client
-        .find(fantoccini::Locator::Id("token"))
-        .await
-        .unwrap();
-    token.send_keys("write-me").await.unwrap();
-    browser
-        .client
-        .find(fantoccini::Locator::Css("#login-form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.sign_in("write-me").await;
     let click = |action: &'static str| {
         let browser = &browser;
         let key = key.clone();

@@ -87,7 +87,7 @@ pub async fn run(
     let home = client(&opts.home, Some(&fence))?;
     let ctx = Arc::new(Ctx {
         home: Home::new(home, &opts.replica_id),
-        members: Members::new(fence.clone(), &opts.replica_id, opts.credentials.clone()),
+        members: Members::new(fence.clone(), &opts.replica_id, opts.credentials.clone())?,
         hub: opts.hub.clone(),
         written: std::sync::Mutex::new(BTreeMap::new()),
         cache: opts.cache.clone(),

@@ -4,7 +4,6 @@
 //! only writer of status and children.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, PostParams, Preconditions};
@@ -15,8 +14,9 @@ use super::error::{Result, RolloutError};
 use super::spec::{FLEET_LABEL, REVISION_ANNOTATION};
 use crate::crd::{Microservice, MicroserviceSpec};
 use crate::fleet::client_budget::Budget;
-use crate::fleet::cluster::{client_for, fleet_user_agent};
+use crate::fleet::cluster::fleet_user_agent;
 use crate::fleet::fence::Fence;
+use crate::fleet::member_clients::MemberClients;
 use crate::fleet::runtime::Credentials;
 use crate::telemetry::metrics::METRICS;
 
@@ -32,10 +32,8 @@ pub enum Written {
 }
 
 pub struct Members {
-    fence: Fence,
-    replica_id: String,
-    credentials: watch::Receiver<BTreeMap<String, Credentials>>,
-    clients: Mutex<BTreeMap<String, (u64, Client)>>,
+    /// Fenced by the home cluster's term, with the fleet controller's agent.
+    clients: MemberClients,
 }
 
 impl Members {
@@ -43,56 +41,21 @@ impl Members {
         fence: Fence,
         replica_id: &str,
         credentials: watch::Receiver<BTreeMap<String, Credentials>>,
-    ) -> Self {
-        Members {
-            fence,
-            replica_id: replica_id.to_string(),
-            credentials,
-            clients: Mutex::new(BTreeMap::new()),
-        }
+    ) -> std::result::Result<Self, String> {
+        let agent = fleet_user_agent(replica_id)?;
+        Ok(Members {
+            clients: MemberClients::new(credentials, agent, Budget::ELECTION, Some(fence)),
+        })
     }
 
-    /// A fenced client for `cluster`, rebuilt when its credentials change.
     async fn client(&self, cluster: &str) -> Result<Client> {
-        let creds = self.credentials.borrow().get(cluster).cloned();
-        let Some(creds) = creds else {
-            return Err(RolloutError::NoClient {
-                cluster: cluster.into(),
-                reason: "not registered".into(),
-            });
-        };
-        if let Some((fp, c)) = self
-            .clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.clients
             .get(cluster)
-            && *fp == creds.fingerprint
-        {
-            return Ok(c.clone());
-        }
-        let agent =
-            fleet_user_agent(&self.replica_id).map_err(|reason| RolloutError::NoClient {
+            .await
+            .map_err(|reason| RolloutError::NoClient {
                 cluster: cluster.into(),
                 reason,
-            })?;
-        let client = client_for(
-            cluster,
-            creds.kubeconfig,
-            creds.trust,
-            &agent,
-            Budget::ELECTION,
-            Some(&self.fence),
-        )
-        .await
-        .map_err(|reason| RolloutError::NoClient {
-            cluster: cluster.into(),
-            reason,
-        })?;
-        self.clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(cluster.to_string(), (creds.fingerprint, client.clone()));
-        Ok(client)
+            })
     }
 
     /// Makes `cluster`'s Microservice hold `spec` from `revision`: creates

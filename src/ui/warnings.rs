@@ -3,17 +3,17 @@
 //! user agent and a small budget, never fenced: it only reads).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Event;
+use kube::Api;
 use kube::api::ListParams;
-use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::fleet::client_budget::Budget;
-use crate::fleet::cluster::{client_for, ui_user_agent};
+use crate::fleet::cluster::ui_user_agent;
+use crate::fleet::member_clients::MemberClients;
 use crate::fleet::runtime::Credentials;
 
 /// At most this many, newest first.
@@ -21,50 +21,18 @@ const SHOWN: usize = 20;
 const TIMEOUT: Duration = Duration::from_secs(3);
 
 pub struct Warnings {
-    replica_id: String,
-    credentials: watch::Receiver<BTreeMap<String, Credentials>>,
-    clients: Mutex<BTreeMap<String, (u64, Client)>>,
+    clients: MemberClients,
 }
 
 impl Warnings {
     pub fn new(
         replica_id: &str,
         credentials: watch::Receiver<BTreeMap<String, Credentials>>,
-    ) -> Self {
-        Warnings {
-            replica_id: replica_id.to_string(),
-            credentials,
-            clients: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    async fn client(&self, cluster: &str) -> Result<Client, String> {
-        let creds = self.credentials.borrow().get(cluster).cloned();
-        let creds = creds.ok_or_else(|| format!("{cluster} is not registered"))?;
-        if let Some((fp, c)) = self
-            .clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(cluster)
-            && *fp == creds.fingerprint
-        {
-            return Ok(c.clone());
-        }
-        let agent = ui_user_agent(&self.replica_id)?;
-        let client = client_for(
-            cluster,
-            creds.kubeconfig,
-            creds.trust,
-            &agent,
-            Budget::EVENTS,
-            None,
-        )
-        .await?;
-        self.clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(cluster.to_string(), (creds.fingerprint, client.clone()));
-        Ok(client)
+    ) -> Result<Self, String> {
+        let agent = ui_user_agent(replica_id)?;
+        Ok(Warnings {
+            clients: MemberClients::new(credentials, agent, Budget::EVENTS, None),
+        })
     }
 
     /// The Warning Events for `ns/name` in each of `clusters`, newest first;
@@ -81,7 +49,7 @@ impl Warnings {
         let mut errors = Vec::new();
         for cluster in clusters {
             let listed = async {
-                let client = self.client(cluster).await?;
+                let client = self.clients.get(cluster).await?;
                 let lp = ListParams::default().fields(&selector);
                 let list =
                     tokio::time::timeout(TIMEOUT, Api::<Event>::namespaced(client, ns).list(&lp))

@@ -114,6 +114,38 @@ impl Browser {
         v.as_str().map(String::from)
     }
 
+    /// Waits until `url` answers 200 (the replica serves the page), then opens it.
+    pub async fn open(&self, url: &str) {
+        let page = match url.split_once('?') {
+            Some((page, _)) => page.to_string(),
+            None => url.to_string(),
+        };
+        eventually(
+            "the dashboard answering",
+            Duration::from_secs(90),
+            || async { super::http_get(&page).await.filter(|(c, _)| *c == 200) },
+        )
+        .await;
+        self.client.goto(url).await.expect("open the page");
+    }
+
+    /// Types `token` into the sign-in form and submits it.
+    pub async fn sign_in(&self, token: &str) {
+        let field = self
+            .client
+            .find(fantoccini::Locator::Id("token"))
+            .await
+            .expect("the token field");
+        field.send_keys(token).await.expect("type the token");
+        self.client
+            .find(fantoccini::Locator::Css("#login-form button"))
+            .await
+            .expect("the sign-in button")
+            .click()
+            .await
+            .expect("sign in");
+    }
+
     pub async fn screenshot(&self, name: &str) -> PathBuf {
         let png = self.client.screenshot().await.expect("screenshot");
         let path = self.out.join(format!("{name}.png"));
