@@ -291,6 +291,7 @@ fn ui_options(args: &RunArgs, grpc: &ServerOptions) -> Option<flotilla::ui::serv
         token_file: grpc.token_file.clone(),
         write_token: grpc.write_token.clone(),
         limits: Default::default(),
+        max_streams: grpc.max_streams,
     })
 }
 

@@ -89,6 +89,7 @@ async fn main() {
         token_file: None,
         write_token: None,
         limits: Default::default(),
+        max_streams: 100,
     };
     let listener = flotilla::ui::server::bind(&opts).await.expect("bind");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -1122,3 +1122,64 @@ async fn the_rollouts_view_shows_waves_in_order_and_a_rollback() {
     click("resume").await;
     paused(false).await;
 }
+
+/// The status line of a GET whose body may never end (an event stream);
+/// the connection stays open as long as the returned stream lives.
+async fn open_stream(url: &str) -> (u16, tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+    s.write_all(format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\r\n") {
+        s.read_exact(&mut byte).await.unwrap();
+        line.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&line).into_owned();
+    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, s)
+}
+
+/// Bad input: more event streams than the cap are refused (503, Retry-After)
+/// rather than each holding a task; a slot frees when its stream closes.
+#[tokio::test]
+async fn event_streams_over_the_cap_are_refused_until_one_closes() {
+    use flotilla::ui::server::{UiOptions, bind, serve};
+    let hub = flotilla::status::hub::Hub::new("cap-test");
+    let opts = UiOptions {
+        addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        tls: None,
+        insecure: true,
+        token: None,
+        token_file: None,
+        write_token: None,
+        limits: Default::default(),
+        max_streams: 2,
+    };
+    let url = format!("http://{}/api/events", opts.addr);
+    let listener = bind(&opts).await.unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(serve(hub, opts, listener, None, None, stop_rx));
+    let (a, first) = open_stream(&url).await;
+    let (b, _second) = open_stream(&url).await;
+    assert_eq!((a, b), (200, 200));
+    let (c, _) = open_stream(&url).await;
+    assert_eq!(c, 503, "a third stream over a cap of 2");
+    drop(first);
+    eventually("a slot freed by the closed stream", WAIT, || async {
+        let (code, s) = open_stream(&url).await;
+        (code == 200).then_some(s)
+    })
+    .await;
+    // Shutdown ends open streams, so the server stops.
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server stops with streams open")
+        .unwrap()
+        .unwrap();
+}

@@ -333,7 +333,8 @@ pub struct RunArgs {
     #[arg(long, env = "FLOTILLA_GRPC_MAX_STREAM_AGE", default_value = "30m", value_parser = parse_duration)]
     pub grpc_max_stream_age: Duration,
     /// Fleet mode: where the dashboard is served (HTTP, or HTTPS with
-    /// --grpc-tls-cert); empty turns it off. Its token is --grpc-token-file's.
+    /// --grpc-tls-cert); empty turns it off. Its token is --grpc-token-file's,
+    /// and --grpc-max-streams caps its open event streams too.
     #[arg(long, env = "FLOTILLA_UI_ADDR", default_value = "", value_parser = parse_optional_addr)]
     pub ui_addr: OptionalAddr,
     /// Serve the dashboard in plaintext without a token (local development only).

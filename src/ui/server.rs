@@ -41,6 +41,8 @@ pub struct UiOptions {
     /// pause, resume and undo rollouts.
     pub write_token: Option<String>,
     pub limits: StreamLimits,
+    /// Open event streams at once; more are refused with 503.
+    pub max_streams: usize,
 }
 
 impl UiOptions {
@@ -64,6 +66,7 @@ struct Ctx {
     warnings: Option<Arc<Warnings>>,
     fleet_rollouts: Option<RolloutSource>,
     limits: StreamLimits,
+    streams: Arc<tokio::sync::Semaphore>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -280,15 +283,27 @@ async fn stream(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|id| events::resume_from(id, &ctx.hub.index_id));
+    let Ok(slot) = ctx.streams.clone().try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "2")],
+            "too many open event streams on this replica; retry\n",
+        )
+            .into_response();
+    };
     let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(events::run(
+    let feed = events::run(
         ctx.hub.clone(),
         ctx.fleet_rollouts.as_ref().map(|s| s.cache.clone()),
         resume,
         tx,
         ctx.limits,
         ctx.shutdown.clone(),
-    ));
+    );
+    tokio::spawn(async move {
+        feed.await;
+        drop(slot);
+    });
     let frames =
         tokio_stream::wrappers::ReceiverStream::new(rx).map(|f| Ok::<_, Infallible>(sse(f)));
     Sse::new(frames)
@@ -397,6 +412,7 @@ pub async fn serve(
         warnings: warnings.map(Arc::new),
         fleet_rollouts,
         limits: opts.limits,
+        streams: Arc::new(tokio::sync::Semaphore::new(opts.max_streams)),
         shutdown: shutdown.clone(),
     };
     let app = router(ctx);
@@ -437,6 +453,7 @@ mod tests {
             token_file: None,
             write_token: None,
             limits: StreamLimits::default(),
+            max_streams: 1,
         }
     }
 
