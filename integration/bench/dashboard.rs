@@ -14,7 +14,7 @@ mod support;
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::json;
@@ -23,7 +23,7 @@ use common::{Spread, env_usize, percentile, write_json};
 use flotilla::status::hub::Hub;
 use flotilla::status::view::{Facts, Reach, Replicas};
 use flotilla::ui::server::{UiOptions, serve};
-use support::browser::Browser;
+use support::browser::{Browser, wall_ms};
 use support::replicas::free_port;
 
 const CLUSTERS: [&str; 3] = ["member-1", "member-2", "member-3"];
@@ -45,14 +45,6 @@ fn facts(image: &str) -> Facts {
         phase: "Running".into(),
         ..Default::default()
     }
-}
-
-fn now_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-        * 1000.0
 }
 
 #[tokio::main]
@@ -124,7 +116,7 @@ async fn main() {
                 vec![json!(key), json!(image)],
             )
             .await;
-        let at = now_ms();
+        let at = wall_ms();
         hub.update(|ix| {
             ix.upsert_microservice(
                 "member-2",

@@ -4,7 +4,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
@@ -12,12 +12,12 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use flotilla::crd::Microservice;
-use support::browser::Browser;
+use support::browser::{Browser, wall_ms};
 use support::replicas::{
     MEMBERS, REPLICA_IDS, Replicas, free_port, holders, member_clients, namespaces,
     three_replica_fleet,
 };
-use support::{StoppedMember, eventually, microservice, wait_condition};
+use support::{StoppedMember, eventually, microservice, percentile, wait_condition};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -44,19 +44,6 @@ fn viewer_id() -> String {
             !a.values().any(|r| *r == id.as_str())
         })
         .expect("an id that leads nothing")
-}
-
-fn now_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-        * 1000.0
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 async fn set_image(api: &Api<Microservice>, name: &str, image: &str) {
@@ -160,7 +147,7 @@ async fn a_replica_that_leads_nothing_shows_the_fleet_and_follows_it_live() {
         browser
             .js(OBSERVE, vec![json!(key), json!("member-1"), json!(image)])
             .await;
-        let patched = now_ms();
+        let patched = wall_ms();
         set_image(&api1, "todo-api", &image).await;
         let seen = browser
             .until(
@@ -195,7 +182,6 @@ async fn a_replica_that_leads_nothing_shows_the_fleet_and_follows_it_live() {
         browser.js("return window.__marker;", vec![]).await,
         "no reload"
     );
-    latencies.sort_by(f64::total_cmp);
     update_bytes.sort_by(f64::total_cmp);
     let weight = flotilla::ui::assets::page_weight();
     println!(
@@ -281,7 +267,7 @@ async fn a_stopped_member_shows_unknown_with_its_last_seen_time_and_recovers() {
     }
 
     let stopped = StoppedMember::stop("member-2");
-    let stopped_at = now_ms();
+    let stopped_at = wall_ms();
     let cell = eventually("member-2's cell Unknown", WAIT, || async {
         browser
             .cell(&key, "member-2")
@@ -706,19 +692,8 @@ async fn with_tls_the_page_is_https_only_and_its_cookie_secure() {
     let (_ns, _guards, mut replicas, port, _c3) = member3_replica("ui-tls", &[]).await;
     let pki = replicas.dir.with_extension("pki");
     std::fs::create_dir_all(&pki).unwrap();
-    let script = r#"
-      openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=ca" -keyout ca.key -out ca.crt 2>/dev/null
-      printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > server.ext
-      openssl req -newkey rsa:2048 -nodes -subj "/CN=flotilla" -keyout server.key -out server.csr 2>/dev/null
-      openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext -out server.crt 2>/dev/null
-      printf 'tls-token\n' > token
-    "#;
-    let ok = std::process::Command::new("bash")
-        .args(["-ec", script])
-        .current_dir(&pki)
-        .status()
-        .expect("openssl");
-    assert!(ok.success());
+    // The test CA, a server certificate for 127.0.0.1, and `token`.
+    support::certificates(&pki);
     let p = |f: &str| pki.join(f).display().to_string();
     replicas.grpc_args = vec![
         "--grpc-tls-cert".into(),
@@ -771,7 +746,7 @@ async fn with_tls_the_page_is_https_only_and_its_cookie_secure() {
         "-H",
         "content-type: application/json",
         "--data",
-        r#"{"token":"tls-token"}"#,
+        r#"{"token":"let-me-in"}"#,
         &format!("{https}api/login"),
     ]);
     let cookie = headers
@@ -806,7 +781,7 @@ async fn with_tls_the_page_is_https_only_and_its_cookie_secure() {
             "return !document.getElementById('login').hidden;",
         )
         .await;
-    browser.sign_in("tls-token").await;
+    browser.sign_in("let-me-in").await;
     browser
         .until(
             "the fleet over HTTPS",

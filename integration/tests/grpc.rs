@@ -13,7 +13,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::replicas::*;
-use support::{eventually, from_json, microservice};
+use support::{certificates, eventually, from_json, microservice};
 use tokio::time::Instant;
 
 use flotilla::api::client::{Client as GrpcClient, ClientOptions, connect};
@@ -783,39 +783,6 @@ async fn health_turns_serving_after_sync_and_reflection_lists_the_service() {
     api.list_clusters(pb::ListClustersRequest {})
         .await
         .expect("api");
-}
-
-/// A CA, a server certificate for 127.0.0.1, a client certificate from that
-/// CA, and a client certificate from a CA the server does not know.
-fn certificates(dir: &std::path::Path) {
-    let sh = |script: &str| {
-        let ok = Command::new("bash")
-            .arg("-ec")
-            .arg(script)
-            .current_dir(dir)
-            .output()
-            .expect("openssl");
-        assert!(
-            ok.status.success(),
-            "{}",
-            String::from_utf8_lossy(&ok.stderr)
-        );
-    };
-    sh(r#"
-      for ca in ca other-ca; do
-        openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$ca" -keyout $ca.key -out $ca.crt 2>/dev/null
-      done
-      printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' > server.ext
-      openssl req -newkey rsa:2048 -nodes -subj "/CN=flotilla" -keyout server.key -out server.csr 2>/dev/null
-      openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext -out server.crt 2>/dev/null
-      printf 'extendedKeyUsage=clientAuth\n' > client.ext
-      for who in client:ca stranger:other-ca; do
-        name=${who%%:*}; signer=${who##*:}
-        openssl req -newkey rsa:2048 -nodes -subj "/CN=$name" -keyout $name.key -out $name.csr 2>/dev/null
-        openssl x509 -req -in $name.csr -CA $signer.crt -CAkey $signer.key -CAcreateserial -days 2 -extfile client.ext -out $name.crt 2>/dev/null
-      done
-      printf 'let-me-in\n' > token
-    "#);
 }
 
 #[tokio::test]

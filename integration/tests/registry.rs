@@ -100,6 +100,21 @@ async fn warning_reasons(client: &Client, ns: &str, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// `name` once `Registered` is False at its generation, and that condition.
+async fn not_registered(
+    api: &Api<Microservice>,
+    name: &str,
+) -> (
+    Microservice,
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+) {
+    let got = wait_condition(api, name, "Registered", "False", None).await;
+    let c = find(&got.status.as_ref().unwrap().conditions, "Registered")
+        .unwrap()
+        .clone();
+    (got, c)
+}
+
 /// Deletes `name` and waits until it is gone (the operator releases it).
 async fn delete_and_wait(api: &Api<Microservice>, name: &str) {
     api.delete(name, &DeleteParams::default()).await.ok();
@@ -286,10 +301,7 @@ async fn an_unreachable_or_misconfigured_registry_stops_no_reconcile() {
     let ms = microservice("api", "ghcr.io/acme/api:1", 8080, Some(1));
     api.create(&PostParams::default(), &ms).await.unwrap();
     wait_condition(&api, "api", "Available", "True", None).await;
-    let got = wait_condition(&api, "api", "Registered", "False", None).await;
-    let registered = find(&got.status.as_ref().unwrap().conditions, "Registered")
-        .unwrap()
-        .clone();
+    let (got, registered) = not_registered(&api, "api").await;
     assert_eq!(registered.reason, "ExternalUnavailable");
     assert_eq!(registered.observed_generation, got.metadata.generation);
     // The registry's health is in /metrics (this process's registry).
@@ -316,10 +328,7 @@ async fn an_unreachable_or_misconfigured_registry_stops_no_reconcile() {
     let ms = microservice("web", "ghcr.io/acme/web:1", 8080, Some(1));
     api.create(&PostParams::default(), &ms).await.unwrap();
     wait_condition(&api, "web", "Available", "True", None).await;
-    let got = wait_condition(&api, "web", "Registered", "False", None).await;
-    let registered = find(&got.status.as_ref().unwrap().conditions, "Registered")
-        .unwrap()
-        .clone();
+    let (_, registered) = not_registered(&api, "web").await;
     assert_eq!(registered.reason, "Invalid");
     assert!(
         registered.message.contains("not a zone"),
@@ -825,10 +834,7 @@ async fn a_replica_with_an_unreachable_registry_is_ready_and_says_so_in_metrics(
     let ms = microservice("api", "ghcr.io/acme/api:1", 8080, Some(1));
     api.create(&PostParams::default(), &ms).await.unwrap();
     wait_condition(&api, "api", "Available", "True", None).await;
-    let got = wait_condition(&api, "api", "Registered", "False", None).await;
-    let registered = find(&got.status.as_ref().unwrap().conditions, "Registered")
-        .unwrap()
-        .clone();
+    let (_, registered) = not_registered(&api, "api").await;
     assert_eq!(registered.reason, "ExternalUnavailable");
     let readyz = format!("{}/readyz", replicas.metrics_url("ru"));
     let (code, body) = support::http_get(&readyz).await.expect("/readyz answers");

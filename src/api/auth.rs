@@ -110,7 +110,7 @@ pub fn require_write<T>(write: &BearerToken, request: &Request<T>) -> Result<(),
 
 /// The credentials of an `authorization` value with the `Bearer` scheme,
 /// which RFC 9110 makes case-insensitive.
-fn bearer(value: &str) -> Option<&str> {
+pub fn bearer(value: &str) -> Option<&str> {
     let (scheme, rest) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")

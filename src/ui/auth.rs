@@ -37,7 +37,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(crate::api::auth::bearer)
 }
 
 /// Whether the request may change rollouts: the write token is configured
@@ -70,13 +70,10 @@ pub fn admitted(token: &BearerToken, write: &BearerToken, headers: &HeaderMap) -
         || may_write(write, headers)
 }
 
-/// The `Set-Cookie` that starts a session (or ends one, with `None`).
-pub fn set_cookie(value: Option<&str>, secure: bool) -> String {
+/// The `Set-Cookie` that starts a session.
+pub fn set_cookie(value: &str, secure: bool) -> String {
     let secure = if secure { "; Secure" } else { "" };
-    match value {
-        Some(v) => format!("{COOKIE}={v}; Path=/; HttpOnly; SameSite=Strict{secure}"),
-        None => format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}"),
-    }
+    format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict{secure}")
 }
 
 #[cfg(test)]
@@ -132,6 +129,11 @@ mod tests {
             &write,
             &headers(&[("authorization", "Bearer w")])
         ));
+        // The scheme is case-insensitive (RFC 9110), as gRPC reads it.
+        assert!(may_write(
+            &write,
+            &headers(&[("authorization", "bearer w")])
+        ));
         assert!(!may_write(
             &write,
             &headers(&[("authorization", "Bearer r")])
@@ -143,10 +145,10 @@ mod tests {
 
     #[test]
     fn the_session_cookie_is_httponly_and_strict() {
-        let c = set_cookie(Some("v"), true);
+        let c = set_cookie("v", true);
         for part in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/"] {
             assert!(c.contains(part), "{c}");
         }
-        assert!(set_cookie(None, false).contains("Max-Age=0"));
+        assert!(!set_cookie("v", false).contains("Secure"));
     }
 }

@@ -99,6 +99,28 @@ impl Default for StreamLimits {
     }
 }
 
+/// A whole-list frame (`clusters`, `rollouts`) when the list is not the
+/// one this stream last sent.
+fn changed_frame(event: &'static str, now: Value, sent: &mut Value) -> Option<Frame> {
+    (now != *sent).then(|| {
+        let data = now.to_string();
+        *sent = now;
+        Frame {
+            event,
+            id: None,
+            data,
+        }
+    })
+}
+
+/// What woke a stream.
+enum Wake {
+    Index,
+    Clusters,
+    Rollouts,
+    Bookmark,
+}
+
 /// Feeds one browser until it leaves or the server shuts down.
 pub async fn run(
     hub: Arc<Hub>,
@@ -110,95 +132,71 @@ pub async fn run(
 ) {
     let id = hub.index_id.clone();
     let mut changed = hub.subscribe();
-    let mut cursor = Cursor::new(Filter::default());
-    let mut sent_clusters = clusters(&hub);
-    let first_clusters = Frame {
-        event: "clusters",
-        id: None,
-        data: sent_clusters.to_string(),
-    };
-    if tx.send(first_clusters).await.is_err() {
-        return;
-    }
-    // The rollouts view: the whole list again whenever the cache changes.
     let mut rollouts_changed = fleet_rollouts.as_ref().map(|c| c.subscribe());
-    let mut sent_rollouts = Value::Null;
+    let (mut sent_clusters, mut sent_rollouts) = (Value::Null, Value::Null);
+    let mut cursor = Cursor::new(Filter::default());
     let (snap, changes) = hub.read(|ix| (ix.snapshot(), resume.and_then(|r| ix.changes_since(r))));
-    let first: Vec<Event> = match changes {
+    let mut first: Vec<Frame> = changed_frame("clusters", clusters(&hub), &mut sent_clusters)
+        .into_iter()
+        .collect();
+    let events = match changes {
         Some(changes) => cursor.resume(&snap, &changes),
         None => cursor.snapshot(&snap).collect(),
     };
     drop(snap);
-    for e in first {
-        if tx.send(frame(e, &id)).await.is_err() {
+    first.extend(events.into_iter().map(|e| frame(e, &id)));
+    first.extend(
+        fleet_rollouts
+            .as_deref()
+            .and_then(|c| changed_frame("rollouts", rollouts(c), &mut sent_rollouts)),
+    );
+    for f in first {
+        if tx.send(f).await.is_err() {
             return;
         }
     }
-    let rollouts_frame = |cache: &RolloutCache, sent: &mut Value| {
-        let now = rollouts(cache);
-        (now != *sent).then(|| {
-            *sent = now.clone();
-            Frame {
-                event: "rollouts",
-                id: None,
-                data: now.to_string(),
-            }
-        })
-    };
-    if let Some(f) = fleet_rollouts
-        .as_deref()
-        .and_then(|c| rollouts_frame(c, &mut sent_rollouts))
-        && tx.send(f).await.is_err()
-    {
-        return;
-    }
     let mut clusters_tick = tokio::time::interval(limits.clusters_every);
     let mut bookmark_tick = tokio::time::interval(limits.bookmark_every);
+    clusters_tick.reset();
     bookmark_tick.reset();
     loop {
-        let events = tokio::select! {
+        let wake = tokio::select! {
             // The guard `wait_for` returns is not Send: drop it here.
             _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => return,
             _ = tx.closed() => return,
-            _ = bookmark_tick.tick() => vec![cursor.bookmark()],
-            _ = clusters_tick.tick() => Vec::new(),
-            Some(()) = changed_rollouts(&mut rollouts_changed) => {
-                let frame = fleet_rollouts
-                    .as_deref()
-                    .and_then(|c| rollouts_frame(c, &mut sent_rollouts));
-                if let Some(f) = frame
-                    && tx.send(f).await.is_err()
-                {
-                    return;
-                }
-                Vec::new()
-            }
-            c = changed.changed() => {
-                if c.is_err() {
-                    return;
-                }
+            c = changed.changed() => match c {
+                Ok(()) => Wake::Index,
+                Err(_) => return,
+            },
+            _ = clusters_tick.tick() => Wake::Clusters,
+            Some(()) = changed_rollouts(&mut rollouts_changed) => Wake::Rollouts,
+            _ = bookmark_tick.tick() => Wake::Bookmark,
+        };
+        let frames: Vec<Frame> = match wake {
+            // Level-based: whatever changed since the cursor.
+            Wake::Index => {
                 let (snap, changes) =
                     hub.read(|ix| (ix.snapshot(), ix.changes_since(cursor.revision())));
-                match changes {
+                let events = match changes {
                     Some(changes) => cursor.changes(&snap, &changes),
                     None => cursor.snapshot(&snap).collect(),
-                }
+                };
+                events.into_iter().map(|e| frame(e, &id)).collect()
             }
+            // Leader, epoch and last seen change without a revision; a
+            // cluster's reachability reaches its cells at once as an UPSERT.
+            Wake::Clusters => changed_frame("clusters", clusters(&hub), &mut sent_clusters)
+                .into_iter()
+                .collect(),
+            Wake::Rollouts => fleet_rollouts
+                .as_deref()
+                .and_then(|c| changed_frame("rollouts", rollouts(c), &mut sent_rollouts))
+                .into_iter()
+                .collect(),
+            Wake::Bookmark => vec![frame(cursor.bookmark(), &id)],
         };
-        let now = clusters(&hub);
-        if now != sent_clusters {
-            let f = Frame {
-                event: "clusters",
-                id: None,
-                data: now.to_string(),
-            };
+        for f in frames {
             if tx.send(f).await.is_err() {
-                return;
-            }
-            sent_clusters = now;
-        }
-        for e in events {
-            if tx.send(frame(e, &id)).await.is_err() {
                 return;
             }
         }
@@ -223,6 +221,18 @@ mod tests {
         assert_eq!(resume_from("r2-def/42", "r1-abc"), None);
         assert_eq!(resume_from(NO_RESUME, "r1-abc"), None);
         assert_eq!(resume_from("r1-abc/x", "r1-abc"), None);
+    }
+
+    #[test]
+    fn a_list_is_sent_again_only_when_it_changed() {
+        let mut sent = Value::Null;
+        let f = changed_frame("clusters", json!([{"name": "a"}]), &mut sent).unwrap();
+        assert_eq!(
+            (f.event, f.id, f.data.as_str()),
+            ("clusters", None, r#"[{"name":"a"}]"#)
+        );
+        assert!(changed_frame("clusters", json!([{"name": "a"}]), &mut sent).is_none());
+        assert!(changed_frame("clusters", json!([]), &mut sent).is_some());
     }
 
     #[test]

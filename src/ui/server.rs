@@ -142,22 +142,11 @@ async fn login(State(ctx): State<Ctx>, body: Bytes) -> Response {
     match value {
         Some(value) => (
             StatusCode::NO_CONTENT,
-            [(
-                header::SET_COOKIE,
-                auth::set_cookie(Some(&value), ctx.secure),
-            )],
+            [(header::SET_COOKIE, auth::set_cookie(&value, ctx.secure))],
         )
             .into_response(),
         None => unauthorized(),
     }
-}
-
-async fn logout(State(ctx): State<Ctx>) -> Response {
-    (
-        StatusCode::NO_CONTENT,
-        [(header::SET_COOKIE, auth::set_cookie(None, ctx.secure))],
-    )
-        .into_response()
 }
 
 async fn clusters(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
@@ -327,7 +316,6 @@ fn router(ctx: Ctx) -> Router {
         )
         .route("/api/session", get(session))
         .route("/api/login", post(login))
-        .route("/api/logout", post(logout))
         .route("/api/clusters", get(clusters))
         .route("/api/microservices/{ns}/{name}", get(detail))
         .route("/api/events", get(stream))

@@ -63,15 +63,7 @@ impl std::fmt::Display for Spread {
     }
 }
 
-/// The `p` quantile (0..=1) by nearest rank; NaN when there is nothing.
-pub fn percentile(values: &[f64], p: f64) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
+pub use crate::support::percentile;
 
 /// A field of /proc/<pid>/status given in kB, in MiB.
 pub fn proc_status_mib(pid: u32, field: &str) -> f64 {

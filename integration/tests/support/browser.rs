@@ -13,6 +13,16 @@ use serde_json::{Value, json};
 use super::replicas::free_port;
 use super::{eventually, fleet_dir};
 
+/// Milliseconds since the epoch: the clock `Date.now()` reads in the page,
+/// so a time taken here and one taken there can be subtracted.
+pub fn wall_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs_f64()
+        * 1000.0
+}
+
 /// One chromedriver and one browser session; both end when dropped.
 pub struct Browser {
     pub client: Client,

@@ -739,3 +739,46 @@ pub async fn create_available(
         .expect("Available")
         .clone()
 }
+
+/// The `p` quantile (0..=1) by nearest rank; NaN when there is nothing.
+pub fn percentile(values: &[f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// A CA, a server certificate for 127.0.0.1, a client certificate from that
+/// CA, and a client certificate from a CA the server does not know.
+pub fn certificates(dir: &std::path::Path) {
+    let sh = |script: &str| {
+        let ok = std::process::Command::new("bash")
+            .arg("-ec")
+            .arg(script)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            ok.status.success(),
+            "{}",
+            String::from_utf8_lossy(&ok.stderr)
+        );
+    };
+    sh(r#"
+      for ca in ca other-ca; do
+        openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$ca" -keyout $ca.key -out $ca.crt 2>/dev/null
+      done
+      printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' > server.ext
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=flotilla" -keyout server.key -out server.csr 2>/dev/null
+      openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext -out server.crt 2>/dev/null
+      printf 'extendedKeyUsage=clientAuth\n' > client.ext
+      for who in client:ca stranger:other-ca; do
+        name=${who%%:*}; signer=${who##*:}
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=$name" -keyout $name.key -out $name.csr 2>/dev/null
+        openssl x509 -req -in $name.csr -CA $signer.crt -CAkey $signer.key -CAcreateserial -days 2 -extfile client.ext -out $name.crt 2>/dev/null
+      done
+      printf 'let-me-in\n' > token
+    "#);
+}
