@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -88,6 +88,13 @@ bench-registry: toolchain
 # The dashboard in headless Chromium over 3 x 500 Microservices; no fleet needed.
 bench-dashboard: deps
 	cargo bench --locked --bench dashboard
+
+# The test bed and the operator at 3, 20 and 50 real members (SCALE_SIZES),
+# and a per-replica cost model fitted to them (.fleet/bench/scale.md). About
+# 15 minutes; the fleet is left at the size it had before.
+bench-scale: toolchain
+	integration/fleet up
+	cargo bench --locked --bench scale
 
 bench-names: toolchain
 	integration/fleet up

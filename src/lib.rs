@@ -6,6 +6,7 @@ pub mod cli;
 pub mod crd;
 pub mod domain;
 pub mod fleet;
+pub mod limits;
 pub mod reconciler;
 pub mod registry;
 pub mod rollout;

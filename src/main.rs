@@ -64,6 +64,18 @@ async fn shutdown_signal() {
 }
 
 async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> Result<(), String> {
+    match flotilla::limits::raise_open_files() {
+        Ok((before, after)) if before != after => {
+            tracing::info!(
+                ?before,
+                ?after,
+                "open-files soft limit raised to the hard limit"
+            )
+        }
+        Ok(_) => {}
+        // Fewer members fit, nothing else changes: warn and go on.
+        Err(e) => tracing::warn!(error = %e, "open-files limit"),
+    }
     let timings = Timings {
         lease_duration: args.lease_duration,
         renew_deadline: args.renew_deadline,

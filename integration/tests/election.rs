@@ -257,3 +257,59 @@ async fn five_electors_never_lead_at_once_across_100_leader_changes() {
         started.elapsed()
     );
 }
+
+/// A replica the assignment names as a free Lease's owner takes it as soon
+/// as the assignment changes, not at its next retry: after a kill -9 the
+/// survivors learn of the death from the heartbeats, and each retry period
+/// spent waiting would add to the failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assignee_takes_a_free_lease_as_soon_as_the_assignment_names_it() {
+    use flotilla::fleet::election::Ownership;
+    use futures::StreamExt;
+
+    let client = client("home").await;
+    let ns = TestNamespace::create(&client, "home", "elect-wake").await;
+    let retry = Duration::from_secs(10);
+    let timings = Timings {
+        lease_duration: Duration::from_secs(30),
+        renew_deadline: Duration::from_secs(20),
+        retry_period: retry,
+    };
+    let (owner_tx, owner_rx) = watch::channel(Some("another-replica".to_string()));
+    let view = owner_rx.clone();
+    let store = KubeLeaseStore::new(client.clone(), &ns.name, "wake");
+    let (elector, mut leadership) = Elector::new("me".to_string(), timings, store);
+    let elector = elector
+        .with_ownership(Box::new(move || Ownership::Assigned {
+            owner: view.borrow().clone(),
+            // Longer than the test: only the assignment can make it contest.
+            grace: Duration::from_secs(600),
+        }))
+        .with_wake(
+            tokio_stream::wrappers::WatchStream::from_changes(owner_rx)
+                .map(|_| ())
+                .boxed(),
+        );
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let task = tokio::spawn(elector.run(async move {
+        stop_rx.wait_for(|s| *s).await.ok();
+    }));
+    // Its first round finds no Lease, and leaves it alone: not its cluster.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !matches!(*leadership.borrow(), Leadership::Leading { .. }),
+        "contested a cluster assigned elsewhere"
+    );
+    let named = Instant::now();
+    owner_tx.send(Some("me".into())).expect("send");
+    tokio::time::timeout(
+        retry / 2,
+        leadership.wait_for(|l| matches!(l, Leadership::Leading { .. })),
+    )
+    .await
+    .expect("led well within a retry period of being named owner")
+    .expect("elector alive");
+    eprintln!("named owner to leading: {:?}", named.elapsed());
+    stop_tx.send(true).ok();
+    task.await.expect("elector task");
+}

@@ -19,7 +19,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use support::{
     assert_one_writer_at_a_time, client, eventually, from_json, kubeconfig_path, microservice,
-    wait_all_true,
+    wait_all_true, wait_deployment_image,
 };
 use tokio::time::Instant;
 
@@ -133,14 +133,12 @@ async fn kill_9_moves_a_members_leadership_and_pending_changes_converge() {
     );
 
     let deployments = Api::<Deployment>::namespaced(member1.clone(), &ns);
-    eventually(
-        "the pending image change applied by the new leader",
+    // The pending image change, applied by the new leader.
+    wait_deployment_image(
+        &deployments,
+        "web",
+        "ghcr.io/acme/web:2",
         Duration::from_secs(30),
-        || async {
-            let d = deployments.get("web").await.ok()?;
-            let image = d.spec?.template.spec?.containers.first()?.image.clone()?;
-            (image == "ghcr.io/acme/web:2").then_some(())
-        },
     )
     .await;
     wait_all_true(&api, 1, "Reconciled", Duration::from_secs(30)).await;

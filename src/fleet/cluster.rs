@@ -215,6 +215,23 @@ pub async fn term_over(mut leadership: watch::Receiver<Leadership>, epoch: i32) 
     }
 }
 
+/// Yields each time the assignment names a different owner for `cluster`.
+fn owner_changes(
+    assignment: watch::Receiver<BTreeMap<String, String>>,
+    cluster: String,
+) -> futures::stream::BoxStream<'static, ()> {
+    use futures::StreamExt;
+    let mut last = assignment.borrow().get(&cluster).cloned();
+    tokio_stream::wrappers::WatchStream::from_changes(assignment)
+        .filter_map(move |a| {
+            let owner = a.get(&cluster).cloned();
+            let changed = owner != last;
+            last = owner;
+            std::future::ready(changed.then_some(()))
+        })
+        .boxed()
+}
+
 pub async fn ensure_namespace(client: &Client, namespace: &str) {
     let ns: Namespace = Namespace {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
@@ -342,7 +359,9 @@ pub async fn run(
 
     let (cluster, grace) = (name.clone(), settings.takeover_grace);
     let drain_fence = fence.clone();
+    let owner_changes = owner_changes(assignment.clone(), name.clone());
     let elector = elector
+        .with_wake(owner_changes)
         .with_ownership(Box::new(move || Ownership::Assigned {
             owner: assignment.borrow().get(&cluster).cloned(),
             grace,

@@ -241,6 +241,20 @@ pub fn initial_record(me: &str, timings: &Timings, floor: Option<i32>) -> LeaseR
     }
 }
 
+/// When a Lease held by someone else expires, as this candidate observes
+/// it, if this candidate would take it then: its owner by assignment, or
+/// anyone when unsharded. A round at that instant, rather than at the next
+/// retry, takes up to a retry period off a failover.
+pub fn takeover_at(me: &str, observed: &Observed, ownership: &Ownership) -> Option<Instant> {
+    let r = &observed.record;
+    let owner = match ownership {
+        Ownership::Unsharded => true,
+        Ownership::Assigned { owner, .. } => owner.as_deref() == Some(me),
+    };
+    (owner && !r.holder.is_empty() && r.holder != me)
+        .then(|| observed.since + Duration::from_secs(r.lease_duration_seconds.max(0) as u64))
+}
+
 /// Whether a candidate may take a Lease that has been free (expired,
 /// released or absent) for `free_for`: its owner at once, anyone else after
 /// the grace period, so that no cluster stays unled while its owner is away.
@@ -310,6 +324,30 @@ mod tests {
 
     fn seen(record: LeaseRecord, version: &str, at: u64) -> Observed {
         observe(None, record, version, secs(at))
+    }
+
+    #[test]
+    fn only_the_owner_of_a_lease_held_elsewhere_is_woken_at_its_expiry() {
+        let other = seen(held("other", 3), "7", 100);
+        // Seen at 100 s, 15 s long: the owner tries at 115 s.
+        assert_eq!(
+            takeover_at("me", &other, &assigned(Some("me"))),
+            Some(secs(115))
+        );
+        assert_eq!(takeover_at("me", &other, &U), Some(secs(115)));
+        // Not the owner: it may take the Lease only after the grace, at its
+        // ordinary retries.
+        assert_eq!(takeover_at("me", &other, &assigned(Some("x"))), None);
+        assert_eq!(takeover_at("me", &other, &assigned(None)), None);
+        // Free, or its own: nothing to wait for.
+        assert_eq!(
+            takeover_at("me", &seen(held("", 3), "8", 100), &assigned(Some("me"))),
+            None
+        );
+        assert_eq!(
+            takeover_at("me", &seen(held("me", 3), "9", 100), &assigned(Some("me"))),
+            None
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::stream::{BoxStream, StreamExt};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -52,6 +53,7 @@ pub struct Elector<S> {
     /// The highest epoch ever seen for this Lease, so none is won twice.
     floor: Option<i32>,
     last_contact: watch::Sender<Option<Instant>>,
+    wake: Option<BoxStream<'static, ()>>,
 }
 
 /// Asked at every round: who owns the cluster by the shard assignment.
@@ -87,6 +89,7 @@ impl<S: LeaseStore> Elector<S> {
             absent_since: None,
             floor: None,
             last_contact: watch::channel(None).0,
+            wake: None,
         };
         (elector, rx)
     }
@@ -99,6 +102,16 @@ impl<S: LeaseStore> Elector<S> {
     /// Contest the Lease as the shard assignment says (sharding).
     pub fn with_ownership(mut self, view: OwnershipView) -> Self {
         self.ownership = Some(view);
+        self
+    }
+
+    /// Run a round as soon as this yields, not at the next retry: the
+    /// assignment naming a new owner (a replica died, or joined) is acted
+    /// on at once, which takes up to a retry period off every failover.
+    /// Every round is a conditional write, so an early one is as safe as
+    /// any other.
+    pub fn with_wake(mut self, wake: BoxStream<'static, ()>) -> Self {
+        self.wake = Some(wake);
         self
     }
 
@@ -360,6 +373,18 @@ impl<S: LeaseStore> Elector<S> {
                 }
             }
             let mut wait = jittered(self.timings.retry_period);
+            // The owner of a Lease held elsewhere tries again the moment
+            // it expires (10 ms after, against timer granularity).
+            if let Some(at) = self
+                .observed
+                .as_ref()
+                .and_then(|o| election::takeover_at(&self.identity, o, &self.ownership()))
+            {
+                let now = self.now();
+                if at > now {
+                    wait = wait.min(at - now + Duration::from_millis(10));
+                }
+            }
             if let Some(renewed) = self.renewed_at {
                 let now = self.now();
                 if !election::still_leading(&self.timings, renewed, now) {
@@ -375,9 +400,16 @@ impl<S: LeaseStore> Elector<S> {
                     wait = wait.min(renewed + self.timings.renew_deadline - now);
                 }
             }
+            let woken = async {
+                match self.wake.as_mut() {
+                    Some(w) => w.next().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = tokio::time::sleep(wait) => {}
+                Some(()) = woken => tracing::debug!(holder = %self.identity, "woken: the assignment changed"),
             }
         }
         let leading = self

@@ -36,6 +36,36 @@ pub fn live(
     out
 }
 
+/// When the next peer's heartbeat runs out, if it is not renewed before:
+/// the earliest `since + ttl` still ahead of `now`. Pure, for tests.
+pub fn next_expiry(
+    seen: &BTreeMap<String, (String, Instant)>,
+    me: &str,
+    ttl: Duration,
+    now: Instant,
+) -> Option<Instant> {
+    seen.iter()
+        .filter(|(holder, _)| holder.as_str() != me)
+        .map(|(_, (_, since))| *since + ttl)
+        .filter(|at| *at > now)
+        .min()
+}
+
+/// Publishes the live set once `rounds` allows it.
+fn publish(live_tx: &watch::Sender<BTreeSet<String>>, set: BTreeSet<String>, rounds: u32) {
+    live_tx.send_if_modified(|cur| {
+        // Peers that started with us may not have announced themselves on
+        // our first read; publish from the second one on, so that a fresh
+        // replica does not briefly think it is alone and contest everything.
+        if rounds < 2 || *cur == set {
+            return false;
+        }
+        tracing::info!(replicas = ?set, "live replicas changed");
+        *cur = set;
+        true
+    });
+}
+
 async fn beat(api: &Api<Lease>, fleet: &str, me: &str, ttl: Duration) -> Result<(), kube::Error> {
     let name = lease_name(fleet, me);
     let spec = LeaseSpec {
@@ -103,12 +133,10 @@ pub async fn run(
     // holder -> (resourceVersion last seen, when we saw it change)
     let mut seen: BTreeMap<String, (String, Instant)> = BTreeMap::new();
     let mut shutdown = std::pin::pin!(shutdown);
-    // Peers that started with us may not have announced themselves on our
-    // first read; publish from the second one on, so that a fresh replica
-    // does not briefly think it is alone and contest every cluster.
     let mut rounds = 0u32;
-    loop {
+    'beats: loop {
         rounds += 1;
+        let next_beat = Instant::now() + period;
         if let Err(e) = beat(&api, &fleet, &me, ttl).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
@@ -138,25 +166,24 @@ pub async fn run(
                         }
                     }
                 }
-                let set = live(&seen, &me, ttl, now);
-                let publish = rounds >= 2;
-                live_tx.send_if_modified(|cur| {
-                    if !publish {
-                        return false;
-                    }
-                    let changed = *cur != set;
-                    if changed {
-                        tracing::info!(replicas = ?set, "live replicas changed");
-                        *cur = set.clone();
-                    }
-                    changed
-                });
+                publish(&live_tx, live(&seen, &me, ttl, now), rounds);
             }
             Err(e) => tracing::warn!(error = %e, "listing heartbeats failed"),
         }
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = tokio::time::sleep(period) => {}
+        // Until the next beat, also wake when a peer's heartbeat runs out:
+        // a dead replica leaves the live set at its TTL, not up to a
+        // period later, and its clusters are reassigned that much sooner.
+        loop {
+            let expiry = next_expiry(&seen, &me, ttl, Instant::now());
+            let until = expiry.map_or(next_beat, |e| (e + Duration::from_millis(1)).min(next_beat));
+            tokio::select! {
+                _ = &mut shutdown => break 'beats,
+                _ = tokio::time::sleep_until(until) => {}
+            }
+            if Instant::now() >= next_beat {
+                break;
+            }
+            publish(&live_tx, live(&seen, &me, ttl, Instant::now()), rounds);
         }
     }
     if let Err(e) = api
@@ -170,6 +197,30 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_next_expiry_is_the_earliest_peer_heartbeat_still_ahead() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(15);
+        let mut seen = BTreeMap::new();
+        seen.insert("a".to_string(), ("5".to_string(), t0));
+        seen.insert(
+            "b".to_string(),
+            ("9".to_string(), t0 + Duration::from_secs(4)),
+        );
+        seen.insert("me".to_string(), ("1".to_string(), t0));
+        assert_eq!(next_expiry(&seen, "me", ttl, t0), Some(t0 + ttl));
+        // a has run out: b is next; our own heartbeat never counts.
+        let later = t0 + Duration::from_secs(16);
+        assert_eq!(
+            next_expiry(&seen, "me", ttl, later),
+            Some(t0 + Duration::from_secs(19))
+        );
+        assert_eq!(
+            next_expiry(&seen, "me", ttl, t0 + Duration::from_secs(20)),
+            None
+        );
+    }
 
     #[test]
     fn replicas_whose_heartbeat_stopped_changing_are_not_live() {

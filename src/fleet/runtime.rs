@@ -95,6 +95,20 @@ async fn stop_cluster(name: &str, running: Running) {
     }
 }
 
+/// How many clusters stop at once. A stop waits for the cluster's writers
+/// and its Lease release, up to a renew deadline each; one after another,
+/// removing ten members would hold the registry loop for minutes.
+const PARALLEL_STOPS: usize = 32;
+
+async fn stop_clusters(stops: Vec<(String, Running)>) {
+    use futures::StreamExt;
+    futures::stream::iter(stops)
+        .for_each_concurrent(PARALLEL_STOPS, |(name, r)| async move {
+            stop_cluster(&name, r).await
+        })
+        .await;
+}
+
 /// Runs until `shutdown` resolves; then stops every cluster's writers,
 /// releases their Leases and removes this replica's heartbeat. Returns an
 /// error if the heartbeat ends before that: a replica that no longer
@@ -158,6 +172,10 @@ pub async fn run(
         running_from_secrets = secrets.clone();
         let found = registry::merge(files, secrets);
         let mut valid = BTreeSet::new();
+        // Stops first, all together; then starts, so a changed cluster's old
+        // task has let go before its new one begins.
+        let mut stops: Vec<(String, Running)> = Vec::new();
+        let mut starts: Vec<String> = Vec::new();
         hub.update(|ix| {
             for (name, f) in found.iter() {
                 ix.update_cluster(name, &f.source, |c| {
@@ -167,7 +185,7 @@ pub async fn run(
         });
         for (name, f) in found.iter() {
             match (&f.entry, &f.kubeconfig) {
-                (Entry::Valid { fingerprint }, Some(kc)) => {
+                (Entry::Valid { fingerprint }, Some(_)) => {
                     valid.insert(name.clone());
                     if running
                         .get(name)
@@ -177,33 +195,13 @@ pub async fn run(
                     }
                     if let Some(old) = running.remove(name) {
                         tracing::info!(k8s.cluster.name = %name, "kubeconfig changed; restarting the cluster");
-                        stop_cluster(name, old).await;
+                        stops.push((name.clone(), old));
                     }
-                    hub.update(|ix| {
-                        ix.update_cluster(name, &f.source, |c| c.source = f.source.clone())
-                    });
-                    let (stop, stop_rx) = watch::channel(false);
-                    let task = tokio::spawn(cluster::run(
-                        name.clone(),
-                        kc.clone(),
-                        f.trust,
-                        opts.replica.clone(),
-                        assignment_rx.clone(),
-                        hub.clone(),
-                        stop_rx,
-                    ));
-                    running.insert(
-                        name.clone(),
-                        Running {
-                            fingerprint: *fingerprint,
-                            stop,
-                            task,
-                        },
-                    );
+                    starts.push(name.clone());
                 }
                 (Entry::Invalid { reason }, _) => {
                     if let Some(old) = running.remove(name) {
-                        stop_cluster(name, old).await;
+                        stops.push((name.clone(), old));
                     }
                     hub.update(|ix| {
                         ix.update_cluster(name, &f.source, |c| {
@@ -218,6 +216,43 @@ pub async fn run(
                 }
                 _ => {}
             }
+        }
+        let gone: Vec<String> = running
+            .keys()
+            .filter(|n| !found.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(old) = running.remove(&name) {
+                tracing::info!(k8s.cluster.name = %name, "kubeconfig removed; releasing the cluster");
+                stops.push((name, old));
+            }
+        }
+        stop_clusters(stops).await;
+        for name in starts {
+            let f = &found[&name];
+            let (Entry::Valid { fingerprint }, Some(kc)) = (&f.entry, &f.kubeconfig) else {
+                continue;
+            };
+            hub.update(|ix| ix.update_cluster(&name, &f.source, |c| c.source = f.source.clone()));
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(cluster::run(
+                name.clone(),
+                kc.clone(),
+                f.trust,
+                opts.replica.clone(),
+                assignment_rx.clone(),
+                hub.clone(),
+                stop_rx,
+            ));
+            running.insert(
+                name.clone(),
+                Running {
+                    fingerprint: *fingerprint,
+                    stop,
+                    task,
+                },
+            );
         }
         let credentials: BTreeMap<String, Credentials> = found
             .iter()
@@ -245,17 +280,6 @@ pub async fn run(
             }
             changed
         });
-        let gone: Vec<String> = running
-            .keys()
-            .filter(|n| !found.contains_key(*n))
-            .cloned()
-            .collect();
-        for name in gone {
-            if let Some(old) = running.remove(&name) {
-                tracing::info!(k8s.cluster.name = %name, "kubeconfig removed; releasing the cluster");
-                stop_cluster(&name, old).await;
-            }
-        }
         let forgotten = hub.update(|ix| {
             let gone: Vec<String> = ix
                 .clusters()
@@ -310,11 +334,7 @@ pub async fn run(
     }
 
     tracing::info!("shutting down: stopping writers, then releasing leases");
-    let stops: Vec<_> = running
-        .into_iter()
-        .map(|(n, r)| async move { stop_cluster(&n, r).await })
-        .collect();
-    futures::future::join_all(stops).await;
+    stop_clusters(running.into_iter().collect()).await;
     if failure.is_none() {
         stop_beat_tx.send(true).ok();
         if let Err(e) = heartbeat.await {

@@ -782,3 +782,18 @@ pub fn certificates(dir: &std::path::Path) {
       printf 'let-me-in\n' > token
     "#);
 }
+
+/// Waits until Deployment `name` behind `api` runs `image`.
+pub async fn wait_deployment_image(
+    api: &Api<k8s_openapi::api::apps::v1::Deployment>,
+    name: &str,
+    image: &str,
+    timeout: Duration,
+) {
+    eventually(&format!("{name} running {image}"), timeout, || async {
+        let d = api.get(name).await.ok()?;
+        let now = d.spec?.template.spec?.containers.first()?.image.clone()?;
+        (now == image).then_some(())
+    })
+    .await;
+}
