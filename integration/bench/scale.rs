@@ -33,13 +33,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
 use kube::api::PostParams;
-use kube::{Api, Client};
 use serde_json::json;
 use tokio::time::Instant;
 
 use common::{bench_dir, cpu_seconds, rss_mib, write_json};
-use support::replicas::holder;
+use support::replicas::holders;
 use support::{client, ensure_crd, eventually, fleet_cmd, fleet_dir, from_json, microservice};
 
 use flotilla::crd::Microservice;
@@ -240,19 +240,6 @@ async fn replicas_idle(
         });
     }
     out
-}
-
-async fn holders(
-    clients: &BTreeMap<String, Client>,
-    lease: &str,
-) -> BTreeMap<String, Option<String>> {
-    let all = futures::future::join_all(
-        clients
-            .iter()
-            .map(|(m, c)| async move { (m.clone(), holder(c, lease).await) }),
-    )
-    .await;
-    all.into_iter().collect()
 }
 
 fn shares(held: &BTreeMap<String, Option<String>>) -> BTreeMap<String, Vec<String>> {

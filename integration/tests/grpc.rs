@@ -951,10 +951,9 @@ async fn rotated_certificates_client_ca_and_token_apply_without_a_restart_or_a_d
     certificates(&pki);
     // The next generation: a new CA, a server and a client certificate from
     // it, and a new token.
-    let ok = Command::new("bash")
-        .arg("-ec")
-        .arg(
-            r#"
+    support::sh_in(
+        &pki,
+        r#"
       openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=ca2" -keyout ca2.key -out ca2.crt 2>/dev/null
       openssl req -newkey rsa:2048 -nodes -subj "/CN=flotilla" -keyout server2.key -out server2.csr 2>/dev/null
       openssl x509 -req -in server2.csr -CA ca2.crt -CAkey ca2.key -CAcreateserial -days 2 -extfile server.ext -out server2.crt 2>/dev/null
@@ -963,14 +962,6 @@ async fn rotated_certificates_client_ca_and_token_apply_without_a_restart_or_a_d
       printf 'new-token\n' > token2
       cp server.crt live.crt; cp server.key live.key; cp ca.crt live-ca.crt; cp token live-token
     "#,
-        )
-        .current_dir(&pki)
-        .output()
-        .expect("openssl");
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
     );
     let p = |f: &str| pki.join(f).display().to_string();
     replicas.grpc_args = vec![

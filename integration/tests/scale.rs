@@ -67,13 +67,6 @@ fn expected_kubeconfigs(n: usize) -> BTreeSet<String> {
     (1..=n).map(|i| format!("member-{i}.yaml")).collect()
 }
 
-async fn led_by(
-    clients: &BTreeMap<&'static str, Client>,
-    lease: &str,
-) -> BTreeMap<String, Option<String>> {
-    holders(clients, lease).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_members_balance_converge_and_survive_a_kill_9() {
     let wider = WiderFleet::grow(MEMBERS_HERE);
@@ -187,7 +180,7 @@ async fn ten_members_balance_converge_and_survive_a_kill_9() {
             "every member of the killed replica led again",
             Duration::from_secs(60),
             || async {
-                let h = led_by(&clients, &lease).await;
+                let h = holders(&clients, &lease).await;
                 let moved = victims_members
                     .iter()
                     .all(|m| h[m].as_ref().is_some_and(|r| *r != victim));

@@ -752,20 +752,23 @@ pub fn percentile(values: &[f64], p: f64) -> f64 {
 
 /// A CA, a server certificate for 127.0.0.1, a client certificate from that
 /// CA, and a client certificate from a CA the server does not know.
+/// Runs a bash script (`-e`) in `dir`, failing the test with its stderr.
+pub fn sh_in(dir: &std::path::Path, script: &str) {
+    let ok = std::process::Command::new("bash")
+        .arg("-ec")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .expect("bash");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
+
 pub fn certificates(dir: &std::path::Path) {
-    let sh = |script: &str| {
-        let ok = std::process::Command::new("bash")
-            .arg("-ec")
-            .arg(script)
-            .current_dir(dir)
-            .output()
-            .expect("openssl");
-        assert!(
-            ok.status.success(),
-            "{}",
-            String::from_utf8_lossy(&ok.stderr)
-        );
-    };
+    let sh = |script: &str| sh_in(dir, script);
     sh(r#"
       for ca in ca other-ca; do
         openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$ca" -keyout $ca.key -out $ca.crt 2>/dev/null
