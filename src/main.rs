@@ -96,7 +96,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             dir.display()
         ));
     }
-    let grpc = grpc_options(&args)?;
+    let mut grpc = grpc_options(&args)?;
     let listener = flotilla::api::server::bind(&grpc)
         .await
         .map_err(|e| e.to_string())?;
@@ -117,6 +117,9 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let hub = Hub::new(&replica_id);
     let (credentials, credentials_rx) = tokio::sync::watch::channel(Default::default());
     let ui_warnings = flotilla::ui::warnings::Warnings::new(&replica_id, credentials_rx.clone())?;
+    grpc.live = Some(flotilla::api::live::Live(std::sync::Arc::new(
+        flotilla::fleet::live_reads::MemberReads::new(&replica_id, credentials_rx.clone())?,
+    )));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         rx.wait_for(|s| *s).await.ok();

@@ -51,6 +51,23 @@ pub async fn injected(name: &str) -> String {
     std::future::pending().await
 }
 
+/// How long the status feed of `cluster` holds each Microservice change
+/// back, in test builds only: with the `fault-hooks` feature,
+/// `FLOTILLA_FEED_DELAY=cluster=millis[,…]` stages an index that lags its
+/// member. Otherwise none.
+pub fn feed_delay(cluster: &str) -> Option<std::time::Duration> {
+    if !cfg!(feature = "fault-hooks") {
+        return None;
+    }
+    let asked = std::env::var("FLOTILLA_FEED_DELAY").unwrap_or_default();
+    asked.split(',').find_map(|item| {
+        let (c, ms) = item.trim().split_once('=')?;
+        (c == cluster)
+            .then(|| ms.parse().ok().map(std::time::Duration::from_millis))
+            .flatten()
+    })
+}
+
 /// `task`, failing if a fault is injected into it (test builds only).
 pub async fn with_fault(
     name: &'static str,

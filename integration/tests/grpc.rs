@@ -528,7 +528,11 @@ async fn a_permanent_failure_ends_the_wait_failed_and_a_deadline_ends_it_exceede
         })
         .await
         .expect_err("refused");
-    assert_eq!(unknown_cluster.code(), tonic::Code::NotFound);
+    assert_eq!(unknown_cluster.code(), tonic::Code::InvalidArgument);
+    assert!(
+        unknown_cluster.message().contains("member-9"),
+        "{unknown_cluster:?}"
+    );
     let oversized = client
         .list_microservices(pb::ListMicroservicesRequest {
             label_selector: "a".repeat(200 * 1024),

@@ -29,7 +29,7 @@ use serde_json::json;
 use support::replicas::*;
 use support::{
     TestNamespace, assert_writes_inside_leadership, audited_writes, client, eventually, from_json,
-    http_get, kubeconfig_path, lease_writes, microservice,
+    http_get, kubeconfig_path, kubeconfig_via, lease_writes, microservice,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -217,19 +217,6 @@ async fn pump(
             return;
         }
     }
-}
-
-/// The member's kubeconfig, pointed at `127.0.0.1:port` instead.
-fn kubeconfig_via(member: &str, port: u16) -> (String, String) {
-    let text = std::fs::read_to_string(kubeconfig_path(member)).expect("kubeconfig");
-    let mut kc: serde_yaml::Value = serde_yaml::from_str(&text).expect("yaml");
-    let server = kc["clusters"][0]["cluster"]["server"]
-        .as_str()
-        .expect("server")
-        .to_string();
-    let upstream = server.trim_start_matches("https://").to_string();
-    kc["clusters"][0]["cluster"]["server"] = format!("https://127.0.0.1:{port}").into();
-    (serde_yaml::to_string(&kc).expect("yaml"), upstream)
 }
 
 // Two workers: the proxy runs in this runtime, and reading the audit log

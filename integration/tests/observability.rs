@@ -423,18 +423,27 @@ async fn metrics_count_reconciles_match_the_leases_and_name_no_objects() {
     }
 
     // gRPC calls are counted by method and code, unknown paths as "unknown".
-    let mut client = connect(&ClientOptions {
+    let client = connect(&ClientOptions {
         server: replicas.grpc_url("r1"),
         ..Default::default()
     })
     .await
     .expect("connect");
-    let _ = client
-        .get_microservice(pb::GetMicroserviceRequest {
-            namespace: ns.clone(),
-            name: "nope".into(),
-        })
-        .await;
+    // NOT_FOUND once the replica has listed both members (UNAVAILABLE before).
+    eventually("a NotFound answer", Duration::from_secs(30), || {
+        let (mut client, ns) = (client.clone(), ns.clone());
+        async move {
+            let e = client
+                .get_microservice(pb::GetMicroserviceRequest {
+                    namespace: ns,
+                    name: "nope".into(),
+                })
+                .await
+                .err()?;
+            (e.code() == tonic::Code::NotFound).then_some(())
+        }
+    })
+    .await;
     let (_, body) = http_get(&format!("{}/metrics", replicas.metrics_url("r1")))
         .await
         .expect("scrape");

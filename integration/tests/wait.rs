@@ -6,9 +6,11 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use futures::StreamExt;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -351,4 +353,348 @@ async fn a_wait_no_replica_ever_answers_exits_3_not_a_verdict() {
     .await;
     assert_eq!(code, 3, "{stderr}");
     assert!(stderr.contains("no replica"), "{stderr}");
+}
+
+/// Forwards `127.0.0.1:port` to `upstream` from now on: until this is
+/// called nothing listens there, as for a member whose apiserver is down.
+async fn forward(port: u16, upstream: String) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind the forwarder");
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    })
+}
+
+/// The first progress a replica sends for `ns/web` and `target`.
+async fn first_progress(
+    url: &str,
+    ns: &str,
+    target: pb::wait_for_rollout_request::Target,
+) -> pb::RolloutProgress {
+    let mut c = connect(&ClientOptions {
+        server: url.to_string(),
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
+    let mut stream = c
+        .wait_for_rollout(pb::WaitForRolloutRequest {
+            namespace: ns.to_string(),
+            name: "web".into(),
+            target: Some(target),
+            clusters: vec![],
+            timeout: Some(prost_types::Duration {
+                seconds: 5,
+                nanos: 0,
+            }),
+        })
+        .await
+        .expect("wait_for_rollout")
+        .into_inner();
+    tokio::time::timeout(Duration::from_secs(15), stream.next())
+        .await
+        .expect("a first progress within 15 s")
+        .expect("a first progress")
+        .expect("progress")
+}
+
+/// Every member holds `ns/web` at its current generation, Available, and
+/// its Deployment runs `image`: what an exit 0 promised.
+async fn assert_rolled_out(clients: &BTreeMap<&'static str, kube::Client>, ns: &str, image: &str) {
+    for (m, c) in clients {
+        let ms = Api::<Microservice>::namespaced(c.clone(), ns)
+            .get("web")
+            .await
+            .expect("get");
+        let generation = ms.metadata.generation;
+        let st = ms.status.expect("status");
+        assert_eq!(st.observed_generation, generation, "{m}: observed");
+        let available =
+            flotilla::domain::conditions::find(&st.conditions, "Available").expect("Available");
+        assert_eq!(
+            (available.status.as_str(), available.observed_generation),
+            ("True", generation),
+            "{m}: Available at the current generation"
+        );
+        let d = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c.clone(), ns)
+            .get("web")
+            .await
+            .expect("deployment");
+        let running = d
+            .spec
+            .and_then(|s| s.template.spec?.containers.first()?.image.clone());
+        assert_eq!(
+            running.as_deref(),
+            Some(image),
+            "{m}: the Deployment's image"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_replica_that_never_listed_a_member_does_not_call_the_rollout_done() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "wait-unlisted").await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    // Replica b reaches member-2 through a port where nothing listens yet:
+    // for b, member-2 is down from its start.
+    let port = free_port();
+    let dir_b = replicas.own_dir("b", &["member-1", "member-3"]);
+    let (kc, upstream) = support::kubeconfig_via("member-2", port);
+    std::fs::write(dir_b.join("member-2.yaml"), kc).expect("member-2 via the port");
+    replicas.start("a");
+    let url_a = replicas.grpc_url("a");
+    serving(&url_a).await;
+    for c in clients.values() {
+        create(c, &ns, "web", "web:1").await;
+    }
+    let (code, stdout, stderr) = wait_done(
+        &[
+            &format!("{ns}/web"),
+            "--image",
+            "web:1",
+            "--timeout",
+            "90s",
+            "--server",
+            &url_a,
+        ],
+        Duration::from_secs(100),
+    )
+    .await;
+    assert_eq!(code, 0, "web:1 everywhere first: {stdout}{stderr}");
+    replicas.start("b");
+    let url_b = replicas.grpc_url("b");
+    serving(&url_b).await;
+    // member-1 and member-3 move on to web:2; member-2 stays on web:1.
+    for m in ["member-1", "member-3"] {
+        set_image(&clients[m], &ns, "web", "web:2").await;
+    }
+    for url in [&url_a, &url_b] {
+        let (code, stdout, stderr) = wait_done(
+            &[
+                &format!("{ns}/web"),
+                "--image",
+                "web:2",
+                "--cluster",
+                "member-1",
+                "--cluster",
+                "member-3",
+                "--timeout",
+                "90s",
+                "--server",
+                url,
+            ],
+            Duration::from_secs(100),
+        )
+        .await;
+        assert_eq!(
+            code, 0,
+            "{url} sees member-1 and member-3 done: {stdout}{stderr}"
+        );
+    }
+
+    // The question release tooling asks, of either replica: not done.
+    let image = pb::wait_for_rollout_request::Target::Image("web:2".into());
+    let trials = 20;
+    let mut disagreements = 0;
+    for _ in 0..trials {
+        let a = first_progress(&url_a, &ns, image.clone()).await;
+        let b = first_progress(&url_b, &ns, image.clone()).await;
+        assert_eq!(
+            b.result,
+            pb::RolloutResult::InProgress as i32,
+            "the replica that never listed member-2 must not call it done: {b:?}"
+        );
+        let m2 = b.clusters.iter().find(|c| c.cluster == "member-2");
+        assert_eq!(
+            m2.map(|c| c.reason.as_str()),
+            Some("NotListed"),
+            "member-2 is unknown to b, and says why: {b:?}"
+        );
+        if a.result != b.result {
+            disagreements += 1;
+        }
+    }
+    assert_eq!(disagreements, 0, "both replicas give the same verdict");
+    println!(
+        "figure: verdict disagreements between replicas over {trials} trials: {disagreements}"
+    );
+    // The CLI, too: a timeout (2), never 0.
+    let (code, stdout, stderr) = wait_done(
+        &[
+            &format!("{ns}/web"),
+            "--image",
+            "web:2",
+            "--timeout",
+            "4s",
+            "--server",
+            &url_b,
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(code, 2, "{stdout}{stderr}");
+
+    // member-2 comes back for b, and moves on: both say done, and it is.
+    let _forwarder = forward(port, upstream).await;
+    set_image(&clients["member-2"], &ns, "web", "web:2").await;
+    for url in [&url_a, &url_b] {
+        let (code, stdout, stderr) = wait_done(
+            &[
+                &format!("{ns}/web"),
+                "--image",
+                "web:2",
+                "--timeout",
+                "90s",
+                "--server",
+                url,
+            ],
+            Duration::from_secs(100),
+        )
+        .await;
+        assert_eq!(code, 0, "{url}: {stdout}{stderr}");
+        assert_rolled_out(&clients, &ns, "web:2").await;
+    }
+}
+
+#[tokio::test]
+async fn apply_then_wait_with_no_pause_never_ends_on_the_previous_generation() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "wait-apply").await;
+    let only: BTreeMap<&'static str, kube::Client> =
+        BTreeMap::from([("member-1", clients["member-1"].clone())]);
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    // The replica's index sees each change of member-1 two seconds late.
+    replicas
+        .env
+        .push(("FLOTILLA_FEED_DELAY".into(), "member-1=2000".into()));
+    replicas.start("r1");
+    let url = replicas.grpc_url("r1");
+    serving(&url).await;
+    let m1 = clients["member-1"].clone();
+    create(&m1, &ns, "web", "web:1").await;
+    let (code, stdout, stderr) = wait_done(
+        &[
+            &format!("{ns}/web"),
+            "--image",
+            "web:1",
+            "--timeout",
+            "90s",
+            "--server",
+            &url,
+        ],
+        Duration::from_secs(100),
+    )
+    .await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+
+    // Apply, then wait for "the current generation", with no pause.
+    set_image(&m1, &ns, "web", "web:2").await;
+    let (code, stdout, stderr) = wait_done(
+        &[
+            &format!("{ns}/web"),
+            "--generation",
+            "--timeout",
+            "90s",
+            "--server",
+            &url,
+        ],
+        Duration::from_secs(100),
+    )
+    .await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_rolled_out(&only, &ns, "web:2").await;
+
+    // A rollback to an image an older generation carried: that generation's
+    // "done" must not answer for the new one.
+    set_image(&m1, &ns, "web", "web:3").await;
+    set_image(&m1, &ns, "web", "web:1").await;
+    let (code, stdout, stderr) = wait_done(
+        &[
+            &format!("{ns}/web"),
+            "--image",
+            "web:1",
+            "--timeout",
+            "90s",
+            "--server",
+            &url,
+        ],
+        Duration::from_secs(100),
+    )
+    .await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_rolled_out(&only, &ns, "web:1").await;
+
+    // What reading "current" from the member costs: the time to the first
+    // answer, with the read (current) and without (a given number).
+    let mut with_read = Vec::new();
+    let mut without = Vec::new();
+    for _ in 0..20 {
+        let t = std::time::Instant::now();
+        first_progress(
+            &url,
+            &ns,
+            pb::wait_for_rollout_request::Target::Generations(pb::GenerationTargets {
+                at_least: Default::default(),
+                otherwise: 1,
+                current: true,
+            }),
+        )
+        .await;
+        with_read.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = std::time::Instant::now();
+        first_progress(
+            &url,
+            &ns,
+            pb::wait_for_rollout_request::Target::Generation(1),
+        )
+        .await;
+        without.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let p = |v: &[f64], q| support::percentile(v, q);
+    println!(
+        "figure: first answer of a wait, with the live read p50 {:.1} ms p99 {:.1} ms; without p50 {:.1} ms p99 {:.1} ms",
+        p(&with_read, 0.5),
+        p(&with_read, 0.99),
+        p(&without, 0.5),
+        p(&without, 0.99)
+    );
+}
+
+#[tokio::test]
+async fn an_unregistered_cluster_is_a_usage_error_that_names_the_known_ones() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "wait-typo").await;
+    let mut replicas = Replicas::new(&ns, &["member-1", "member-2"]);
+    replicas.start("r1");
+    let url = replicas.grpc_url("r1");
+    serving(&url).await;
+    for args in [
+        vec!["--generation", "--generation", "memebr-2=5"],
+        vec!["--image", "x:1", "--cluster", "memebr-2"],
+    ] {
+        let mut all = vec![format!("{ns}/web")];
+        all.extend(args.iter().map(|s| s.to_string()));
+        all.extend([
+            "--timeout".into(),
+            "20s".into(),
+            "--server".into(),
+            url.clone(),
+        ]);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let (code, stdout, stderr) = wait_done(&all, Duration::from_secs(30)).await;
+        assert_eq!(code, 64, "{args:?}: {stdout}{stderr}");
+        assert!(
+            stderr.contains("memebr-2") && stderr.contains("member-1, member-2"),
+            "names the typo and the registered clusters: {stderr}"
+        );
+    }
 }

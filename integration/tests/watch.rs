@@ -461,3 +461,109 @@ async fn a_resume_from_before_the_tombstone_horizon_gets_a_reset_and_the_exact_s
     let expected: BTreeSet<String> = (1..5).map(|i| format!("s{i:04}")).collect();
     assert_eq!(mirror.items, expected, "s0000's deletion was not lost");
 }
+
+#[tokio::test]
+async fn every_call_is_unavailable_until_the_registry_is_read_then_answered() {
+    // Clusters and objects are there, but the registry has not been read:
+    // "in no cluster" or "no such cluster" would be guesses.
+    let hub = Hub::new("watch-test");
+    hub.update(|ix| {
+        ix.update_cluster("member-1", "file", |i| {
+            i.reach = Reach::Reachable;
+            i.synced = true;
+        });
+        let mut done = facts("pay", "a:1");
+        done.conditions = vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Available".into(),
+            status: "True".into(),
+            reason: "MinimumReplicasAvailable".into(),
+            message: String::new(),
+            observed_generation: Some(1),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::UNIX_EPOCH,
+            ),
+        }];
+        ix.upsert_microservice("member-1", key("s0000"), done);
+    });
+    let server = Server::start(hub.clone(), |_| {}).await;
+    let mut c = server.client().await;
+    let get = pb::GetMicroserviceRequest {
+        namespace: "shop".into(),
+        name: "s0000".into(),
+    };
+    let wait = pb::WaitForRolloutRequest {
+        namespace: "shop".into(),
+        name: "s0000".into(),
+        target: Some(pb::wait_for_rollout_request::Target::Image("a:1".into())),
+        clusters: vec![],
+        timeout: None,
+    };
+    let codes = [
+        c.list_clusters(pb::ListClustersRequest {}).await.err(),
+        c.get_microservice(get.clone()).await.err(),
+        c.list_microservices(pb::ListMicroservicesRequest::default())
+            .await
+            .err(),
+        c.watch_microservices(request("", "", 0, "")).await.err(),
+        c.wait_for_rollout(wait.clone()).await.err(),
+    ]
+    .map(|e| e.map(|s| s.code()));
+    assert_eq!(codes, [Some(tonic::Code::Unavailable); 5], "{codes:?}");
+
+    hub.update(|ix| ix.registry_read());
+    c.list_clusters(pb::ListClustersRequest {})
+        .await
+        .expect("clusters");
+    c.get_microservice(get).await.expect("get");
+    let mut s = c.wait_for_rollout(wait).await.expect("wait").into_inner();
+    let first = timeout(Duration::from_secs(10), s.next())
+        .await
+        .expect("an answer")
+        .expect("open")
+        .expect("progress");
+    assert_eq!(
+        first.result,
+        pb::RolloutResult::Succeeded as i32,
+        "{first:?}"
+    );
+
+    // A registered cluster this replica has not listed: the object may be
+    // there, so Get is not NOT_FOUND, and a follow-mode wait is not done.
+    hub.update(|ix| ix.update_cluster("member-2", "file", |i| i.reach = Reach::Connecting));
+    let missing = c
+        .get_microservice(pb::GetMicroserviceRequest {
+            namespace: "shop".into(),
+            name: "nowhere".into(),
+        })
+        .await
+        .expect_err("not found yet");
+    assert_eq!(missing.code(), tonic::Code::Unavailable, "{missing:?}");
+    assert!(missing.message().contains("member-2"), "{missing:?}");
+    let mut s = c
+        .wait_for_rollout(pb::WaitForRolloutRequest {
+            namespace: "shop".into(),
+            name: "s0000".into(),
+            target: Some(pb::wait_for_rollout_request::Target::Image("a:1".into())),
+            clusters: vec![],
+            timeout: None,
+        })
+        .await
+        .expect("wait")
+        .into_inner();
+    let first = timeout(Duration::from_secs(10), s.next())
+        .await
+        .expect("an answer")
+        .expect("open")
+        .expect("progress");
+    assert_eq!(
+        first.result,
+        pb::RolloutResult::InProgress as i32,
+        "{first:?}"
+    );
+    let m2 = first.clusters.iter().find(|e| e.cluster == "member-2");
+    assert_eq!(
+        m2.map(|e| e.reason.as_str()),
+        Some("NotListed"),
+        "{first:?}"
+    );
+}

@@ -6,6 +6,7 @@ pub mod catch_panic;
 pub mod client;
 pub mod convert;
 pub mod deadline;
+pub mod live;
 pub mod request;
 pub mod rollout_convert;
 pub mod rollouts;
@@ -13,6 +14,7 @@ pub mod server;
 pub mod service;
 pub mod streams;
 pub mod tls;
+pub mod wait;
 pub mod watch;
 
 /// Generated from `proto/flotilla/v1/fleet.proto`.
@@ -31,6 +33,9 @@ pub enum ApiError {
     InvalidArgument(String),
     #[error("{0}")]
     NotFound(String),
+    /// Not answerable yet (the registry is not read): retry.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("server configuration: {0}")]
     Config(String),
     #[error("serving: {0}")]
@@ -43,6 +48,7 @@ impl ApiError {
         match self {
             ApiError::InvalidArgument(_) => "InvalidArgument",
             ApiError::NotFound(_) => "NotFound",
+            ApiError::Unavailable(_) => "Unavailable",
             ApiError::Config(_) => "Config",
             ApiError::Transport(_) => "Transport",
         }
@@ -54,6 +60,7 @@ impl From<ApiError> for tonic::Status {
         match e {
             ApiError::InvalidArgument(m) => tonic::Status::invalid_argument(m),
             ApiError::NotFound(m) => tonic::Status::not_found(m),
+            ApiError::Unavailable(m) => tonic::Status::unavailable(m),
             other => tonic::Status::internal(other.to_string()),
         }
     }

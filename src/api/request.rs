@@ -141,6 +141,11 @@ pub fn target(t: Option<&pb::wait_for_rollout_request::Target>) -> Result<Target
     }
 }
 
+/// `generations.current`: each cluster's live generation when the wait starts.
+pub fn wants_current(t: Option<&pb::wait_for_rollout_request::Target>) -> bool {
+    matches!(t, Some(pb::wait_for_rollout_request::Target::Generations(g)) if g.current)
+}
+
 pub fn timeout(t: Option<&prost_types::Duration>) -> Result<Option<Duration>, ApiError> {
     match t {
         None => Ok(None),

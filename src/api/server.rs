@@ -53,6 +53,8 @@ pub struct ServerOptions {
     pub bookmark_every: Duration,
     /// The token rollout mutations need; none: mutations are refused.
     pub write_token: Option<String>,
+    /// Reads of members' live objects, for waits on "current".
+    pub live: Option<super::live::Live>,
 }
 
 impl ServerOptions {
@@ -74,6 +76,7 @@ impl ServerOptions {
             stream_stall: Duration::from_secs(10),
             bookmark_every: Duration::from_secs(20),
             write_token: None,
+            live: None,
         }
     }
 
@@ -185,6 +188,7 @@ pub async fn serve(
         stall: opts.stream_stall,
         watch: watch_limits,
         shutdown: stopping.clone(),
+        live: opts.live.clone(),
     })
     .max_decoding_message_size(opts.max_request_bytes)
     .max_encoding_message_size(opts.max_response_bytes);

@@ -10,13 +10,15 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::deadline;
+use super::live::Live;
 use super::request;
 use super::streams::{self, Streams};
+use super::wait::{self, Floors};
 use super::watch::{self as watch_stream, WatchLimits};
 use super::{ApiError, convert, pb};
 use crate::status::hub::Hub;
-use crate::status::index::{Key, MicroserviceView, Snapshot};
-use crate::status::view::{self, Entry, RolloutResult, Target};
+use crate::status::index::{Key, MicroserviceView};
+use crate::status::view::{self, Entry, RolloutResult};
 use crate::telemetry::links;
 use tracing::Instrument;
 
@@ -33,58 +35,23 @@ pub struct FleetStatusService {
     pub watch: WatchLimits,
     /// Turns true when the server shuts down: every stream ends UNAVAILABLE.
     pub shutdown: watch::Receiver<bool>,
+    /// Reads of members' live objects; `None`: no floors (a server fed an
+    /// index directly, without members).
+    pub live: Option<Live>,
 }
 
-/// The rollout as it stands: the entries judged against the target.
-fn progress(
-    v: Option<&MicroserviceView>,
-    required: &BTreeSet<String>,
-    target: &Target,
-    snap: &Snapshot,
-) -> (Vec<Entry>, RolloutResult) {
-    let entries: Vec<Entry> = required
-        .iter()
-        .map(
-            |cluster| match v.and_then(|v| v.entries.iter().find(|e| e.cluster == *cluster)) {
-                Some(e) => view::rollout_entry(target, e),
-                None => view::absent_entry(cluster, snap.clusters().get(cluster)),
-            },
-        )
-        .collect();
-    let result = view::rollout_result(&entries);
-    (entries, result)
-}
-
-fn progress_message(
-    entries: &[Entry],
-    result: &RolloutResult,
-    revision: u64,
-) -> pb::RolloutProgress {
-    let aggregate = view::aggregate(entries);
-    let (code, failed, summary) = match result {
-        RolloutResult::InProgress => (
-            pb::RolloutResult::InProgress,
-            vec![],
-            aggregate.summary.clone(),
-        ),
-        RolloutResult::Succeeded => (
-            pb::RolloutResult::Succeeded,
-            vec![],
-            format!("rolled out: {}", aggregate.summary),
-        ),
-        RolloutResult::Failed(clusters) => (
-            pb::RolloutResult::Failed,
-            clusters.clone(),
-            format!("failed in {}: {}", clusters.join(", "), aggregate.summary),
-        ),
-    };
-    pb::RolloutProgress {
-        result: code as i32,
-        clusters: entries.iter().map(convert::entry).collect(),
-        aggregate: Some(convert::aggregate(&aggregate)),
-        failed_clusters: failed,
-        revision,
-        summary,
+impl FleetStatusService {
+    /// Before the cluster registry is read, "in no cluster" and "no such
+    /// cluster" would be guesses: every call is UNAVAILABLE until then.
+    fn registry_read(&self) -> Result<(), Status> {
+        if self.hub.read(|ix| ix.registry_was_read()) {
+            Ok(())
+        } else {
+            Err(ApiError::Unavailable(
+                "this replica has not read its cluster registry yet; retry".into(),
+            )
+            .into())
+        }
     }
 }
 
@@ -101,6 +68,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         &self,
         _request: Request<pb::ListClustersRequest>,
     ) -> Result<Response<pb::ListClustersResponse>, Status> {
+        self.registry_read()?;
         let snap = self.hub.read(|ix| ix.snapshot());
         let clusters = snap
             .clusters()
@@ -119,14 +87,32 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
     ) -> Result<Response<pb::Microservice>, Status> {
         let r = request.into_inner();
         let key = request::key(&r.namespace, &r.name)?;
-        let view = self.hub.read(|ix| ix.snapshot()).view(&key, None);
-        match view {
-            Some(v) => Ok(Response::new(convert::microservice(&v))),
-            None => Err(ApiError::NotFound(format!(
+        self.registry_read()?;
+        let snap = self.hub.read(|ix| ix.snapshot());
+        if let Some(v) = snap.view(&key, None) {
+            return Ok(Response::new(convert::microservice(&v)));
+        }
+        // Not found only where absence is known everywhere.
+        let unlisted: Vec<&str> = snap
+            .clusters()
+            .iter()
+            .filter(|(_, c)| !c.absence_is_known())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if unlisted.is_empty() {
+            Err(ApiError::NotFound(format!(
                 "Microservice {}/{} is in no registered cluster",
                 key.0, key.1
             ))
-            .into()),
+            .into())
+        } else {
+            Err(ApiError::Unavailable(format!(
+                "Microservice {}/{} is in no cluster this replica has listed, and it has not listed {}; retry",
+                key.0,
+                key.1,
+                unlisted.join(", ")
+            ))
+            .into())
         }
     }
 
@@ -138,6 +124,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         let filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
         let after = request::after(&r.page_token)?;
         let size = request::page_size(r.page_size);
+        self.registry_read()?;
         let item = match request::basic_view(r.view)? {
             true => convert::basic_microservice,
             false => convert::microservice,
@@ -169,6 +156,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
     ) -> Result<Response<Self::WatchMicroservicesStream>, Status> {
         let r = request.into_inner();
         let filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
+        self.registry_read()?;
         let hub = self.hub.clone();
         let resume =
             (r.resume_revision > 0 && r.index_id == hub.index_id).then_some(r.resume_revision);
@@ -196,27 +184,28 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         let target = request::target(r.target.as_ref())?;
         let wait =
             deadline::effective(request::timeout(r.timeout.as_ref())?, header, self.max_wait);
-        let explicit = request::clusters(&r.clusters)?;
+        let named: BTreeSet<String> = request::clusters(&r.clusters)?.into_iter().collect();
+        let current = request::wants_current(r.target.as_ref());
+        self.registry_read()?;
         let hub = self.hub.clone();
-        if let Some(unknown) = hub.read(|ix| {
-            explicit
-                .iter()
-                .find(|c| !ix.clusters().contains_key(*c))
-                .cloned()
-        }) {
-            return Err(ApiError::NotFound(format!("cluster {unknown} is not registered")).into());
-        }
-        // Named clusters, or every cluster the Microservice is seen in while
-        // the wait runs: one created after the call starts is waited for.
-        let follow = explicit.is_empty();
-        let mut required: BTreeSet<String> = explicit.into_iter().collect();
-        // A cluster given its own generation target is waited for too.
-        if follow && let Target::Generations { at_least, .. } = &target {
-            required.extend(at_least.keys().cloned());
-        }
+        hub.read(|ix| wait::unregistered(&named, &target, ix.clusters()))
+            .map_err(ApiError::InvalidArgument)?;
+        let live = self.live.clone();
+        let mut floors = match &live {
+            Some(_) => Floors::new(&target, current),
+            None if current => {
+                return Err(ApiError::InvalidArgument(
+                    "this server cannot read its members' live generations".into(),
+                )
+                .into());
+            }
+            None => Floors::none(),
+        };
+        let own = wait::own_targets(&target);
         let (mut out, inbox) = streams::channel(self.streams.open()?, self.stall);
         let mut shutdown = self.shutdown.clone();
         let mut changed = hub.subscribe();
+        let mut clusters_changed = hub.subscribe_clusters();
         let until = tokio::time::Instant::now() + wait;
         // Outlives the call's server span: the stream runs on after the response starts.
         let span = tracing::info_span!(
@@ -233,22 +222,36 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                 loop {
                     // The snapshot is dropped before the next await: a
                     // held snapshot makes the index copy on its next write.
-                    let (entries, result, revision) = {
+                    let (entries, result, revision, required) = {
                         let snap = hub.read(|ix| ix.snapshot());
                         let v = snap.view(&key, None);
-                        if follow {
-                            if let Some(v) = &v {
-                                required.extend(v.entries.iter().map(|e| e.cluster.clone()));
-                            }
-                            // A cluster no longer registered is no longer
-                            // part of the fleet's rollout.
-                            required.retain(|c| snap.clusters().contains_key(c));
-                        }
-                        let (entries, result) = progress(v.as_ref(), &required, &target, &snap);
-                        (entries, result, snap.revision())
+                        let required = view::required_clusters(
+                            &named,
+                            &own,
+                            v.as_ref().map(|v| v.entries.as_slice()),
+                            snap.clusters(),
+                        );
+                        let (entries, result) =
+                            wait::progress(v.as_ref(), &required, &target, &floors, &snap);
+                        (entries, result, snap.revision(), required)
                     };
+                    // Floors first: a verdict waits for what "current" is.
+                    let due = floors.due(&required, tokio::time::Instant::now());
+                    if let (Some(live), false) = (&live, due.is_empty()) {
+                        tokio::select! {
+                            _ = out.closed() => return,
+                            _ = streams::shutting_down(&mut shutdown) => {
+                                span.record("result", "UNAVAILABLE");
+                                out.end(Status::unavailable("the replica is shutting down; ask another replica"));
+                                return;
+                            }
+                            _ = tokio::time::sleep_until(until) => {}
+                            _ = floors.read_due(live, &key, due) => continue,
+                        }
+                    }
                     link_reconciles(&span, &key, &entries, &mut linked);
-                    let mut msg = progress_message(&entries, &result, revision);
+                    let mut msg = wait::progress_message(&entries, &result, revision);
+                    msg.floors = floors.wanted();
                     if required.is_empty() {
                         msg.summary = format!(
                             "waiting for {}/{} to appear in a registered cluster",
@@ -273,6 +276,8 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                         );
                         return;
                     }
+                    // A floor that failed is read again, without an index change.
+                    let retry = floors.next_retry(&required).unwrap_or(until);
                     tokio::select! {
                         _ = out.closed() => return,
                         _ = streams::shutting_down(&mut shutdown) => {
@@ -281,6 +286,8 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                             return;
                         }
                         c = changed.changed() => if c.is_err() { return },
+                        c = clusters_changed.changed() => if c.is_err() { return },
+                        _ = tokio::time::sleep_until(retry.min(until)), if retry < until => {}
                         _ = tokio::time::sleep_until(until) => {
                             let mut end = msg;
                             end.result = pb::RolloutResult::DeadlineExceeded as i32;

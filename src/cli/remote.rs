@@ -6,8 +6,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::time::Instant;
 
-use std::collections::BTreeMap;
-
 use super::output;
 use super::wait::{GenerationArg, Generations, retryable, servers};
 use crate::api::client::{Client, ClientOptions, connect};
@@ -168,30 +166,6 @@ where
     Err(last)
 }
 
-/// Each cluster's generation now; none when the Microservice is nowhere yet.
-async fn current_generations(
-    client: &mut Client,
-    namespace: &str,
-    name: &str,
-) -> Result<BTreeMap<String, i64>, tonic::Status> {
-    match client
-        .get_microservice(pb::GetMicroserviceRequest {
-            namespace: namespace.into(),
-            name: name.into(),
-        })
-        .await
-    {
-        Ok(m) => Ok(m
-            .into_inner()
-            .clusters
-            .iter()
-            .map(|c| (c.cluster.clone(), c.generation))
-            .collect()),
-        Err(s) if s.code() == tonic::Code::NotFound => Ok(BTreeMap::new()),
-        Err(s) => Err(s),
-    }
-}
-
 /// Follows the rollout until it ends, across replicas: a dropped stream or
 /// an unreachable replica is retried on the next server with backoff until
 /// the timeout. The verdict is always the server's, recomputed from its
@@ -200,12 +174,17 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
     let servers = servers(&o.server)?;
     let started = Instant::now();
     let deadline = started + w.timeout;
-    let mut resolved: Option<pb::wait_for_rollout_request::Target> = match &w.target {
-        WaitTarget::Image(i) => Some(pb::wait_for_rollout_request::Target::Image(i.clone())),
-        WaitTarget::Generations(args) if !Generations::needs_current(args) => {
-            Some(generations(Generations::resolve(args, &BTreeMap::new())?))
+    // "Current" is resolved by the server, from the members themselves.
+    let (target, needs_floors) = match &w.target {
+        WaitTarget::Image(i) => (
+            pb::wait_for_rollout_request::Target::Image(i.clone()),
+            false,
+        ),
+        WaitTarget::Generations(args) => {
+            let g = Generations::resolve(args)?;
+            let current = g.current;
+            (generations(g), current)
         }
-        WaitTarget::Generations(_) => None,
     };
     let mut printer = Printer::new(format, started);
     let mut backoff = FIRST_RETRY;
@@ -227,16 +206,6 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
         // replica that hangs mid-stream must not keep the wait past its time.
         let attempt = async {
             let mut client = connect(&o).await.map_err(Lost::Connect)?;
-            if resolved.is_none()
-                && let WaitTarget::Generations(args) = &w.target
-            {
-                let current = current_generations(&mut client, &w.namespace, &w.name)
-                    .await
-                    .map_err(Lost::Status)?;
-                resolved = Some(generations(
-                    Generations::resolve(args, &current).map_err(Lost::Fatal)?,
-                ));
-            }
             if let Some(at) = lost_at.take() {
                 eprintln!(
                     "reconnected to {} after {} ms",
@@ -247,7 +216,7 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
             let mut request = tonic::Request::new(pb::WaitForRolloutRequest {
                 namespace: w.namespace.clone(),
                 name: w.name.clone(),
-                target: resolved.clone(),
+                target: Some(target.clone()),
                 clusters: w.clusters.clone(),
                 timeout: prost_types::Duration::try_from(remaining).ok(),
             });
@@ -263,6 +232,14 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
             answered = true;
             while let Some(item) = stream.next().await {
                 let p = item.map_err(Lost::Status)?;
+                if needs_floors && !p.floors {
+                    // An older server ignored `current`: its verdict would
+                    // judge the index, which may not have seen our apply.
+                    return Ok(Attempt::Lost(format!(
+                        "{} does not read live generations (an older version)",
+                        o.server
+                    )));
+                }
                 printer.show(&p);
                 match pb::RolloutResult::try_from(p.result) {
                     Ok(pb::RolloutResult::Succeeded) => return Ok(Attempt::Verdict(exit::DONE)),
@@ -287,8 +264,12 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
             Ok(Attempt::Lost(why)) => why,
             Err(Lost::Connect(e)) => e,
             Err(Lost::Status(s)) if retryable(s.code()) => status_error(s),
+            // A question that cannot be asked as put: an unknown cluster.
+            Err(Lost::Status(s)) if s.code() == tonic::Code::InvalidArgument => {
+                eprintln!("error: {}", s.message());
+                return Ok(exit::USAGE);
+            }
             Err(Lost::Status(s)) => return Err(status_error(s)),
-            Err(Lost::Fatal(e)) => return Err(e),
         };
         if Instant::now() >= deadline {
             return timed_out(answered);
@@ -316,13 +297,13 @@ const FIRST_RETRY: Duration = Duration::from_millis(200);
 enum Lost {
     Connect(String),
     Status(tonic::Status),
-    Fatal(String),
 }
 
 fn generations(g: Generations) -> pb::wait_for_rollout_request::Target {
     pb::wait_for_rollout_request::Target::Generations(pb::GenerationTargets {
         at_least: g.at_least.into_iter().collect(),
         otherwise: g.otherwise,
+        current: g.current,
     })
 }
 

@@ -37,20 +37,15 @@ pub fn parse_generation(s: &str) -> Result<GenerationArg, String> {
 pub struct Generations {
     pub at_least: BTreeMap<String, i64>,
     pub otherwise: i64,
+    /// Each cluster not in `at_least` waits for its live generation when
+    /// the wait starts, which the server reads from the member itself: an
+    /// index that has not seen the caller's last write cannot answer it.
+    pub current: bool,
 }
 
 impl Generations {
-    /// Whether the answer depends on the clusters' generations now.
-    pub fn needs_current(args: &[GenerationArg]) -> bool {
-        !args.iter().any(|a| matches!(a, GenerationArg::All(_)))
-    }
-
-    /// `current` is each cluster's generation when the wait starts (empty
-    /// if the Microservice is nowhere yet). An explicit CLUSTER=N wins.
-    pub fn resolve(
-        args: &[GenerationArg],
-        current: &BTreeMap<String, i64>,
-    ) -> Result<Self, String> {
+    /// An explicit CLUSTER=N wins over "current".
+    pub fn resolve(args: &[GenerationArg]) -> Result<Self, String> {
         let all: Vec<i64> = args
             .iter()
             .filter_map(|a| match a {
@@ -64,18 +59,17 @@ impl Generations {
                     .into(),
             );
         }
-        let (mut at_least, otherwise) = match all.first() {
-            Some(n) => (BTreeMap::new(), *n),
-            None => (current.clone(), 1),
-        };
-        for a in args {
-            if let GenerationArg::Cluster(c, n) = a {
-                at_least.insert(c.clone(), *n);
-            }
-        }
+        let at_least = args
+            .iter()
+            .filter_map(|a| match a {
+                GenerationArg::Cluster(c, n) => Some((c.clone(), *n)),
+                _ => None,
+            })
+            .collect();
         Ok(Generations {
             at_least,
-            otherwise,
+            otherwise: all.first().copied().unwrap_or(1),
+            current: all.is_empty(),
         })
     }
 }
@@ -130,44 +124,32 @@ mod tests {
 
     #[test]
     fn each_cluster_waits_for_its_own_generation_unless_told_otherwise() {
-        let current = BTreeMap::from([("m1".to_string(), 4), ("m2".to_string(), 9)]);
-        let g = Generations::resolve(&[GenerationArg::Current], &current).unwrap();
-        assert_eq!(g.at_least, current);
-        assert_eq!(g.otherwise, 1);
-        let g = Generations::resolve(
-            &[
-                GenerationArg::Current,
-                GenerationArg::Cluster("m2".into(), 11),
-            ],
-            &current,
-        )
+        let g = Generations::resolve(&[GenerationArg::Current]).unwrap();
+        assert_eq!(g.at_least, BTreeMap::new());
+        assert_eq!((g.otherwise, g.current), (1, true));
+        let g = Generations::resolve(&[
+            GenerationArg::Current,
+            GenerationArg::Cluster("m2".into(), 11),
+        ])
         .unwrap();
-        assert_eq!(g.at_least["m2"], 11);
-        assert_eq!(g.at_least["m1"], 4);
+        assert_eq!(g.at_least, BTreeMap::from([("m2".to_string(), 11)]));
+        assert!(g.current);
+        // CLUSTER=N alone: the rest at their current generation.
+        assert!(
+            Generations::resolve(&[GenerationArg::Cluster("m1".into(), 6)])
+                .unwrap()
+                .current
+        );
         // A bare number is for every cluster; overrides still apply.
-        let g = Generations::resolve(
-            &[
-                GenerationArg::All(5),
-                GenerationArg::Cluster("m1".into(), 6),
-            ],
-            &current,
-        )
+        let g = Generations::resolve(&[
+            GenerationArg::All(5),
+            GenerationArg::Cluster("m1".into(), 6),
+        ])
         .unwrap();
         assert_eq!(g.at_least, BTreeMap::from([("m1".to_string(), 6)]));
-        assert_eq!(g.otherwise, 5);
-        assert!(!Generations::needs_current(&[GenerationArg::All(5)]));
-        assert!(Generations::needs_current(&[GenerationArg::Cluster(
-            "m1".into(),
-            6
-        )]));
-        assert!(
-            Generations::resolve(&[GenerationArg::All(5), GenerationArg::All(6)], &current)
-                .is_err()
-        );
-        assert!(
-            Generations::resolve(&[GenerationArg::All(5), GenerationArg::Current], &current)
-                .is_err()
-        );
+        assert_eq!((g.otherwise, g.current), (5, false));
+        assert!(Generations::resolve(&[GenerationArg::All(5), GenerationArg::All(6)]).is_err());
+        assert!(Generations::resolve(&[GenerationArg::All(5), GenerationArg::Current]).is_err());
     }
 
     #[test]

@@ -263,6 +263,10 @@ pub fn next_status(
     }
 }
 
+/// `Progressing`'s reason for a rollout past its deadline: the status API
+/// reads it as a failure of the generation.
+const DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+
 /// Whether `next` differs from `current` only in what may wait: what
 /// changes no verdict (the status API's entry state, `flotilla wait`,
 /// `kubectl wait --for=condition=Available`). That is the replica counts,
@@ -293,6 +297,13 @@ pub fn coalescable(current: &MicroserviceStatus, next: &MicroserviceStatus) -> b
                 && n.reason == c.reason
                 && n.message == c.message
                 && n.last_transition_time == c.last_transition_time;
+            // A deadline exceeded, or its end, is a verdict (FAILED for the
+            // status API), whatever the status: never held.
+            let verdict_moves = n.reason != c.reason
+                && (n.reason == DEADLINE_EXCEEDED || c.reason == DEADLINE_EXCEEDED);
+            if verdict_moves {
+                return false;
+            }
             let words_may_wait = c.type_ == AVAILABLE || c.type_ == PROGRESSING;
             let settled_unseen = c.type_ == PROGRESSING
                 && n.reason == "RolloutComplete"
@@ -597,6 +608,16 @@ mod tests {
         stuck.deadline_exceeded = true;
         let exceeded = next_status(Some(&halfway), &applied(stuck, 0), 2, 1, &later);
         assert!(!coalescable(&halfway, &exceeded), "a deadline is a verdict");
+        // Its end is one too: the pods came up, the endpoints lag.
+        let recovered = next_status(Some(&exceeded), &applied(complete(2), 0), 2, 1, &later);
+        assert_eq!(
+            find(&recovered.conditions, PROGRESSING).unwrap().reason,
+            "RolloutComplete"
+        );
+        assert!(
+            !coalescable(&exceeded, &recovered),
+            "the end of a deadline is a verdict"
+        );
         // The reason of a standing False may wait.
         let mut reworded = no_endpoints.clone();
         for c in reworded

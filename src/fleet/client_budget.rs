@@ -47,6 +47,13 @@ impl Budget {
         burst: 50,
     };
 
+    /// The status API's live reads when a wait starts: one GET per
+    /// cluster per wait, so a burst of waits queues instead of flooding.
+    pub const LIVE_READS: Budget = Budget {
+        qps: 20.0,
+        burst: 100,
+    };
+
     pub fn validate(&self) -> Result<(), String> {
         if !(self.qps.is_finite() && self.qps > 0.0) {
             return Err(format!("--cluster-qps must be above 0, got {}", self.qps));

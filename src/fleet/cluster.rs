@@ -178,7 +178,7 @@ pub fn ui_user_agent(replica_id: &str) -> Result<http::HeaderValue, String> {
     agent_named("flotilla-ui", replica_id)
 }
 
-fn agent_named(product: &str, replica_id: &str) -> Result<http::HeaderValue, String> {
+pub(crate) fn agent_named(product: &str, replica_id: &str) -> Result<http::HeaderValue, String> {
     http::HeaderValue::from_str(&format!("{product}/{replica_id}"))
         .map_err(|_| format!("replica id {replica_id:?} is not a valid header value"))
 }
@@ -186,7 +186,7 @@ fn agent_named(product: &str, replica_id: &str) -> Result<http::HeaderValue, Str
 /// Why a cluster did not answer, in words that never quote credentials or
 /// a credential plugin's output: the server's status code and reason for an
 /// API error, and only the first clause of anything else.
-fn unreachable_reason(error: &kube::Error) -> String {
+pub(crate) fn unreachable_reason(error: &kube::Error) -> String {
     match error {
         kube::Error::Api(status) => {
             format!("the apiserver answered {} {}", status.code, status.reason)

@@ -9,6 +9,7 @@ pub mod elector;
 pub mod fence;
 pub mod labels;
 pub mod lease_store;
+pub mod live_reads;
 pub mod member_clients;
 pub mod registry;
 pub mod replicas;

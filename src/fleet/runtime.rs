@@ -144,6 +144,7 @@ pub async fn run(
     let mut live_rx = live_rx;
     let secrets_api: Api<Secret> = Api::namespaced(opts.home.clone(), &opts.home_namespace);
     let mut running_from_secrets: BTreeMap<String, registry::Found> = BTreeMap::new();
+    let mut running_from_files: BTreeMap<String, registry::Found> = BTreeMap::new();
     let mut failure: Option<String> = None;
     let mut pending_labels: BTreeMap<String, Labels> = BTreeMap::new();
     // Never resolve outside test builds (see `supervise::injected`).
@@ -151,13 +152,20 @@ pub async fn run(
     let mut registry_fault = std::pin::pin!(crate::supervise::injected("registry"));
     loop {
         // The registry: start new and changed clusters, stop removed ones.
+        // Read whole only when both sources answered: until then the API
+        // answers UNAVAILABLE rather than from part of the fleet.
+        let mut whole = true;
         let files = match &opts.kubeconfig_dir {
             None => BTreeMap::new(),
             Some(dir) => registry::scan(dir, opts.allow_exec_kubeconfigs).unwrap_or_else(|e| {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot read the kubeconfig directory");
-                BTreeMap::new()
+                // Keep what runs, as for Secrets: a passing EMFILE or EIO
+                // must not stop every file member and drop its entries.
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot read the kubeconfig directory; keeping the clusters it defined");
+                whole = false;
+                running_from_files.clone()
             }),
         };
+        running_from_files = files.clone();
         let secrets = match secrets_api
             .list(&ListParams::default().labels(&format!("{}=true", registry::SECRET_LABEL)))
             .await
@@ -166,6 +174,7 @@ pub async fn run(
             Err(e) => {
                 // Keep what runs: a home-cluster hiccup must not drop members.
                 tracing::warn!(error = %e, "cannot list member Secrets; keeping the clusters they defined");
+                whole = false;
                 running_from_secrets.clone()
             }
         };
@@ -288,7 +297,9 @@ pub async fn run(
                 .cloned()
                 .collect();
             ix.retain_clusters(&found.keys().cloned().collect());
-            ix.registry_read();
+            if whole {
+                ix.registry_read();
+            }
             gone
         });
         for cluster in forgotten {

@@ -4,7 +4,8 @@
 //! does not show (a stranger, or our own object not yet seen) is looked up
 //! live, so that a stranger's object is never mistaken for a missing one.
 //! A child we created that the watches do not show yet is taken from our
-//! note of the create (`created.rs`).
+//! note of the create (`created.rs`); one the watches show from before our
+//! last update is taken from our note of the update.
 
 use std::fmt::Debug;
 
@@ -48,7 +49,14 @@ where
         + 'static,
 {
     if let Some(obj) = child.cache.get(&ObjectRef::new(name).within(ns)) {
-        child.created.seen(ns, name, obj.meta().uid.as_deref());
+        // Our update, when the cache still shows the object before it.
+        if let Some(ours) = child.created.newer_than(&obj) {
+            return Ok(Some(ours));
+        }
+        let meta = obj.meta();
+        child
+            .created
+            .seen(ns, name, meta.uid.as_deref(), meta.generation);
         return Ok(Some((*obj).clone()));
     }
     let holder = child
@@ -124,6 +132,7 @@ where
                 .instrument(tracing::info_span!("k8s.write", verb = "update", kind))
                 .await
                 .map_err(|e| ReconcileError::api("update", kind, e))?;
+            child.created.record(&updated, tokio::time::Instant::now());
             Ok((updated, Write::Updated))
         }
     }

@@ -1,8 +1,13 @@
 //! The status this controller last wrote, per Microservice. A reconcile
 //! queued during a status write may run on the cached copy from before the
 //! write; comparing against that copy would find "nothing to write" where
-//! the object now says something else. While the cache still holds the
-//! version a write replaced, the write's result is the fresher copy.
+//! the object now says something else. While the cache still holds a
+//! version our writes replaced, our last write is the fresher copy.
+//!
+//! Writes chain: a write based on our own last write (the cache still
+//! lagging) replaces that write's version, so the note keeps every version
+//! it superseded. With only the last pair, a cache two writes behind would
+//! be taken for the truth.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -11,24 +16,44 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::crd::Microservice;
 
-#[derive(Debug, Default)]
-pub struct Written(Mutex<HashMap<ObjectRef<Microservice>, (String, Microservice)>>);
+/// The longest chain kept: a cache this many of our writes behind is
+/// treated as having moved on (the next reconcile re-reads it anyway).
+const CHAIN: usize = 16;
 
-/// Whether our write (`after`, over version `replaced`) is fresher than
-/// `cached`: the cache still holds the version the write replaced.
-pub fn fresher(cached: &Microservice, (replaced, after): &(String, Microservice)) -> bool {
-    cached.metadata.resource_version.as_deref() == Some(replaced.as_str())
-        && cached.metadata.uid == after.metadata.uid
+/// Our last write, and the versions our writes replaced since the cache
+/// last showed one of them.
+#[derive(Debug, Clone)]
+pub struct Note {
+    superseded: Vec<String>,
+    after: Microservice,
+}
+
+#[derive(Debug, Default)]
+pub struct Written(Mutex<HashMap<ObjectRef<Microservice>, Note>>);
+
+/// Whether our write is fresher than `cached`: the cache holds a version
+/// one of our writes replaced, of the same object.
+pub fn fresher(cached: &Microservice, note: &Note) -> bool {
+    cached
+        .metadata
+        .resource_version
+        .as_ref()
+        .is_some_and(|rv| note.superseded.contains(rv))
+        && cached.metadata.uid == note.after.metadata.uid
 }
 
 impl Written {
+    fn notes(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Microservice>, Note>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Our later write, when it is fresher than the cache; `None` when the
     /// cache is the truth (the common case costs no copy).
     pub fn fresher_than(&self, cached: &Microservice) -> Option<Microservice> {
         let key = ObjectRef::from_obj(cached);
-        let mut map = self.0.lock().ok()?;
-        match map.get(&key).filter(|e| fresher(cached, e)) {
-            Some((_, after)) => Some(after.clone()),
+        let mut map = self.notes();
+        match map.get(&key).filter(|n| fresher(cached, n)) {
+            Some(n) => Some(n.after.clone()),
             None => {
                 // The cache caught up, or moved on: the note has served.
                 map.remove(&key);
@@ -39,16 +64,42 @@ impl Written {
 
     /// The Microservice is gone: nothing to remember for it.
     pub fn forget(&self, gone: &ObjectRef<Microservice>) {
-        if let Ok(mut map) = self.0.lock() {
-            map.remove(gone);
-        }
+        self.notes().remove(gone);
     }
 
-    /// Notes that `result` was written over `replaced`.
+    /// Notes that `result` was written over `replaced`. When `replaced` is
+    /// our own last write, the chain grows: the cache may still show any
+    /// version before it.
     pub fn record(&self, replaced: Option<String>, result: Microservice) {
-        if let (Some(replaced), Ok(mut map)) = (replaced, self.0.lock()) {
-            map.insert(ObjectRef::from_obj(&result), (replaced, result));
+        let Some(replaced) = replaced else { return };
+        let key = ObjectRef::from_obj(&result);
+        let mut map = self.notes();
+        let mut superseded = match map.remove(&key) {
+            Some(n)
+                if n.after.metadata.resource_version.as_ref() == Some(&replaced)
+                    && n.after.metadata.uid == result.metadata.uid =>
+            {
+                n.superseded
+            }
+            _ => Vec::new(),
+        };
+        superseded.push(replaced);
+        if superseded.len() > CHAIN {
+            superseded.remove(0);
         }
+        map.insert(
+            key,
+            Note {
+                superseded,
+                after: result,
+            },
+        );
+    }
+
+    /// How many Microservices have a note: for tests of bounded memory.
+    #[cfg(test)]
+    pub fn tracked(&self) -> usize {
+        self.notes().len()
     }
 }
 
@@ -82,9 +133,49 @@ mod tests {
     }
 
     #[test]
+    fn two_of_our_writes_behind_the_cache_is_still_stale() {
+        let written = Written::default();
+        written.record(Some("7".into()), at("8"));
+        // The second write was based on the first (the cache still at 7).
+        written.record(Some("8".into()), at("9"));
+        let rv = |m: Option<Microservice>| m.and_then(|m| m.metadata.resource_version);
+        assert_eq!(rv(written.fresher_than(&at("7"))), Some("9".into()));
+        assert_eq!(rv(written.fresher_than(&at("8"))), Some("9".into()));
+        // The cache shows our last write: the note has served.
+        assert_eq!(rv(written.fresher_than(&at("9"))), None);
+        assert_eq!(rv(written.fresher_than(&at("7"))), None, "the note is gone");
+        assert_eq!(written.tracked(), 0);
+    }
+
+    #[test]
+    fn a_write_over_another_version_starts_a_new_chain() {
+        let written = Written::default();
+        written.record(Some("7".into()), at("8"));
+        // Someone else wrote 10; we wrote over it.
+        written.record(Some("10".into()), at("11"));
+        assert!(written.fresher_than(&at("10")).is_some());
+        assert!(written.fresher_than(&at("7")).is_none());
+    }
+
+    #[test]
+    fn the_chain_is_bounded() {
+        let written = Written::default();
+        for v in 1..=40u32 {
+            written.record(Some(v.to_string()), at(&(v + 1).to_string()));
+        }
+        assert!(written.fresher_than(&at("40")).is_some());
+        assert!(written.fresher_than(&at("1")).is_none());
+        assert_eq!(written.tracked(), 0);
+    }
+
+    #[test]
     fn another_object_of_the_same_name_is_not_ours() {
         let mut after = at("8");
         after.metadata.uid = Some("other".into());
-        assert!(!fresher(&at("7"), &("7".to_string(), after)));
+        let note = Note {
+            superseded: vec!["7".into()],
+            after,
+        };
+        assert!(!fresher(&at("7"), &note));
     }
 }

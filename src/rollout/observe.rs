@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::plan::{Cluster, Member};
 use super::spec::FLEET_LABEL;
 use crate::status::index::MicroserviceView;
-use crate::status::view::{ClusterInfo, Reach};
+use crate::status::view::ClusterInfo;
 
 /// Labels that cannot be read are unknown, not empty: an empty set would
 /// move the cluster out of every placement and delete its objects.
@@ -38,9 +38,9 @@ pub fn clusters(
                     .is_none()
                     .then(|| info.labels.clone())
                     .filter(|l| !l.is_empty()),
-                reachable: info.reach == Reach::Reachable
-                    && info.synced
-                    && info.feed_error.is_none(),
+                // The wait's rule too: where absence is not known, the
+                // cluster counts as unreachable.
+                reachable: info.absence_is_known(),
                 synced: info.synced,
                 member,
             }
@@ -73,7 +73,7 @@ pub fn cleanup(clusters: &[Cluster]) -> Cleanup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::view::{EntryState, Facts};
+    use crate::status::view::{EntryState, Facts, Reach};
 
     fn info(reach: Reach, labels: &[(&str, &str)]) -> ClusterInfo {
         ClusterInfo {

@@ -144,6 +144,7 @@ async fn watch_until_error(
     // listing: one that lists and then fails at once keeps backing off, and
     // stays marked, rather than relisting every half second.
     let mut stable_at: Option<Instant> = None;
+    let delay = crate::supervise::feed_delay(cluster);
     loop {
         let event = tokio::select! {
             e = events.next() => e,
@@ -172,6 +173,9 @@ async fn watch_until_error(
                     ms_synced = true;
                 }
                 Event::Apply(o) => {
+                    if let Some(d) = delay {
+                        tokio::time::sleep(d).await;
+                    }
                     hub.update(|ix| ix.upsert_microservice(cluster, key(&o), facts(&o)))
                 }
                 Event::Delete(o) => hub.update(|ix| ix.delete_microservice(cluster, &key(&o))),

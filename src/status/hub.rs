@@ -11,6 +11,7 @@ use super::index::Index;
 pub struct Hub {
     index: Mutex<Index>,
     revision: watch::Sender<u64>,
+    clusters: watch::Sender<u64>,
     ready: watch::Sender<bool>,
     /// Revisions are only meaningful within one index; watchers resume
     /// only when they come back with the same id.
@@ -27,6 +28,7 @@ impl Hub {
         Arc::new(Hub {
             index: Mutex::new(Index::default()),
             revision: watch::channel(0).0,
+            clusters: watch::channel(0).0,
             ready: watch::channel(false).0,
             index_id: format!("{replica_id}-{started:x}"),
             replica_id: replica_id.to_string(),
@@ -40,13 +42,15 @@ impl Hub {
     }
 
     pub fn update<R>(&self, f: impl FnOnce(&mut Index) -> R) -> R {
-        let (out, revision, ready) = {
+        let (out, revision, clusters, ready) = {
             let mut ix = self.lock();
             let out = f(&mut ix);
-            (out, ix.revision(), ix.ready())
+            (out, ix.revision(), ix.cluster_changes(), ix.ready())
         };
         self.revision
             .send_if_modified(|r| std::mem::replace(r, revision) != revision);
+        self.clusters
+            .send_if_modified(|c| std::mem::replace(c, clusters) != clusters);
         self.ready
             .send_if_modified(|r| std::mem::replace(r, ready) != ready);
         out
@@ -58,6 +62,12 @@ impl Hub {
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.revision.subscribe()
+    }
+
+    /// Changes of the cluster set or of a cluster's reach, sync or feed:
+    /// what can move a wait's verdict without a new revision.
+    pub fn subscribe_clusters(&self) -> watch::Receiver<u64> {
+        self.clusters.subscribe()
     }
 
     pub fn readiness(&self) -> watch::Receiver<bool> {

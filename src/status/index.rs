@@ -62,6 +62,10 @@ pub struct Index {
     compacted: u64,
     /// The registry has been read at least once.
     registry_read: bool,
+    /// Moves when the cluster set, or what a wait reads of a cluster
+    /// (reach, synced, a failing feed), changes: such a change can move a
+    /// verdict without touching any entry.
+    cluster_changes: u64,
 }
 
 impl Index {
@@ -98,7 +102,14 @@ impl Index {
     // ---- the cluster registry and each cluster's state
 
     pub fn registry_read(&mut self) {
+        if !self.registry_read {
+            self.cluster_changes += 1;
+        }
         self.registry_read = true;
+    }
+
+    pub fn cluster_changes(&self) -> u64 {
+        self.cluster_changes
     }
 
     /// The registry has been read at least once: the cluster set is known.
@@ -128,14 +139,19 @@ impl Index {
     /// they report (reachability, a failing feed) changes.
     pub fn update_cluster(&mut self, name: &str, source: &str, f: impl FnOnce(&mut ClusterInfo)) {
         let clusters = Arc::make_mut(&mut self.state.clusters);
+        let new = !clusters.contains_key(name);
         let info = clusters
             .entry(name.to_string())
             .or_insert_with(|| ClusterInfo::new(source));
         // The error's wording may change on every retry; only its coming and
         // going changes what the entries say.
-        let before = (info.reach, info.feed_error.is_some());
+        let before = (info.reach, info.feed_error.is_some(), info.synced);
         f(info);
-        if (info.reach, info.feed_error.is_some()) != before {
+        let after = (info.reach, info.feed_error.is_some(), info.synced);
+        if new || after != before {
+            self.cluster_changes += 1;
+        }
+        if (after.0, after.1) != (before.0, before.1) {
             for key in self.keys_in(name) {
                 self.touch(&key);
             }
@@ -152,6 +168,7 @@ impl Index {
             .cloned()
             .collect();
         for cluster in gone {
+            self.cluster_changes += 1;
             Arc::make_mut(&mut self.state.clusters).remove(&cluster);
             self.replace_microservices(&cluster, Vec::new());
             self.replace_replicas(&cluster, Vec::new());

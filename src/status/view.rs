@@ -58,6 +58,25 @@ impl ClusterInfo {
     pub fn settled(&self) -> bool {
         self.synced || matches!(self.reach, Reach::Unreachable | Reach::Invalid)
     }
+
+    /// Whether "not listed here" means "not there": the status caches
+    /// listed the cluster, it answers, and its status watch is healthy.
+    /// Otherwise an object may be there unseen. Waits and rollouts share
+    /// this one rule.
+    pub fn absence_is_known(&self) -> bool {
+        self.synced && self.reach == Reach::Reachable && self.feed_error.is_none()
+    }
+
+    /// Why absence here says nothing, for messages.
+    fn why_not_listed(&self) -> &'static str {
+        if self.reach != Reach::Reachable {
+            "the cluster is not answering"
+        } else if !self.synced {
+            "its first listing has not completed"
+        } else {
+            "its status watch is failing"
+        }
+    }
 }
 
 /// A Microservice in one cluster, from its spec, metadata and status.
@@ -272,9 +291,21 @@ pub enum RolloutResult {
 
 /// One cluster's entry judged against the rollout's target: a cluster is
 /// done only when the target is in its spec and that generation is done.
-pub fn rollout_entry(target: &Target, e: &Entry) -> Entry {
+/// `floor` is the generation the cluster's live object had when the wait
+/// began (read from its apiserver, not from this index): an entry below it
+/// is older than what the caller saw and cannot end the wait.
+pub fn rollout_entry(target: &Target, floor: Option<i64>, e: &Entry) -> Entry {
     let mut e = e.clone();
     if e.state == EntryState::Unknown {
+        return e;
+    }
+    if let Some(floor) = floor.filter(|f| e.facts.generation < *f) {
+        e.state = EntryState::Progressing;
+        e.reason = "GenerationNotSeenYet".into();
+        e.message = format!(
+            "the cluster was at generation {floor} when the wait began; this replica shows {}",
+            e.facts.generation
+        );
         return e;
     }
     let behind = match (target, target.generation_for(&e.cluster)) {
@@ -299,15 +330,64 @@ pub fn rollout_entry(target: &Target, e: &Entry) -> Entry {
     e
 }
 
-/// A missing cluster the rollout must wait for.
+/// A cluster the rollout must wait for, with no entry for the
+/// Microservice: known to be missing only where absence is known;
+/// elsewhere it is unknown (absence is not evidence).
 pub fn absent_entry(cluster: &str, info: Option<&ClusterInfo>) -> Entry {
     let mut e = entry(cluster, &Facts::default(), None, info);
-    if e.state != EntryState::Unknown {
-        e.state = EntryState::Progressing;
-        e.reason = "NotFound".into();
-        e.message = "the Microservice is not in this cluster".into();
-    }
+    let (state, reason, message) = match info {
+        None => (
+            EntryState::Unknown,
+            "NotRegistered",
+            "the cluster is not registered on this replica".to_string(),
+        ),
+        Some(i) if !i.absence_is_known() => (
+            EntryState::Unknown,
+            NOT_LISTED,
+            format!(
+                "this replica has not listed the cluster ({}); the Microservice may be there",
+                i.why_not_listed()
+            ),
+        ),
+        Some(_) => (
+            EntryState::Progressing,
+            "NotFound",
+            "the Microservice is not in this cluster".to_string(),
+        ),
+    };
+    e.state = state;
+    e.reason = reason.into();
+    e.message = message;
     e
+}
+
+/// The reason of an entry for a cluster whose absence says nothing.
+pub const NOT_LISTED: &str = "NotListed";
+
+/// The clusters a wait judges. Named ones, never dropped. Otherwise (the
+/// wait follows the fleet): every cluster the Microservice is seen in,
+/// every registered cluster where it may be unseen, and any cluster given
+/// a generation of its own. Recomputed on every pass, so a cluster that
+/// becomes known, or the Microservice deleted where absence is known,
+/// moves the answer.
+pub fn required_clusters(
+    named: &std::collections::BTreeSet<String>,
+    own_targets: &BTreeMap<String, i64>,
+    seen: Option<&[Entry]>,
+    registered: &BTreeMap<String, ClusterInfo>,
+) -> std::collections::BTreeSet<String> {
+    if !named.is_empty() {
+        return named.clone();
+    }
+    let mut required: std::collections::BTreeSet<String> = own_targets.keys().cloned().collect();
+    required.extend(seen.unwrap_or_default().iter().map(|e| e.cluster.clone()));
+    required.extend(
+        registered
+            .iter()
+            .filter(|(_, info)| !info.absence_is_known())
+            .map(|(name, _)| name.clone()),
+    );
+    required
 }
 
 pub fn rollout_result(entries: &[Entry]) -> RolloutResult {
@@ -444,13 +524,13 @@ mod tests {
         let info = reachable();
         let old = entry("m1", &facts(1, 1, "a:1", "True"), None, Some(&info));
         let image = Target::Image("a:2".into());
-        let judged = rollout_entry(&image, &old);
+        let judged = rollout_entry(&image, None, &old);
         assert_eq!(judged.state, EntryState::Progressing);
         assert_eq!(judged.reason, "ImageNotInSpec");
         // The new spec is there but not observed: the old True must not end it.
         let pending = entry("m1", &facts(2, 1, "a:2", "True"), None, Some(&info));
         assert_eq!(
-            rollout_result(&[rollout_entry(&image, &pending)]),
+            rollout_result(&[rollout_entry(&image, None, &pending)]),
             RolloutResult::InProgress
         );
         let done = entry("m1", &facts(2, 2, "a:2", "True"), None, Some(&info));
@@ -458,16 +538,19 @@ mod tests {
         failed_facts.conditions[0] = cond(RECONCILED, "False", "OwnershipConflict", 2);
         let failed = entry("m2", &failed_facts, None, Some(&info));
         assert_eq!(
-            rollout_result(&[rollout_entry(&image, &done)]),
+            rollout_result(&[rollout_entry(&image, None, &done)]),
             RolloutResult::Succeeded
         );
         assert_eq!(
-            rollout_result(&[rollout_entry(&image, &done), rollout_entry(&image, &failed)]),
+            rollout_result(&[
+                rollout_entry(&image, None, &done),
+                rollout_entry(&image, None, &failed)
+            ]),
             RolloutResult::Failed(vec!["m2".into()])
         );
         let by_generation = Target::Generation(3);
         assert_eq!(
-            rollout_entry(&by_generation, &done).reason,
+            rollout_entry(&by_generation, None, &done).reason,
             "GenerationNotReached"
         );
         // Per cluster: m1 must reach 3, the rest 2.
@@ -476,19 +559,34 @@ mod tests {
             otherwise: 2,
         };
         assert_eq!(
-            rollout_entry(&per_cluster, &done).reason,
+            rollout_entry(&per_cluster, None, &done).reason,
             "GenerationNotReached"
         );
         let mut done_m2 = done.clone();
         done_m2.cluster = "m2".into();
         assert_eq!(
-            rollout_entry(&per_cluster, &done_m2).state,
+            rollout_entry(&per_cluster, None, &done_m2).state,
             EntryState::Done
         );
-        let absent = absent_entry("m9", Some(&info));
+        // Missing where absence is known; unknown where it is not.
+        let listed = ClusterInfo {
+            synced: true,
+            ..reachable()
+        };
+        let absent = absent_entry("m9", Some(&listed));
         assert_eq!(
             (absent.state, absent.reason.as_str()),
             (EntryState::Progressing, "NotFound")
+        );
+        let unlisted = absent_entry("m9", Some(&info));
+        assert_eq!(
+            (unlisted.state, unlisted.reason.as_str()),
+            (EntryState::Unknown, "NotListed")
+        );
+        let unregistered = absent_entry("m9", None);
+        assert_eq!(
+            (unregistered.state, unregistered.reason.as_str()),
+            (EntryState::Unknown, "NotRegistered")
         );
         assert_eq!(rollout_result(&[]), RolloutResult::InProgress);
     }

@@ -800,3 +800,17 @@ pub async fn wait_deployment_image(
     })
     .await;
 }
+
+/// The member's kubeconfig, pointed at `127.0.0.1:port` instead; and the
+/// member's own address, for a proxy to forward to.
+pub fn kubeconfig_via(member: &str, port: u16) -> (String, String) {
+    let text = std::fs::read_to_string(kubeconfig_path(member)).expect("kubeconfig");
+    let mut kc: serde_yaml::Value = serde_yaml::from_str(&text).expect("yaml");
+    let server = kc["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .expect("server")
+        .to_string();
+    let upstream = server.trim_start_matches("https://").to_string();
+    kc["clusters"][0]["cluster"]["server"] = format!("https://127.0.0.1:{port}").into();
+    (serde_yaml::to_string(&kc).expect("yaml"), upstream)
+}

@@ -1,0 +1,424 @@
+//! WaitForRollout: one stream that follows a Microservice's rollout across
+//! the fleet until a verdict, its deadline or shutdown. The verdict is
+//! recomputed on every pass from the index (pure, in `status::view`), with
+//! two inputs the index cannot give: which clusters must be judged (every
+//! registered one whose absence is not known) and, for "current" targets,
+//! the generation each cluster's live object had when the wait began.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::live::Live;
+use super::{convert, pb};
+use crate::status::index::{Key, MicroserviceView, Snapshot};
+use crate::status::view::{self, Entry, EntryState, RolloutResult, Target};
+
+/// A floor that could not be read is read again after this.
+pub const FLOOR_RETRY: Duration = Duration::from_secs(1);
+
+/// The generation each cluster's live object had when the wait began, for
+/// targets that mean "what is there now": an image (so an older
+/// generation that carried it never counts) or `--generation` alone.
+#[derive(Debug, Default)]
+pub struct Floors {
+    wanted: bool,
+    /// Clusters given a generation of their own: the caller's number wins.
+    exempt: BTreeSet<String>,
+    /// Read: the generation, or `None` where the object was not there.
+    read: BTreeMap<String, Option<i64>>,
+    /// Not read yet: when it was last tried, and why it failed.
+    failed: BTreeMap<String, (Instant, String)>,
+}
+
+impl Floors {
+    pub fn new(target: &Target, current: bool) -> Self {
+        let (wanted, exempt) = match target {
+            Target::Image(_) => (true, BTreeSet::new()),
+            Target::Generation(_) => (false, BTreeSet::new()),
+            Target::Generations { at_least, .. } => (current, at_least.keys().cloned().collect()),
+        };
+        Floors {
+            wanted,
+            exempt,
+            ..Default::default()
+        }
+    }
+
+    /// No floors at all (a server that cannot read its members).
+    pub fn none() -> Self {
+        Floors::default()
+    }
+
+    /// Whether this wait judges clusters against their live generations.
+    pub fn wanted(&self) -> bool {
+        self.wanted
+    }
+
+    /// `cluster`'s floor, or why it is not known yet.
+    pub fn get(&self, cluster: &str) -> Result<Option<i64>, &str> {
+        if !self.wanted || self.exempt.contains(cluster) {
+            return Ok(None);
+        }
+        match (self.read.get(cluster), self.failed.get(cluster)) {
+            (Some(g), _) => Ok(*g),
+            (None, Some((_, why))) => Err(why),
+            (None, None) => Err("not read yet"),
+        }
+    }
+
+    /// The required clusters whose floor should be read now.
+    pub fn due(&self, required: &BTreeSet<String>, now: Instant) -> Vec<String> {
+        required
+            .iter()
+            .filter(|c| self.get(c).is_err())
+            .filter(|c| {
+                self.failed
+                    .get(*c)
+                    .is_none_or(|(at, _)| now.duration_since(*at) >= FLOOR_RETRY)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// When the next failed read is due again, if any is pending.
+    pub fn next_retry(&self, required: &BTreeSet<String>) -> Option<Instant> {
+        self.failed
+            .iter()
+            .filter(|(c, _)| required.contains(*c) && !self.read.contains_key(*c))
+            .map(|(_, (at, _))| *at + FLOOR_RETRY)
+            .min()
+    }
+
+    pub fn record(&mut self, cluster: &str, read: Result<Option<i64>, String>, now: Instant) {
+        match read {
+            Ok(g) => {
+                self.failed.remove(cluster);
+                self.read.insert(cluster.to_string(), g);
+            }
+            Err(why) => {
+                self.failed.insert(cluster.to_string(), (now, why));
+            }
+        }
+    }
+
+    /// Reads the due floors from the members, all at once.
+    pub async fn read_due(&mut self, live: &Live, key: &Key, due: Vec<String>) {
+        let reads = due.into_iter().map(|c| async move {
+            let got = live.0.generation(&c, &key.0, &key.1).await;
+            (c, got)
+        });
+        for (c, got) in futures::future::join_all(reads).await {
+            self.record(&c, got, Instant::now());
+        }
+    }
+}
+
+/// The rollout as it stands: each required cluster's entry judged against
+/// the target and its floor. Pure.
+pub fn progress(
+    v: Option<&MicroserviceView>,
+    required: &BTreeSet<String>,
+    target: &Target,
+    floors: &Floors,
+    snap: &Snapshot,
+) -> (Vec<Entry>, RolloutResult) {
+    let entries: Vec<Entry> = required
+        .iter()
+        .map(|cluster| {
+            let seen = v.and_then(|v| v.entries.iter().find(|e| e.cluster == *cluster));
+            let floor = floors.get(cluster);
+            let mut e = match seen {
+                Some(e) => view::rollout_entry(target, floor.ok().flatten(), e),
+                None => view::absent_entry(cluster, snap.clusters().get(cluster)),
+            };
+            if let Err(why) = floor
+                && e.state != EntryState::Unknown
+            {
+                e.state = EntryState::Unknown;
+                e.reason = "CurrentGenerationUnread".into();
+                e.message = format!("the cluster's live generation could not be read: {why}");
+            }
+            e
+        })
+        .collect();
+    let result = view::rollout_result(&entries);
+    (entries, result)
+}
+
+pub fn progress_message(
+    entries: &[Entry],
+    result: &RolloutResult,
+    revision: u64,
+) -> pb::RolloutProgress {
+    let aggregate = view::aggregate(entries);
+    let (code, failed, summary) = match result {
+        RolloutResult::InProgress => (
+            pb::RolloutResult::InProgress,
+            vec![],
+            aggregate.summary.clone(),
+        ),
+        RolloutResult::Succeeded => (
+            pb::RolloutResult::Succeeded,
+            vec![],
+            format!("rolled out: {}", aggregate.summary),
+        ),
+        RolloutResult::Failed(clusters) => (
+            pb::RolloutResult::Failed,
+            clusters.clone(),
+            format!("failed in {}: {}", clusters.join(", "), aggregate.summary),
+        ),
+    };
+    pb::RolloutProgress {
+        result: code as i32,
+        clusters: entries.iter().map(convert::entry).collect(),
+        aggregate: Some(convert::aggregate(&aggregate)),
+        failed_clusters: failed,
+        revision,
+        summary,
+        floors: false,
+    }
+}
+
+/// The clusters the caller named (with `clusters` or a generation of their
+/// own) that are not registered; the answer lists the registered ones.
+pub fn unregistered(
+    named: &BTreeSet<String>,
+    target: &Target,
+    registered: &BTreeMap<String, view::ClusterInfo>,
+) -> Result<(), String> {
+    let own = match target {
+        Target::Generations { at_least, .. } => at_least.keys().collect(),
+        _ => Vec::new(),
+    };
+    let unknown: Vec<&str> = named
+        .iter()
+        .chain(own)
+        .filter(|c| !registered.contains_key(*c))
+        .map(String::as_str)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let known: Vec<&str> = registered.keys().map(String::as_str).collect();
+    Err(format!(
+        "not registered: {}; registered clusters: {}",
+        unknown.join(", "),
+        if known.is_empty() {
+            "none".to_string()
+        } else {
+            known.join(", ")
+        }
+    ))
+}
+
+/// The target's clusters with a generation of their own.
+pub fn own_targets(target: &Target) -> BTreeMap<String, i64> {
+    match target {
+        Target::Generations { at_least, .. } => at_least.clone(),
+        _ => BTreeMap::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::index::Index;
+    use crate::status::view::{Facts, Reach};
+
+    fn facts(generation: i64, image: &str) -> Facts {
+        use crate::domain::conditions::{AVAILABLE, RECONCILED};
+        let cond = |t: &str| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: t.into(),
+            status: "True".into(),
+            reason: "Ok".into(),
+            message: String::new(),
+            observed_generation: Some(generation),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::UNIX_EPOCH,
+            ),
+        };
+        Facts {
+            generation,
+            observed_generation: generation,
+            image: image.into(),
+            conditions: vec![cond(RECONCILED), cond(AVAILABLE)],
+            ..Default::default()
+        }
+    }
+
+    fn key() -> Key {
+        ("shop".into(), "web".into())
+    }
+
+    /// member-1 and member-3 synced and done on web:2; member-2 as `m2`.
+    fn index(m2: impl FnOnce(&mut view::ClusterInfo)) -> Index {
+        let mut ix = Index::default();
+        ix.registry_read();
+        for c in ["member-1", "member-2", "member-3"] {
+            ix.update_cluster(c, "file", |i| {
+                i.reach = Reach::Reachable;
+                i.synced = true;
+            });
+        }
+        ix.update_cluster("member-2", "file", m2);
+        ix.upsert_microservice("member-1", key(), facts(2, "web:2"));
+        ix.upsert_microservice("member-3", key(), facts(2, "web:2"));
+        ix
+    }
+
+    fn judge(ix: &Index, named: &[&str], target: &Target, floors: &Floors) -> RolloutResult {
+        let snap = ix.snapshot();
+        let v = snap.view(&key(), None);
+        let named: BTreeSet<String> = named.iter().map(|s| s.to_string()).collect();
+        let required = view::required_clusters(
+            &named,
+            &own_targets(target),
+            v.as_ref().map(|v| v.entries.as_slice()),
+            snap.clusters(),
+        );
+        progress(v.as_ref(), &required, target, floors, &snap).1
+    }
+
+    #[test]
+    fn a_cluster_never_listed_keeps_a_follow_wait_in_progress() {
+        let image = Target::Image("web:2".into());
+        for (what, m2) in [
+            ("never synced", (Reach::Reachable, false, None)),
+            (
+                "unreachable, never synced",
+                (Reach::Unreachable, false, None),
+            ),
+            ("synced but unreachable", (Reach::Unreachable, true, None)),
+            ("connecting", (Reach::Connecting, false, None)),
+            (
+                "status watch failing",
+                (Reach::Reachable, true, Some("403".to_string())),
+            ),
+        ] {
+            let ix = index(|i| {
+                (i.reach, i.synced, i.feed_error) = m2.clone();
+            });
+            assert_eq!(
+                judge(&ix, &[], &image, &Floors::none()),
+                RolloutResult::InProgress,
+                "{what}"
+            );
+            // Its entry says why: unknown, not listed.
+            let snap = ix.snapshot();
+            let e = view::absent_entry("member-2", snap.clusters().get("member-2"));
+            assert_eq!(
+                (e.state, e.reason.as_str()),
+                (EntryState::Unknown, "NotListed"),
+                "{what}"
+            );
+        }
+        // Listed, answering and watched: absence is known, member-2 has none.
+        let ix = index(|_| {});
+        assert_eq!(
+            judge(&ix, &[], &image, &Floors::none()),
+            RolloutResult::Succeeded
+        );
+        // Naming the clusters narrows the wait.
+        let ix = index(|i| i.synced = false);
+        assert_eq!(
+            judge(&ix, &["member-1", "member-3"], &image, &Floors::none()),
+            RolloutResult::Succeeded
+        );
+    }
+
+    #[test]
+    fn a_cluster_with_its_own_target_is_never_dropped() {
+        let ix = index(|_| {});
+        let target = Target::Generations {
+            at_least: BTreeMap::from([("member-2".to_string(), 5)]),
+            otherwise: 1,
+        };
+        // member-2 has no object yet, and absence there is known: it is
+        // still judged, because the caller gave it a generation.
+        assert_eq!(
+            judge(&ix, &[], &target, &Floors::none()),
+            RolloutResult::InProgress
+        );
+    }
+
+    #[test]
+    fn an_index_behind_the_live_generation_cannot_end_the_wait() {
+        let ix = index(|_| {});
+        let target = Target::Generations {
+            at_least: BTreeMap::new(),
+            otherwise: 1,
+        };
+        let mut floors = Floors::new(&target, true);
+        let required: BTreeSet<String> = ["member-1", "member-2", "member-3"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let now = Instant::now();
+        assert_eq!(floors.due(&required, now).len(), 3, "all to read");
+        // Unread floors hold the wait.
+        assert_eq!(judge(&ix, &[], &target, &floors), RolloutResult::InProgress);
+        // member-1's live object is at 3; the index still shows 2, done.
+        floors.record("member-1", Ok(Some(3)), now);
+        floors.record("member-2", Ok(None), now);
+        floors.record("member-3", Err("no answer".into()), now);
+        assert_eq!(floors.due(&required, now), Vec::<String>::new());
+        assert_eq!(
+            floors.due(&required, now + FLOOR_RETRY),
+            vec!["member-3".to_string()]
+        );
+        assert_eq!(floors.next_retry(&required), Some(now + FLOOR_RETRY));
+        assert_eq!(judge(&ix, &[], &target, &floors), RolloutResult::InProgress);
+        floors.record("member-3", Ok(Some(2)), now);
+        assert_eq!(judge(&ix, &[], &target, &floors), RolloutResult::InProgress);
+        floors.record("member-1", Ok(Some(2)), now);
+        assert_eq!(judge(&ix, &[], &target, &floors), RolloutResult::Succeeded);
+    }
+
+    #[test]
+    fn an_image_seen_at_an_older_generation_does_not_count() {
+        // A rollback: generation 3 carries web:2 again; the index still
+        // shows generation 2 (web:2, done).
+        let ix = index(|_| {});
+        let image = Target::Image("web:2".into());
+        let mut floors = Floors::new(&image, false);
+        let now = Instant::now();
+        floors.record("member-1", Ok(Some(3)), now);
+        floors.record("member-2", Ok(None), now);
+        floors.record("member-3", Ok(Some(2)), now);
+        assert_eq!(judge(&ix, &[], &image, &floors), RolloutResult::InProgress);
+        // An explicit generation is the caller's: no floor for it.
+        let explicit = Target::Generations {
+            at_least: BTreeMap::from([("member-1".to_string(), 2)]),
+            otherwise: 2,
+        };
+        assert_eq!(Floors::new(&explicit, true).get("member-1"), Ok(None));
+        assert!(Floors::new(&explicit, true).get("member-3").is_err());
+        assert_eq!(Floors::new(&explicit, false).get("member-3"), Ok(None));
+    }
+
+    #[test]
+    fn unregistered_names_are_refused_with_the_registered_ones() {
+        let ix = index(|_| {});
+        let snap = ix.snapshot();
+        let target = Target::Generations {
+            at_least: BTreeMap::from([("memebr-2".to_string(), 5)]),
+            otherwise: 1,
+        };
+        let err = unregistered(&BTreeSet::new(), &target, snap.clusters()).unwrap_err();
+        assert_eq!(
+            err,
+            "not registered: memebr-2; registered clusters: member-1, member-2, member-3"
+        );
+        let named = BTreeSet::from(["nope".to_string(), "member-1".to_string()]);
+        assert!(
+            unregistered(&named, &Target::Generation(1), snap.clusters())
+                .unwrap_err()
+                .starts_with("not registered: nope;")
+        );
+        assert!(unregistered(&BTreeSet::new(), &Target::Generation(1), snap.clusters()).is_ok());
+    }
+}
