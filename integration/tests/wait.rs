@@ -355,6 +355,15 @@ async fn a_wait_no_replica_ever_answers_exits_3_not_a_verdict() {
     assert!(stderr.contains("no replica"), "{stderr}");
 }
 
+/// `flotilla wait NS/web ARGS --timeout 90s --server URL`, to its end.
+async fn wait_web(ns: &str, args: &[&str], url: &str) -> (i32, String, String) {
+    let key = format!("{ns}/web");
+    let mut all = vec![key.as_str()];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--timeout", "90s", "--server", url]);
+    wait_done(&all, Duration::from_secs(100)).await
+}
+
 /// Forwards `127.0.0.1:port` to `upstream` from now on: until this is
 /// called nothing listens there, as for a member whose apiserver is down.
 async fn forward(port: u16, upstream: String) -> tokio::task::JoinHandle<()> {
@@ -456,19 +465,7 @@ async fn a_replica_that_never_listed_a_member_does_not_call_the_rollout_done() {
     for c in clients.values() {
         create(c, &ns, "web", "web:1").await;
     }
-    let (code, stdout, stderr) = wait_done(
-        &[
-            &format!("{ns}/web"),
-            "--image",
-            "web:1",
-            "--timeout",
-            "90s",
-            "--server",
-            &url_a,
-        ],
-        Duration::from_secs(100),
-    )
-    .await;
+    let (code, stdout, stderr) = wait_web(&ns, &["--image", "web:1"], &url_a).await;
     assert_eq!(code, 0, "web:1 everywhere first: {stdout}{stderr}");
     replicas.start("b");
     let url_b = replicas.grpc_url("b");
@@ -478,23 +475,15 @@ async fn a_replica_that_never_listed_a_member_does_not_call_the_rollout_done() {
         set_image(&clients[m], &ns, "web", "web:2").await;
     }
     for url in [&url_a, &url_b] {
-        let (code, stdout, stderr) = wait_done(
-            &[
-                &format!("{ns}/web"),
-                "--image",
-                "web:2",
-                "--cluster",
-                "member-1",
-                "--cluster",
-                "member-3",
-                "--timeout",
-                "90s",
-                "--server",
-                url,
-            ],
-            Duration::from_secs(100),
-        )
-        .await;
+        let only = [
+            "--image",
+            "web:2",
+            "--cluster",
+            "member-1",
+            "--cluster",
+            "member-3",
+        ];
+        let (code, stdout, stderr) = wait_web(&ns, &only, url).await;
         assert_eq!(
             code, 0,
             "{url} sees member-1 and member-3 done: {stdout}{stderr}"
@@ -547,19 +536,7 @@ async fn a_replica_that_never_listed_a_member_does_not_call_the_rollout_done() {
     let _forwarder = forward(port, upstream).await;
     set_image(&clients["member-2"], &ns, "web", "web:2").await;
     for url in [&url_a, &url_b] {
-        let (code, stdout, stderr) = wait_done(
-            &[
-                &format!("{ns}/web"),
-                "--image",
-                "web:2",
-                "--timeout",
-                "90s",
-                "--server",
-                url,
-            ],
-            Duration::from_secs(100),
-        )
-        .await;
+        let (code, stdout, stderr) = wait_web(&ns, &["--image", "web:2"], url).await;
         assert_eq!(code, 0, "{url}: {stdout}{stderr}");
         assert_rolled_out(&clients, &ns, "web:2").await;
     }
@@ -581,35 +558,12 @@ async fn apply_then_wait_with_no_pause_never_ends_on_the_previous_generation() {
     serving(&url).await;
     let m1 = clients["member-1"].clone();
     create(&m1, &ns, "web", "web:1").await;
-    let (code, stdout, stderr) = wait_done(
-        &[
-            &format!("{ns}/web"),
-            "--image",
-            "web:1",
-            "--timeout",
-            "90s",
-            "--server",
-            &url,
-        ],
-        Duration::from_secs(100),
-    )
-    .await;
+    let (code, stdout, stderr) = wait_web(&ns, &["--image", "web:1"], &url).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
 
     // Apply, then wait for "the current generation", with no pause.
     set_image(&m1, &ns, "web", "web:2").await;
-    let (code, stdout, stderr) = wait_done(
-        &[
-            &format!("{ns}/web"),
-            "--generation",
-            "--timeout",
-            "90s",
-            "--server",
-            &url,
-        ],
-        Duration::from_secs(100),
-    )
-    .await;
+    let (code, stdout, stderr) = wait_web(&ns, &["--generation"], &url).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert_rolled_out(&only, &ns, "web:2").await;
 
@@ -617,19 +571,7 @@ async fn apply_then_wait_with_no_pause_never_ends_on_the_previous_generation() {
     // "done" must not answer for the new one.
     set_image(&m1, &ns, "web", "web:3").await;
     set_image(&m1, &ns, "web", "web:1").await;
-    let (code, stdout, stderr) = wait_done(
-        &[
-            &format!("{ns}/web"),
-            "--image",
-            "web:1",
-            "--timeout",
-            "90s",
-            "--server",
-            &url,
-        ],
-        Duration::from_secs(100),
-    )
-    .await;
+    let (code, stdout, stderr) = wait_web(&ns, &["--image", "web:1"], &url).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert_rolled_out(&only, &ns, "web:1").await;
 

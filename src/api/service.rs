@@ -240,11 +240,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                     if let (Some(live), false) = (&live, due.is_empty()) {
                         tokio::select! {
                             _ = out.closed() => return,
-                            _ = streams::shutting_down(&mut shutdown) => {
-                                span.record("result", "UNAVAILABLE");
-                                out.end(Status::unavailable("the replica is shutting down; ask another replica"));
-                                return;
-                            }
+                            _ = streams::shutting_down(&mut shutdown) => return shut_down(&span, &mut out),
                             _ = tokio::time::sleep_until(until) => {}
                             _ = floors.read_due(live, &key, due) => continue,
                         }
@@ -280,11 +276,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                     let retry = floors.next_retry(&required).unwrap_or(until);
                     tokio::select! {
                         _ = out.closed() => return,
-                        _ = streams::shutting_down(&mut shutdown) => {
-                            span.record("result", "UNAVAILABLE");
-                            out.end(Status::unavailable("the replica is shutting down; ask another replica"));
-                            return;
-                        }
+                        _ = streams::shutting_down(&mut shutdown) => return shut_down(&span, &mut out),
                         c = changed.changed() => if c.is_err() { return },
                         c = clusters_changed.changed() => if c.is_err() { return },
                         _ = tokio::time::sleep_until(retry.min(until)), if retry < until => {}
@@ -303,6 +295,15 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         );
         Ok(Response::new(Box::pin(inbox)))
     }
+}
+
+/// The replica is shutting down: the wait ends UNAVAILABLE, so the
+/// client asks another.
+fn shut_down(span: &tracing::Span, out: &mut streams::Outbox<pb::RolloutProgress>) {
+    span.record("result", "UNAVAILABLE");
+    out.end(Status::unavailable(
+        "the replica is shutting down; ask another replica",
+    ));
 }
 
 /// Links the wait to the reconcile that concluded each cluster, when this
