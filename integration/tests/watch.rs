@@ -515,12 +515,7 @@ async fn every_call_is_unavailable_until_the_registry_is_read_then_answered() {
         .await
         .expect("clusters");
     c.get_microservice(get).await.expect("get");
-    let mut s = c.wait_for_rollout(wait).await.expect("wait").into_inner();
-    let first = timeout(Duration::from_secs(10), s.next())
-        .await
-        .expect("an answer")
-        .expect("open")
-        .expect("progress");
+    let first = first_progress(&mut c, wait.clone()).await;
     assert_eq!(
         first.result,
         pb::RolloutResult::Succeeded as i32,
@@ -539,22 +534,7 @@ async fn every_call_is_unavailable_until_the_registry_is_read_then_answered() {
         .expect_err("not found yet");
     assert_eq!(missing.code(), tonic::Code::Unavailable, "{missing:?}");
     assert!(missing.message().contains("member-2"), "{missing:?}");
-    let mut s = c
-        .wait_for_rollout(pb::WaitForRolloutRequest {
-            namespace: "shop".into(),
-            name: "s0000".into(),
-            target: Some(pb::wait_for_rollout_request::Target::Image("a:1".into())),
-            clusters: vec![],
-            timeout: None,
-        })
-        .await
-        .expect("wait")
-        .into_inner();
-    let first = timeout(Duration::from_secs(10), s.next())
-        .await
-        .expect("an answer")
-        .expect("open")
-        .expect("progress");
+    let first = first_progress(&mut c, wait).await;
     assert_eq!(
         first.result,
         pb::RolloutResult::InProgress as i32,
@@ -566,4 +546,14 @@ async fn every_call_is_unavailable_until_the_registry_is_read_then_answered() {
         Some("NotListed"),
         "{first:?}"
     );
+}
+
+/// The first progress a wait sends.
+async fn first_progress(c: &mut Client, wait: pb::WaitForRolloutRequest) -> pb::RolloutProgress {
+    let mut s = c.wait_for_rollout(wait).await.expect("wait").into_inner();
+    timeout(Duration::from_secs(10), s.next())
+        .await
+        .expect("an answer")
+        .expect("open")
+        .expect("progress")
 }
