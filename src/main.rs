@@ -192,6 +192,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             budget,
             streaming_lists: args.streaming_lists,
             debounce: args.debounce,
+            debounce_max: args.debounce_max,
             defaults,
             registry: registration,
             registry_sweep: args.registry.sweep_period,
@@ -416,6 +417,7 @@ async fn run(args: RunArgs, holder: String) -> Result<(), String> {
     settings.resync = args.resync;
     settings.streaming_lists = args.streaming_lists;
     settings.debounce = args.debounce;
+    settings.debounce_max = args.debounce_max;
     if let Some(config) = args.registry.config() {
         settings.registry = Some(Registration::connect(&config).await);
         settings.registry_sweep = args.registry.sweep_period;

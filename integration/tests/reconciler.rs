@@ -927,3 +927,66 @@ async fn a_quick_change_and_back_never_takes_a_stale_deployment_for_complete() {
         "figure: A→B→A with a 3 s Deployment lag: {checks} checks of Available=True, none stale"
     );
 }
+
+/// A storm of child events (the Deployment annotated every 100 ms, as a
+/// large rollout or crash-looping pods change it) must not defer a new
+/// generation: kube-runtime's debounce restarts on every trigger, and the
+/// bound (`debounce_max`, 1 s) is what lets the reconcile through.
+#[tokio::test]
+async fn a_storm_of_child_events_does_not_defer_a_new_generation() {
+    let (client, ns) = setup("rec-storm").await;
+    let _op = Operator::start(&client, settings(CLUSTER, &ns.name), Hooks::default());
+    let api = ns.api::<Microservice>();
+    let deployments = ns.api::<Deployment>();
+    support::create_available(&api, "storm", "ghcr.io/acme/storm:1").await;
+    let storming = Arc::new(AtomicBool::new(true));
+    let storm = tokio::spawn({
+        let (deployments, storming) = (deployments.clone(), storming.clone());
+        async move {
+            let mut i = 0u32;
+            while storming.load(Ordering::SeqCst) {
+                i += 1;
+                let _ = deployments
+                    .patch(
+                        "storm",
+                        &PatchParams::default(),
+                        &Patch::Merge(
+                            json!({"metadata": {"annotations": {"storm": i.to_string()}}}),
+                        ),
+                    )
+                    .await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            i
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let changed = std::time::Instant::now();
+    let patched = api
+        .patch(
+            "storm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": "ghcr.io/acme/storm:2"}})),
+        )
+        .await
+        .expect("patch");
+    let generation = patched.metadata.generation;
+    // The storm goes on for 15 s more; the new generation must be taken
+    // in while it lasts.
+    let observed = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            let ms = api.get("storm").await.expect("get");
+            if ms.status.and_then(|s| s.observed_generation) == generation {
+                return changed.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    storming.store(false, Ordering::SeqCst);
+    let patches = storm.await.expect("storm");
+    let after = observed.expect("the new generation was deferred for as long as the storm lasted");
+    println!(
+        "figure: a new generation under a storm of child events ({patches} patches, 10/s) was observed after {after:?}"
+    );
+}

@@ -291,6 +291,10 @@ pub struct RunArgs {
     /// change waits this much longer to be applied.
     #[arg(long, env = "FLOTILLA_DEBOUNCE", default_value = "200ms", value_parser = parse_duration)]
     pub debounce: Duration,
+    /// The longest a storm of child events may keep deferring a
+    /// Microservice's reconcile (the debounce restarts on every event).
+    #[arg(long, env = "FLOTILLA_DEBOUNCE_MAX", default_value = "1s", value_parser = parse_duration)]
+    pub debounce_max: Duration,
     /// Fleet mode: average requests per second to each member cluster.
     #[arg(long, env = "FLOTILLA_CLUSTER_QPS", default_value_t = Budget::default().qps)]
     pub cluster_qps: f64,

@@ -70,6 +70,7 @@ pub struct ReplicaSettings {
     /// Start watches with streaming lists rather than LIST requests.
     pub streaming_lists: bool,
     pub debounce: Duration,
+    pub debounce_max: Duration,
     /// The fleet service registry, when registration is on.
     pub registry: Option<crate::registry::Registration>,
     pub registry_sweep: Duration,
@@ -428,6 +429,7 @@ pub async fn run(
                 s.namespace = settings.namespace.clone();
                 s.streaming_lists = settings.streaming_lists;
                 s.debounce = settings.debounce;
+                s.debounce_max = settings.debounce_max;
                 s.registry = settings.registry.clone();
                 s.registry_sweep = settings.registry_sweep;
                 s.defaults = settings.defaults.clone();

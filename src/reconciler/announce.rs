@@ -33,6 +33,13 @@ impl PerGeneration {
     pub fn forget(&self, key: &ObjectRef<Microservice>) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
+
+    pub fn retain(&self, keep: impl Fn(&ObjectRef<Microservice>) -> bool) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| keep(k));
+    }
 }
 
 pub struct Announcer {
@@ -71,6 +78,11 @@ impl Announcer {
 
     pub fn forget(&self, key: &ObjectRef<Microservice>) {
         self.announced.forget(key);
+    }
+
+    /// Keeps the notes of the objects `keep` names only.
+    pub fn retain(&self, keep: impl Fn(&ObjectRef<Microservice>) -> bool) {
+        self.announced.retain(keep);
     }
 
     fn send(&self, ms: &Microservice, type_: EventType, reason: &str, note: String) {

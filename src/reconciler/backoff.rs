@@ -34,6 +34,11 @@ impl<K: Eq + Hash> Backoff<K> {
         self.failures.remove(key);
     }
 
+    /// Keeps only the keys `keep` names (the rest are gone).
+    pub fn retain(&mut self, keep: impl Fn(&K) -> bool) {
+        self.failures.retain(|k, _| keep(k));
+    }
+
     pub fn tracked(&self) -> usize {
         self.failures.len()
     }

@@ -32,6 +32,14 @@ impl Held {
         }
     }
 
+    /// Keeps only the objects `keep` names (the rest are gone).
+    pub fn retain(&self, keep: impl Fn(&ObjectRef<Microservice>) -> bool) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| keep(k));
+    }
+
     /// Nothing is held for `key` any more: written, or no longer different.
     pub fn clear(&self, key: &ObjectRef<Microservice>) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);

@@ -44,6 +44,10 @@ impl WriterIdentity {
 /// milliseconds of each other), short against a human's wait.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
 
+/// The bound on the debounce: a storm of child events (a large rollout,
+/// crash-looping pods) defers a reconcile at most this long.
+pub const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
+
 /// How one cluster's controller behaves.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -65,6 +69,8 @@ pub struct Settings {
     /// A reconcile waits until its object's triggers have been quiet this
     /// long, so the burst of child events after a write is one reconcile.
     pub debounce: Duration,
+    /// The longest a storm of child events may defer a reconcile.
+    pub debounce_max: Duration,
     /// The fleet service registry, when registration is on.
     pub registry: Option<crate::registry::Registration>,
     /// How often the leader sweeps its cluster's stale registry records.
@@ -82,6 +88,7 @@ impl Settings {
             concurrency: 16,
             streaming_lists: true,
             debounce: DEBOUNCE,
+            debounce_max: DEBOUNCE_MAX,
             leadership: None,
             registry: None,
             registry_sweep: Duration::from_secs(60),

@@ -22,20 +22,35 @@ use super::context::{Context, Hooks, Settings};
 use super::endpoints::ReadyEndpoints;
 use super::names;
 use super::reconcile::{error_policy, reconcile};
+use super::throttle::Throttle;
 use super::triggers::{Triggers, owner_of};
 use super::written::Written;
 use crate::crd::Microservice;
 use crate::watching::without_errors;
 
+/// Which child triggers reach the scheduler.
+#[derive(Clone)]
+struct Gate {
+    microservices: Store<Microservice>,
+    throttle: Arc<Throttle<ObjectRef<Microservice>>>,
+}
+
+/// A child's change wakes `owner`, noting why, when `owner` is a
+/// Microservice the store holds (one that is gone, or a stranger's name no
+/// Microservice has, is nothing to note or wake: notes for it would never
+/// be taken) and the throttle lets it through.
 fn waking(
     triggers: &Triggers,
+    gate: &Gate,
     owner: Option<ObjectRef<Microservice>>,
     kind: &'static str,
 ) -> Option<ObjectRef<Microservice>> {
-    if let Some(o) = &owner {
-        triggers.note(o.clone(), kind);
-    }
-    owner
+    let owner = owner?;
+    gate.microservices.get(&owner)?;
+    triggers.note(owner.clone(), kind);
+    gate.throttle
+        .admit(&owner, tokio::time::Instant::now())
+        .then_some(owner)
 }
 
 const BACKOFF_BASE: Duration = Duration::from_millis(5);
@@ -154,7 +169,11 @@ pub async fn run(
     );
     let svc_names = without_errors(svc_names, settings.cluster.clone(), "Service names");
 
-    let (concurrency, debounce) = (settings.concurrency, settings.debounce);
+    let (concurrency, debounce, debounce_max) = (
+        settings.concurrency,
+        settings.debounce,
+        settings.debounce_max,
+    );
     let cluster = settings.cluster.clone();
     let ctx = Arc::new(Context {
         client,
@@ -178,32 +197,38 @@ pub async fn run(
 
     // Children wake the Microservice that controls them, noting why as
     // they do: the note is taken only where the trigger is made.
-    let notes = triggers.clone();
-    let by_deployment = move |d: Deployment| waking(&notes, owner_of(&d.metadata), "Deployment");
-    let notes = triggers.clone();
-    let by_service = move |s: Service| waking(&notes, owner_of(&s.metadata), "Service");
+    let gate = Gate {
+        microservices: ms_reader.clone(),
+        throttle: Arc::new(Throttle::new(debounce, debounce_max)),
+    };
+    let (notes, g) = (triggers.clone(), gate.clone());
+    let by_deployment =
+        move |d: Deployment| waking(&notes, &g, owner_of(&d.metadata), "Deployment");
+    let (notes, g) = (triggers.clone(), gate.clone());
+    let by_service = move |s: Service| waking(&notes, &g, owner_of(&s.metadata), "Service");
     let sweep = sweeping(ctx.clone(), ms_reader.clone());
+    let prune = pruning(ctx.clone(), ms_reader.clone());
     let controller = Controller::for_stream(ms_stream, ms_reader)
         .watches_stream(dep_stream, by_deployment)
         .watches_stream(svc_stream, by_service)
         // A stranger's change may free a name a Microservice is blocked on.
         .watches_stream(dep_names, {
-            let notes = triggers.clone();
+            let (notes, g) = (triggers.clone(), gate.clone());
             let (created, names) = (
                 ctx.deployments_created.clone(),
                 ctx.deployment_names.clone(),
             );
             move |m| {
                 created.on_name_change(&names, &m);
-                waking(&notes, names::blocked_by(&m), "Stranger")
+                waking(&notes, &g, names::blocked_by(&m), "Stranger")
             }
         })
         .watches_stream(svc_names, {
-            let notes = triggers.clone();
+            let (notes, g) = (triggers.clone(), gate.clone());
             let (created, names) = (ctx.services_created.clone(), ctx.service_names.clone());
             move |m| {
                 created.on_name_change(&names, &m);
-                waking(&notes, names::blocked_by(&m), "Stranger")
+                waking(&notes, &g, names::blocked_by(&m), "Stranger")
             }
         })
         .watches_stream(slice_stream, move |slice: EndpointSlice| {
@@ -216,6 +241,7 @@ pub async fn run(
             match (ns, service) {
                 (Some(ns), Some(name)) => waking(
                     &triggers,
+                    &gate,
                     Some(ObjectRef::<Microservice>::new(&name).within(&ns)),
                     "EndpointSlice",
                 ),
@@ -239,10 +265,43 @@ pub async fn run(
             }
             futures::future::ready(())
         });
-    // The sweep lives as long as the controller (this leadership term).
+    // The sweeps live as long as the controller (this leadership term).
     tokio::select! {
         _ = controller => {}
         _ = sweep => {}
+        _ = prune => {}
+    }
+}
+
+/// How often the per-object notes are pruned against the store.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Every `PRUNE_EVERY`, drops what the controller remembers of objects the
+/// store no longer holds: a Microservice deleted while a watch was down
+/// brings no Delete event, so `forget` never ran for it. Never returns.
+async fn pruning(ctx: Arc<Context>, microservices: Store<Microservice>) {
+    loop {
+        tokio::time::sleep(PRUNE_EVERY).await;
+        if !matches!(
+            microservices.wait_until_ready().now_or_never(),
+            Some(Ok(()))
+        ) {
+            continue;
+        }
+        prune(&ctx, |k| microservices.get(k).is_some());
+    }
+}
+
+fn prune(ctx: &Context, alive: impl Fn(&ObjectRef<Microservice>) -> bool) {
+    ctx.triggers.retain(&alive);
+    ctx.written.retain(&alive);
+    ctx.held.retain(&alive);
+    ctx.announcer.retain(&alive);
+    for backoff in [&ctx.backoff, &ctx.cleanup_backoff] {
+        backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(&alive);
     }
 }
 

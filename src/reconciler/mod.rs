@@ -15,6 +15,7 @@ pub mod names;
 mod reconcile;
 mod registration;
 mod status_writer;
+mod throttle;
 mod triggers;
 mod written;
 

@@ -26,6 +26,19 @@ impl Triggers {
         }
     }
 
+    /// Keeps the notes of the objects `keep` names only.
+    pub fn retain(&self, keep: impl Fn(&ObjectRef<Microservice>) -> bool) {
+        if let Ok(mut m) = self.0.lock() {
+            m.retain(|k, _| keep(k));
+        }
+    }
+
+    /// How many objects have notes: for tests of bounded memory.
+    #[cfg(test)]
+    pub fn tracked(&self) -> usize {
+        self.0.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
     /// The notes for `target` since its last reconcile, oldest kinds first.
     pub fn take(&self, target: &ObjectRef<Microservice>) -> Vec<&'static str> {
         let notes = self.0.lock().ok().and_then(|mut m| m.remove(target));
@@ -59,5 +72,19 @@ mod tests {
         t.note(a.clone(), "Service");
         assert_eq!(t.take(&a), ["EndpointSlice", "Service"]);
         assert_eq!(t.take(&a), ["Requeue"]);
+    }
+
+    #[test]
+    fn notes_of_objects_that_are_gone_are_pruned() {
+        // 10,000 objects created and deleted with no Delete event seen
+        // (deleted during a watch gap): each left a note; pruning against
+        // the store (which holds none of them) leaves nothing.
+        let t = Triggers::default();
+        for i in 0..10_000 {
+            t.note(ObjectRef::new(&format!("m{i}")).within("ns"), "Deployment");
+        }
+        let kept = ObjectRef::<Microservice>::new("m7").within("ns");
+        t.retain(|k| *k == kept);
+        assert_eq!(t.tracked(), 1);
     }
 }

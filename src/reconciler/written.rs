@@ -67,6 +67,11 @@ impl Written {
         self.notes().remove(gone);
     }
 
+    /// Keeps the notes of the objects `keep` names only.
+    pub fn retain(&self, keep: impl Fn(&ObjectRef<Microservice>) -> bool) {
+        self.notes().retain(|k, _| keep(k));
+    }
+
     /// Notes that `result` was written over `replaced`. When `replaced` is
     /// our own last write, the chain grows: the cache may still show any
     /// version before it.
