@@ -49,6 +49,78 @@ where
     })
 }
 
+/// Whether one watch is keeping its cache current: since when it has
+/// been failing, if it is. A watch that fails after its first listing
+/// leaves a cache that looks fine and says nothing new.
+///
+/// A watch that restarts successfully from its last resourceVersion emits
+/// nothing until something changes, so recovery is also read from the
+/// errors stopping: a failing watch retries at least every `LONGEST_RETRY`,
+/// and one quiet for `RECOVERED_AFTER` has got through.
+#[derive(Debug, Default)]
+pub struct WatchHealth(std::sync::Mutex<Option<Failure>>);
+
+#[derive(Debug, Clone, Copy)]
+struct Failure {
+    since: tokio::time::Instant,
+    last: tokio::time::Instant,
+}
+
+/// No error for this long after one: the watch's retry got through.
+pub const RECOVERED_AFTER: Duration = Duration::from_secs(8);
+
+impl WatchHealth {
+    /// Notes one event of the watch: an error starts (or continues) a
+    /// failure; anything else, a listing done included, ends it.
+    pub fn saw<K>(&self, event: &Result<watcher::Event<K>, watcher::Error>) {
+        self.note(event.is_err(), tokio::time::Instant::now());
+    }
+
+    fn note(&self, error: bool, now: tokio::time::Instant) {
+        let mut failure = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *failure = match (error, *failure) {
+            (false, _) => None,
+            (true, Some(f)) if now.saturating_duration_since(f.last) < RECOVERED_AFTER => {
+                Some(Failure { last: now, ..f })
+            }
+            (true, _) => Some(Failure {
+                since: now,
+                last: now,
+            }),
+        };
+    }
+
+    /// How long the watch has been failing, as of `now`.
+    pub fn failing_for(&self, now: tokio::time::Instant) -> Option<Duration> {
+        let failure = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        failure
+            .filter(|f| now.saturating_duration_since(f.last) < RECOVERED_AFTER)
+            .map(|f| now.saturating_duration_since(f.since))
+    }
+}
+
+/// Counts and tracks the raw events of one watch (before `reflect`, so a
+/// relist that lists nothing still ends a failure).
+pub fn tracked<K, S>(
+    stream: S,
+    health: std::sync::Arc<WatchHealth>,
+    cluster: String,
+    resource: &'static str,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+    K: Send,
+{
+    stream.inspect(move |event| {
+        if event.is_err() {
+            crate::telemetry::metrics::METRICS
+                .watch_errors_total
+                .inc(&[&cluster, resource]);
+        }
+        health.saw(event);
+    })
+}
+
 /// How a watch retries. kube's default grows to 30 s and resets only after
 /// two quiet minutes, so after a 5-second apiserver outage the errors of the
 /// outage had grown it, and the 410 that a restarted apiserver answers first
@@ -90,6 +162,34 @@ impl Backoff for Doubling {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_lasts_from_its_first_error_until_an_event_or_quiet() {
+        let h = WatchHealth::default();
+        let t0 = tokio::time::Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(h.failing_for(t0), None);
+        // Errors at each retry: failing since the first.
+        for at in [0, 5, 10] {
+            h.note(true, t0 + s(at));
+        }
+        assert_eq!(h.failing_for(t0 + s(12)), Some(s(12)));
+        // Any event ends it.
+        h.note(false, t0 + s(13));
+        assert_eq!(h.failing_for(t0 + s(13)), None);
+        // A retry that got through silently: the errors stop.
+        h.note(true, t0 + s(20));
+        assert_eq!(h.failing_for(t0 + s(27)), Some(s(7)));
+        assert_eq!(h.failing_for(t0 + s(20) + RECOVERED_AFTER), None);
+        // A later error starts a new failure.
+        h.note(true, t0 + s(40));
+        assert_eq!(h.failing_for(t0 + s(41)), Some(s(1)));
+        let err: Result<watcher::Event<()>, watcher::Error> =
+            Err(watcher::Error::NoResourceVersion);
+        h.saw(&err);
+        h.saw::<()>(&Ok(watcher::Event::InitDone));
+        assert_eq!(h.failing_for(tokio::time::Instant::now()), None);
+    }
 
     #[test]
     fn retries_double_from_200_ms_up_to_5_s_and_reset() {

@@ -990,3 +990,43 @@ async fn a_storm_of_child_events_does_not_defer_a_new_generation() {
         "figure: a new generation under a storm of child events ({patches} patches, 10/s) was observed after {after:?}"
     );
 }
+
+/// A child watch that fails after its first listing (here: EndpointSlices,
+/// refused 403 as after an RBAC change) leaves a cache that looks fine and
+/// never changes. Past 10 s the leader concludes `Available=Unknown`
+/// (`CachesStale`) instead of what the frozen cache last showed, the
+/// errors are counted, and recovery brings `True` back.
+#[tokio::test]
+async fn a_child_watch_that_fails_after_its_first_listing_makes_available_unknown() {
+    let client = client(CLUSTER).await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::create(&client, CLUSTER, "rec-stale").await;
+    let failing = Arc::new(AtomicBool::new(false));
+    let op_client = support::failing_client(
+        CLUSTER,
+        support::lag::FailLayer {
+            resource: "endpointslices",
+            failing: failing.clone(),
+        },
+    )
+    .await;
+    let _op = Operator::start(&op_client, settings(CLUSTER, &ns.name), Hooks::default());
+    let api = ns.api::<Microservice>();
+    support::create_available(&api, "stale", "ghcr.io/acme/stale:1").await;
+    failing.store(true, Ordering::SeqCst);
+    let cut = std::time::Instant::now();
+    wait_condition(&api, "stale", "Available", "Unknown", Some("CachesStale")).await;
+    let after = cut.elapsed();
+    let metrics = flotilla::telemetry::metrics::METRICS.encode();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("flotilla_watch_errors_total{")
+                && l.contains("resource=\"endpointslices\"")
+                && l.contains(&format!("cluster=\"{CLUSTER}\""))),
+        "the errors are counted:\n{metrics}"
+    );
+    failing.store(false, Ordering::SeqCst);
+    wait_condition(&api, "stale", "Available", "True", None).await;
+    println!("figure: a failing EndpointSlice watch made Available Unknown after {after:?}");
+}

@@ -72,6 +72,9 @@ pub enum Outcome {
     ChildTerminating(String),
     /// A transient failure; backoff retries it.
     ApiError(String),
+    /// The children were applied, but the watches whose caches show their
+    /// state have been failing: what they show may be frozen.
+    CachesStale(String),
 }
 
 fn applied_verdicts(desired: i32, r: &RolloutFacts, endpoints: usize) -> [Verdict; 2] {
@@ -227,6 +230,19 @@ pub fn next_status(
                 ];
                 (v, None, None)
             }
+            Outcome::CachesStale(msg) => {
+                let v = vec![
+                    accepted_ok,
+                    Verdict::new(RECONCILED, Status::False, CACHES_STALE, msg.clone()),
+                    Verdict::new(AVAILABLE, Status::Unknown, CACHES_STALE, msg.clone()),
+                    Verdict::new(PROGRESSING, Status::Unknown, CACHES_STALE, msg.clone()),
+                ];
+                (
+                    v,
+                    previous.and_then(|p| p.managed_resources.clone()),
+                    previous.and_then(|p| p.ready.clone()),
+                )
+            }
             Outcome::ApiError(msg) => {
                 // A failed read says nothing about the workload: what was
                 // known at this generation stands, transition time and all.
@@ -262,6 +278,9 @@ pub fn next_status(
         ready,
     }
 }
+
+/// The reason of conditions concluded from caches whose watches fail.
+pub const CACHES_STALE: &str = "CachesStale";
 
 /// `Progressing`'s reason for a rollout past its deadline: the status API
 /// reads it as a failure of the generation.
@@ -566,6 +585,28 @@ mod tests {
         let later = Time("2026-01-01T01:00:00Z".parse().unwrap());
         let b = next_status(Some(&a), &applied(complete(2), 2), 2, 1, &later);
         assert_eq!(a, b, "nothing changed, so nothing to write");
+    }
+
+    #[test]
+    fn stale_caches_make_availability_unknown_at_once() {
+        let ok = next_status(None, &applied(complete(2), 2), 2, 1, &now());
+        let stale = next_status(
+            Some(&ok),
+            &Outcome::CachesStale("EndpointSlices for 12s".into()),
+            2,
+            1,
+            &now(),
+        );
+        let a = find(&stale.conditions, AVAILABLE).unwrap();
+        assert_eq!(
+            (a.status.as_str(), a.reason.as_str()),
+            ("Unknown", "CachesStale")
+        );
+        assert!(
+            !coalescable(&ok, &stale),
+            "a flip of Available is never held"
+        );
+        assert_eq!(stale.ready, ok.ready, "the last counts stand");
     }
 
     #[test]

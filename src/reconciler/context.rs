@@ -158,6 +158,8 @@ pub(crate) struct Context {
     pub registrations: super::registration::Registrations,
     /// Retries of a deletion blocked on the registry.
     pub cleanup_backoff: Mutex<Backoff<ObjectRef<Microservice>>>,
+    /// Whether the child watches keep their caches current.
+    pub watches: super::controller::ChildWatches,
 }
 
 impl Context {

@@ -26,7 +26,7 @@ use super::throttle::Throttle;
 use super::triggers::{Triggers, owner_of};
 use super::written::Written;
 use crate::crd::Microservice;
-use crate::watching::without_errors;
+use crate::watching::{WatchHealth, tracked, without_errors};
 
 /// Which child triggers reach the scheduler.
 #[derive(Clone)]
@@ -94,31 +94,48 @@ pub async fn run(
     // Each trigger notes what it wakes, so a reconcile knows why it ran.
     let triggers = Arc::new(Triggers::default());
     let (deployments, dep_writer) = reflector::store();
-    let dep_stream = watcher(
-        scoped::<Deployment>(&client, ns.as_deref()),
-        managed.clone(),
+    let watches = ChildWatches::default();
+    let cluster_name = settings.cluster.clone();
+    let dep_stream = tracked(
+        watcher(
+            scoped::<Deployment>(&client, ns.as_deref()),
+            managed.clone(),
+        )
+        .backoff(crate::watching::backoff()),
+        watches.deployments.clone(),
+        cluster_name.clone(),
+        "deployments",
     )
-    .backoff(crate::watching::backoff())
     .reflect(dep_writer)
     .touched_objects();
     let dep_stream = without_errors(dep_stream, settings.cluster.clone(), "Deployment");
     let (services, svc_writer) = reflector::store();
-    let svc_stream = watcher(scoped::<Service>(&client, ns.as_deref()), managed.clone())
-        .backoff(crate::watching::backoff())
-        .reflect(svc_writer)
-        .touched_objects();
+    let svc_stream = tracked(
+        watcher(scoped::<Service>(&client, ns.as_deref()), managed.clone())
+            .backoff(crate::watching::backoff()),
+        watches.services.clone(),
+        cluster_name.clone(),
+        "services",
+    )
+    .reflect(svc_writer)
+    .touched_objects();
     let svc_stream = without_errors(svc_stream, settings.cluster.clone(), "Service");
     // Slices are not stored: only each Service's ready-endpoint count.
     let endpoints = Arc::new(ReadyEndpoints::default());
     let tally = endpoints.clone();
-    let slice_stream = watcher(scoped::<EndpointSlice>(&client, ns.as_deref()), managed)
-        .backoff(crate::watching::backoff())
-        .inspect(move |e| {
-            if let Ok(e) = e {
-                tally.apply(e);
-            }
-        })
-        .touched_objects();
+    let slice_stream = tracked(
+        watcher(scoped::<EndpointSlice>(&client, ns.as_deref()), managed)
+            .backoff(crate::watching::backoff()),
+        watches.endpoint_slices.clone(),
+        cluster_name,
+        "endpointslices",
+    )
+    .inspect(move |e| {
+        if let Ok(e) = e {
+            tally.apply(e);
+        }
+    })
+    .touched_objects();
     let slice_stream = without_errors(slice_stream, settings.cluster.clone(), "EndpointSlice");
 
     let (ms_reader, ms_writer) = reflector::store();
@@ -193,6 +210,7 @@ pub async fn run(
         services_created: Default::default(),
         registrations: Default::default(),
         cleanup_backoff: Mutex::new(Backoff::new(CLEANUP_BACKOFF_BASE, CLEANUP_BACKOFF_MAX)),
+        watches: watches.clone(),
     });
 
     // Children wake the Microservice that controls them, noting why as
@@ -248,6 +266,8 @@ pub async fn run(
                 _ => None,
             }
         })
+        // A child watch going stale, or coming back, moves every verdict.
+        .reconcile_all_on(staleness_changes(watches))
         // The trigger streams' errors pause all triggers by their own
         // backoff; kube's default grows to 30 s and kept a member that came
         // back from a 5 s outage unwatched for a minute.
@@ -271,6 +291,54 @@ pub async fn run(
         _ = sweep => {}
         _ = prune => {}
     }
+}
+
+/// The health of the watches whose caches a verdict reads.
+#[derive(Clone, Default)]
+pub struct ChildWatches {
+    pub deployments: Arc<WatchHealth>,
+    pub services: Arc<WatchHealth>,
+    pub endpoint_slices: Arc<WatchHealth>,
+}
+
+/// A watch failing this long makes its caches' verdicts unknown.
+pub const STALE_AFTER: Duration = Duration::from_secs(10);
+
+impl ChildWatches {
+    /// The watches failing for `STALE_AFTER` or more, as of `now`.
+    pub fn stale(&self, now: tokio::time::Instant) -> Vec<(&'static str, Duration)> {
+        [
+            ("Deployments", &self.deployments),
+            ("Services", &self.services),
+            ("EndpointSlices", &self.endpoint_slices),
+        ]
+        .into_iter()
+        .filter_map(|(kind, h)| h.failing_for(now).map(|d| (kind, d)))
+        .filter(|(_, d)| *d >= STALE_AFTER)
+        .collect()
+    }
+}
+
+/// Emits whenever the set of stale child watches changes (checked every
+/// second), so every Microservice is concluded again.
+fn staleness_changes(watches: ChildWatches) -> impl futures::Stream<Item = ()> + Send {
+    futures::stream::unfold(
+        (watches, Vec::<&'static str>::new()),
+        |(watches, mut was)| async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let now: Vec<&'static str> = watches
+                    .stale(tokio::time::Instant::now())
+                    .into_iter()
+                    .map(|(kind, _)| kind)
+                    .collect();
+                if now != was {
+                    was = now;
+                    return Some(((), (watches, was)));
+                }
+            }
+        },
+    )
 }
 
 /// How often the per-object notes are pruned against the store.

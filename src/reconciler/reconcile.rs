@@ -255,11 +255,24 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         None => Vec::new(),
     };
     let endpoints = ctx.endpoints.ready(ns, name);
-    let outcome = Outcome::Applied {
-        deployment: name.to_string(),
-        service: name.to_string(),
-        rollout: RolloutFacts::of(&deployment),
-        ready_endpoints: endpoints,
+    let stale = ctx.watches.stale(tokio::time::Instant::now());
+    let outcome = if stale.is_empty() {
+        Outcome::Applied {
+            deployment: name.to_string(),
+            service: name.to_string(),
+            rollout: RolloutFacts::of(&deployment),
+            ready_endpoints: endpoints,
+        }
+    } else {
+        // Frozen caches would keep concluding what they last saw.
+        let failing: Vec<String> = stale
+            .iter()
+            .map(|(kind, d)| format!("{kind} for {}s", d.as_secs()))
+            .collect();
+        Outcome::CachesStale(format!(
+            "the watches of {} have been failing; availability is unknown until they recover",
+            failing.join(", ")
+        ))
     };
     Ok(match conclude_with(ctx, ms, &outcome, &registered).await? {
         Concluded::Dropped => "Dropped",

@@ -164,6 +164,10 @@ pub fn entry_state(f: &Facts, reach: Reach) -> (EntryState, String, String) {
     }
     match conditions::find(&f.conditions, AVAILABLE) {
         Some(c) if c.status == "True" => (EntryState::Done, c.reason.clone(), c.message.clone()),
+        // The leader's own watches are failing: it does not know.
+        Some(c) if c.status == "Unknown" && c.reason == crate::domain::status::CACHES_STALE => {
+            (EntryState::Unknown, c.reason.clone(), c.message.clone())
+        }
         Some(c) => (EntryState::Progressing, c.reason.clone(), c.message.clone()),
         None => (
             EntryState::Progressing,
@@ -451,6 +455,17 @@ mod tests {
         assert_eq!(state, EntryState::Done);
         let (state, ..) = entry_state(&facts(7, 7, "a:2", "False"), Reach::Reachable);
         assert_eq!(state, EntryState::Progressing);
+    }
+
+    #[test]
+    fn a_leader_whose_watches_fail_makes_the_entry_unknown() {
+        let mut f = facts(2, 2, "a:1", "True");
+        f.conditions[1] = cond(AVAILABLE, "Unknown", "CachesStale", 2);
+        let (state, reason, _) = entry_state(&f, Reach::Reachable);
+        assert_eq!(
+            (state, reason.as_str()),
+            (EntryState::Unknown, "CachesStale")
+        );
     }
 
     #[test]

@@ -169,6 +169,7 @@ pub struct Metrics {
     pub rollout_member_writes_total: Family,
     pub registry_up: Family,
     pub registry_writes_total: Family,
+    pub watch_errors_total: Family,
 }
 
 impl Metrics {
@@ -279,6 +280,12 @@ impl Metrics {
                 Counter,
                 &["cluster", "result"],
             ),
+            watch_errors_total: Family::new(
+                "flotilla_watch_errors_total",
+                "Errors of the leader's child watches, by cluster and resource; a watch failing past 10 s makes its Microservices' Available Unknown (CachesStale).",
+                Counter,
+                &["cluster", "resource"],
+            ),
         };
         let mut registry = Registry::default();
         for f in m.families() {
@@ -288,7 +295,7 @@ impl Metrics {
         m
     }
 
-    fn families(&self) -> [&Family; 17] {
+    fn families(&self) -> [&Family; 18] {
         [
             &self.reconcile_total,
             &self.reconcile_duration,
@@ -307,6 +314,7 @@ impl Metrics {
             &self.rollout_member_writes_total,
             &self.registry_up,
             &self.registry_writes_total,
+            &self.watch_errors_total,
         ]
     }
 
@@ -329,6 +337,7 @@ impl Metrics {
             &self.cluster_reachable,
             &self.rollout_member_writes_total,
             &self.fenced_writes_total,
+            &self.watch_errors_total,
         ] {
             f.forget(cluster);
         }

@@ -106,3 +106,122 @@ impl Body for Lagging {
         Poll::Ready(this.held.take().map(|(_, frame)| frame))
     }
 }
+
+/// Makes watches (and lists) of `resource` fail while `failing` is set:
+/// open ones end, and new ones are refused 403, as after an RBAC change
+/// that took `watch` away. The rest of the client is untouched.
+#[derive(Clone)]
+pub struct FailLayer {
+    pub resource: &'static str,
+    pub failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<S> Layer<S> for FailLayer {
+    type Service = Failing<S>;
+    fn layer(&self, inner: S) -> Failing<S> {
+        Failing {
+            inner,
+            by: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Failing<S> {
+    inner: S,
+    by: FailLayer,
+}
+
+fn is_read_of(uri: &Uri, resource: &str) -> bool {
+    uri.path().ends_with(&format!("/{resource}"))
+}
+
+impl<S> Service<Request<kube::client::Body>> for Failing<S>
+where
+    S: Service<Request<kube::client::Body>, Response = Response<DynBody>>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<DynBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<DynBody>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<kube::client::Body>) -> Self::Future {
+        use std::sync::atomic::Ordering;
+        let ours = is_read_of(req.uri(), self.by.resource);
+        if ours && self.by.failing.load(Ordering::SeqCst) {
+            let body = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"forbidden by the test","reason":"Forbidden","code":403}"#;
+            let response = Response::builder()
+                .status(403)
+                .header("content-type", "application/json")
+                .body(Box::new(Once(Some(Bytes::from_static(body)))) as DynBody)
+                .expect("response");
+            return Box::pin(async move { Ok(response) });
+        }
+        let failing = self.by.failing.clone();
+        let response = self.inner.call(req);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(match ours {
+                true => response.map(|inner| {
+                    Box::new(Ending {
+                        inner,
+                        failing,
+                        check: Box::pin(tokio::time::sleep(Duration::from_millis(100))),
+                    }) as DynBody
+                }),
+                false => response,
+            })
+        })
+    }
+}
+
+/// One frame, then the end.
+struct Once(Option<Bytes>);
+
+impl Body for Once {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(self.0.take().map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// A response body that ends as soon as `failing` is set (checked every
+/// 100 ms, so an idle watch ends too).
+struct Ending {
+    inner: DynBody,
+    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    check: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Body for Ending {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            if this.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Poll::Ready(None);
+            }
+            if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+                return Poll::Ready(frame);
+            }
+            ready!(this.check.as_mut().poll(cx));
+            this.check
+                .as_mut()
+                .reset(tokio::time::Instant::now() + Duration::from_millis(100));
+        }
+    }
+}

@@ -350,10 +350,9 @@ pub async fn counting_client(cluster: &str) -> (Client, RequestCounter) {
 }
 
 /// A counting client whose watches of one resource lag (see `lag.rs`).
-pub async fn counting_client_with(
-    cluster: &str,
-    lag: Option<lag::LagLayer>,
-) -> (Client, RequestCounter) {
+/// The member's client config, with the user agent the counting clients
+/// share (audit checks tell the test's own controller by it).
+async fn counted_config(cluster: &str) -> Config {
     let path = kubeconfig_path(cluster);
     let kubeconfig = Kubeconfig::read_from(&path).expect("fleet kubeconfig (is the fleet up?)");
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -363,6 +362,22 @@ pub async fn counting_client_with(
         http::header::USER_AGENT,
         http::HeaderValue::from_static(COUNTED_AGENT),
     ));
+    config
+}
+
+/// A member client whose watches of one resource fail on demand.
+pub async fn failing_client(cluster: &str, fail: lag::FailLayer) -> Client {
+    kube::client::ClientBuilder::try_from(counted_config(cluster).await)
+        .expect("client builder")
+        .with_layer(&fail)
+        .build()
+}
+
+pub async fn counting_client_with(
+    cluster: &str,
+    lag: Option<lag::LagLayer>,
+) -> (Client, RequestCounter) {
+    let config = counted_config(cluster).await;
     let counter = RequestCounter::default();
     let recorder = counter.clone();
     let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
