@@ -424,3 +424,51 @@ async fn a_starved_request_budget_never_costs_the_lease() {
         .count();
     assert!(reconciled < 20, "the budget did not hold the backlog back");
 }
+
+/// A kubeconfig directory that cannot be read for a few scans (a passing
+/// EIO or EMFILE; here it is moved away) keeps the members it defined:
+/// before, every file member was stopped, its Lease released and its
+/// entries dropped, and all of it came back a scan later.
+#[tokio::test]
+async fn a_kubeconfig_directory_that_cannot_be_read_keeps_its_members() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "fleet-unreadable").await;
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    let dir = replicas.own_dir("r1", &["member-1"]);
+    replicas.start("r1");
+    let lease = replicas.lease_name();
+    let member = clients["member-1"].clone();
+    eventually("r1 leads member-1", Duration::from_secs(30), || {
+        let (member, lease) = (member.clone(), lease.clone());
+        async move { (holder(&member, &lease).await.as_deref() == Some("r1")).then_some(()) }
+    })
+    .await;
+    let transitions = |l: Option<Lease>| l.and_then(|l| l.spec?.lease_transitions);
+    let leases = Api::<Lease>::namespaced(member.clone(), LEASE_NAMESPACE);
+    let before = transitions(leases.get_opt(&lease).await.expect("lease"));
+    let away = dir.with_extension("away");
+    std::fs::rename(&dir, &away).expect("move the directory away");
+    // Three scans (every 2 s) find no directory.
+    let mut client = flotilla::api::client::connect(&flotilla::api::client::ClientOptions {
+        server: replicas.grpc_url("r1"),
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let listed = client
+            .list_clusters(flotilla::api::pb::ListClustersRequest {})
+            .await
+            .expect("clusters")
+            .into_inner();
+        assert!(
+            listed.clusters.iter().any(|c| c.name == "member-1"),
+            "member-1 was dropped while its directory could not be read: {listed:?}"
+        );
+        assert_eq!(holder(&member, &lease).await.as_deref(), Some("r1"));
+    }
+    std::fs::rename(&away, &dir).expect("move the directory back");
+    let after = transitions(leases.get_opt(&lease).await.expect("lease"));
+    assert_eq!(before, after, "the Lease was never let go");
+}

@@ -205,6 +205,9 @@ pub async fn run(
                     if let Some(old) = running.remove(name) {
                         tracing::info!(k8s.cluster.name = %name, "kubeconfig changed; restarting the cluster");
                         stops.push((name.clone(), old));
+                        // What the old cluster's feed listed says nothing
+                        // of the new one until it has listed it.
+                        hub.update(|ix| ix.update_cluster(name, "", |c| c.synced = false));
                     }
                     starts.push(name.clone());
                 }

@@ -136,7 +136,7 @@ impl Index {
     }
 
     /// Changes a cluster's info; its entries change revision when what
-    /// they report (reachability, a failing feed) changes.
+    /// they report (reachability, a failing feed, a listing) changes.
     pub fn update_cluster(&mut self, name: &str, source: &str, f: impl FnOnce(&mut ClusterInfo)) {
         let clusters = Arc::make_mut(&mut self.state.clusters);
         let new = !clusters.contains_key(name);
@@ -151,7 +151,7 @@ impl Index {
         if new || after != before {
             self.cluster_changes += 1;
         }
-        if (after.0, after.1) != (before.0, before.1) {
+        if after != before {
             for key in self.keys_in(name) {
                 self.touch(&key);
             }

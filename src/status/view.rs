@@ -185,6 +185,12 @@ pub fn entry(
 ) -> Entry {
     let reach = info.map_or(Reach::Connecting, |i| i.reach);
     let (state, reason, message) = match info.and_then(|i| i.feed_error.as_ref()) {
+        _ if reach == Reach::Reachable && info.is_some_and(|i| !i.synced) => (
+            EntryState::Unknown,
+            "NotListedYet".to_string(),
+            "this replica is listing the cluster again (its registration changed); this is its last known state"
+                .to_string(),
+        ),
         Some(error) if reach == Reach::Reachable => (
             EntryState::Unknown,
             "StatusWatchFailing".to_string(),
@@ -442,6 +448,7 @@ mod tests {
     fn reachable() -> ClusterInfo {
         ClusterInfo {
             reach: Reach::Reachable,
+            synced: true,
             ..ClusterInfo::new("file m")
         }
     }
@@ -593,7 +600,17 @@ mod tests {
             (absent.state, absent.reason.as_str()),
             (EntryState::Progressing, "NotFound")
         );
-        let unlisted = absent_entry("m9", Some(&info));
+        let unsynced = ClusterInfo {
+            synced: false,
+            ..reachable()
+        };
+        let unlisted = absent_entry("m9", Some(&unsynced));
+        // An entry from before a re-registration, not listed again yet.
+        let relisting = entry("m1", &facts(2, 2, "a:2", "True"), None, Some(&unsynced));
+        assert_eq!(
+            (relisting.state, relisting.reason.as_str()),
+            (EntryState::Unknown, "NotListedYet")
+        );
         assert_eq!(
             (unlisted.state, unlisted.reason.as_str()),
             (EntryState::Unknown, "NotListed")

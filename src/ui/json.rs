@@ -154,6 +154,7 @@ mod tests {
     fn reachable() -> ClusterInfo {
         ClusterInfo {
             reach: Reach::Reachable,
+            synced: true,
             ..ClusterInfo::new("file")
         }
     }
