@@ -218,6 +218,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         tokio::spawn(
             async move {
                 let mut last_sent: Option<pb::RolloutProgress> = None;
+                let mut seen_at = hub.read(|ix| ix.changed_at(&key));
                 let mut linked: BTreeSet<String> = BTreeSet::new();
                 loop {
                     // The snapshot is dropped before the next await: a
@@ -277,7 +278,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                     tokio::select! {
                         _ = out.closed() => return,
                         _ = streams::shutting_down(&mut shutdown) => return shut_down(&span, &mut out),
-                        c = changed.changed() => if c.is_err() { return },
+                        c = own_change(&hub, &key, &mut changed, &mut seen_at) => if c.is_err() { return },
                         c = clusters_changed.changed() => if c.is_err() { return },
                         _ = tokio::time::sleep_until(retry.min(until)), if retry < until => {}
                         _ = tokio::time::sleep_until(until) => {
@@ -294,6 +295,25 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             .instrument(task_span),
         );
         Ok(Response::new(Box::pin(inbox)))
+    }
+}
+
+/// Resolves when `key` itself changes: a wait recomputes on its own
+/// Microservice's changes, not on every revision anywhere in the fleet.
+/// (Cluster changes wake it through their own channel.)
+async fn own_change(
+    hub: &Hub,
+    key: &Key,
+    changed: &mut watch::Receiver<u64>,
+    seen_at: &mut Option<u64>,
+) -> Result<(), watch::error::RecvError> {
+    loop {
+        changed.changed().await?;
+        let now = hub.read(|ix| ix.changed_at(key));
+        if now != *seen_at {
+            *seen_at = now;
+            return Ok(());
+        }
     }
 }
 

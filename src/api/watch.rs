@@ -105,8 +105,16 @@ pub async fn run(
         // revisions passed while this stream was busy.
         let (snap, changes) = hub.read(|ix| (ix.snapshot(), ix.changes_since(cursor.revision())));
         let sent = match changes {
-            Some(changes) => send_all(&mut out, cursor.changes(&snap, &changes), &id).await,
-            // Fell behind the tombstones: start over, framed by RESET.
+            Some(changes) => {
+                // Built, then sent with the snapshot dropped: a snapshot
+                // held across a slow reader's await makes the index copy
+                // its whole map on its next write.
+                let events = cursor.changes(&snap, &changes);
+                drop(snap);
+                send_all(&mut out, events, &id).await
+            }
+            // Fell behind the tombstones: start over, framed by RESET. The
+            // snapshot streams lazily (never buffered whole), so it is held.
             None => send_all(&mut out, cursor.snapshot(&snap), &id).await,
         };
         match sent {

@@ -108,6 +108,11 @@ impl Index {
         self.registry_read = true;
     }
 
+    /// The revision of `key`'s latest change, if it is remembered.
+    pub fn changed_at(&self, key: &Key) -> Option<u64> {
+        self.changed_at.get(key).copied()
+    }
+
     pub fn cluster_changes(&self) -> u64 {
         self.cluster_changes
     }
