@@ -51,8 +51,8 @@ pub async fn injected(name: &str) -> String {
     std::future::pending().await
 }
 
-/// How long the status feed of `cluster` holds each Microservice change
-/// back, in test builds only: with the `fault-hooks` feature,
+/// How long the status feed of `cluster` holds each Microservice change,
+/// and the end of each listing, back, in test builds only: with the `fault-hooks` feature,
 /// `FLOTILLA_FEED_DELAY=cluster=millis[,…]` stages an index that lags its
 /// member. Otherwise none.
 pub fn feed_delay(cluster: &str) -> Option<std::time::Duration> {

@@ -640,3 +640,50 @@ async fn an_unregistered_cluster_is_a_usage_error_that_names_the_known_ones() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_replica_restarted_mid_rollout_answers_done_only_when_every_member_is() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "wait-midway").await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    // Each replica lists member-2 (and sees its changes) 5 s late: a slow
+    // member, as a restarted replica meets it.
+    replicas
+        .env
+        .push(("FLOTILLA_FEED_DELAY".into(), "member-2=5000".into()));
+    replicas.start("a");
+    let url = replicas.grpc_url("a");
+    serving(&url).await;
+    for c in clients.values() {
+        create(c, &ns, "web", "web:1").await;
+    }
+    let (code, stdout, stderr) = wait_web(&ns, &["--image", "web:1"], &url).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    // member-1 and member-3 roll out web:2; member-2 is slow to get it.
+    for m in ["member-1", "member-3"] {
+        set_image(&clients[m], &ns, "web", "web:2").await;
+    }
+    let waiter = wait(&[
+        &format!("{ns}/web"),
+        "--image",
+        "web:2",
+        "--timeout",
+        "120s",
+        "--server",
+        &url,
+    ]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The answering replica restarts; the wait reconnects to it while it
+    // has listed member-1 and member-3 but not yet member-2.
+    replicas.restart("a");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    set_image(&clients["member-2"], &ns, "web", "web:2").await;
+    let (code, stdout, stderr) = finish(waiter, Duration::from_secs(130)).await;
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    // At the moment it said done, every member was.
+    assert_rolled_out(&clients, &ns, "web:2").await;
+    assert!(
+        stderr.contains("reconnected"),
+        "the wait never lost its replica; the test proved nothing:\n{stdout}{stderr}"
+    );
+}

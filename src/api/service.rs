@@ -223,7 +223,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                 loop {
                     // The snapshot is dropped before the next await: a
                     // held snapshot makes the index copy on its next write.
-                    let (entries, result, revision, required) = {
+                    let (entries, result, revision, required, to_read) = {
                         let snap = hub.read(|ix| ix.snapshot());
                         let v = snap.view(&key, None);
                         let required = view::required_clusters(
@@ -232,12 +232,14 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                             v.as_ref().map(|v| v.entries.as_slice()),
                             snap.clusters(),
                         );
+                        let to_read = wait::to_read(&required, &named, snap.clusters());
+                        let required = wait::judged(required, &named, &floors);
                         let (entries, result) =
                             wait::progress(v.as_ref(), &required, &target, &floors, &snap);
-                        (entries, result, snap.revision(), required)
+                        (entries, result, snap.revision(), required, to_read)
                     };
                     // Floors first: a verdict waits for what "current" is.
-                    let due = floors.due(&required, tokio::time::Instant::now());
+                    let due = floors.due(&to_read, tokio::time::Instant::now());
                     if let (Some(live), false) = (&live, due.is_empty()) {
                         tokio::select! {
                             _ = out.closed() => return,
@@ -274,7 +276,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                         return;
                     }
                     // A floor that failed is read again, without an index change.
-                    let retry = floors.next_retry(&required).unwrap_or(until);
+                    let retry = floors.next_retry(&to_read).unwrap_or(until);
                     tokio::select! {
                         _ = out.closed() => return,
                         _ = streams::shutting_down(&mut shutdown) => return shut_down(&span, &mut out),

@@ -68,6 +68,14 @@ impl Floors {
         }
     }
 
+    /// The clusters whose live read found the Microservice.
+    pub fn present(&self) -> impl Iterator<Item = String> + '_ {
+        self.read
+            .iter()
+            .filter(|(_, g)| g.is_some())
+            .map(|(c, _)| c.clone())
+    }
+
     /// The required clusters whose floor should be read now.
     pub fn due(&self, required: &BTreeSet<String>, now: Instant) -> Vec<String> {
         required
@@ -115,6 +123,34 @@ impl Floors {
     }
 }
 
+/// The clusters whose live generation a wait reads: the judged ones, and
+/// in follow mode every registered cluster, so that one whose index feed
+/// lags (absence looks known, the object is there) is found.
+pub fn to_read(
+    required: &BTreeSet<String>,
+    named: &BTreeSet<String>,
+    registered: &BTreeMap<String, view::ClusterInfo>,
+) -> BTreeSet<String> {
+    let mut out = required.clone();
+    if named.is_empty() {
+        out.extend(registered.keys().cloned());
+    }
+    out
+}
+
+/// The clusters judged: the required ones and, in follow mode, every
+/// cluster whose live read found the Microservice.
+pub fn judged(
+    mut required: BTreeSet<String>,
+    named: &BTreeSet<String>,
+    floors: &Floors,
+) -> BTreeSet<String> {
+    if named.is_empty() {
+        required.extend(floors.present());
+    }
+    required
+}
+
 /// The rollout as it stands: each required cluster's entry judged against
 /// the target and its floor. Pure.
 pub fn progress(
@@ -129,9 +165,18 @@ pub fn progress(
         .map(|cluster| {
             let seen = v.and_then(|v| v.entries.iter().find(|e| e.cluster == *cluster));
             let floor = floors.get(cluster);
-            let mut e = match seen {
-                Some(e) => view::rollout_entry(target, floor.ok().flatten(), e),
-                None => view::absent_entry(cluster, snap.clusters().get(cluster)),
+            let mut e = match (seen, &floor) {
+                (Some(e), _) => view::rollout_entry(target, floor.ok().flatten(), e),
+                (None, Ok(Some(g))) => {
+                    let mut e = view::absent_entry(cluster, snap.clusters().get(cluster));
+                    e.state = EntryState::Unknown;
+                    e.reason = "NotSeenYet".into();
+                    e.message = format!(
+                        "the cluster holds generation {g}, which this replica has not seen yet"
+                    );
+                    e
+                }
+                (None, _) => view::absent_entry(cluster, snap.clusters().get(cluster)),
             };
             if let Err(why) = floor
                 && e.state != EntryState::Unknown
@@ -398,6 +443,42 @@ mod tests {
         assert_eq!(Floors::new(&explicit, true).get("member-1"), Ok(None));
         assert!(Floors::new(&explicit, true).get("member-3").is_err());
         assert_eq!(Floors::new(&explicit, false).get("member-3"), Ok(None));
+    }
+
+    #[test]
+    fn a_cluster_the_index_has_not_seen_the_object_in_is_judged_when_it_is_there() {
+        // member-2 is listed, answering and watched, but its feed lags:
+        // no entry yet, while its live object is at generation 1.
+        let ix = index(|_| {});
+        let image = Target::Image("web:2".into());
+        let mut floors = Floors::new(&image, false);
+        let now = Instant::now();
+        floors.record("member-1", Ok(Some(2)), now);
+        floors.record("member-2", Ok(Some(1)), now);
+        floors.record("member-3", Ok(Some(2)), now);
+        let snap = ix.snapshot();
+        let v = snap.view(&key(), None);
+        let none = BTreeSet::new();
+        let required = view::required_clusters(
+            &none,
+            &BTreeMap::new(),
+            v.as_ref().map(|v| v.entries.as_slice()),
+            snap.clusters(),
+        );
+        assert!(!required.contains("member-2"), "absence looks known");
+        let read = to_read(&required, &none, snap.clusters());
+        assert!(
+            read.contains("member-2"),
+            "every registered cluster is read"
+        );
+        let judged = judged(required, &none, &floors);
+        let (entries, result) = progress(v.as_ref(), &judged, &image, &floors, &snap);
+        assert_eq!(result, RolloutResult::InProgress);
+        let m2 = entries.iter().find(|e| e.cluster == "member-2").unwrap();
+        assert_eq!(
+            (m2.state, m2.reason.as_str()),
+            (EntryState::Unknown, "NotSeenYet")
+        );
     }
 
     #[test]

@@ -168,6 +168,10 @@ async fn watch_until_error(
                 Event::Init => ms_init.clear(),
                 Event::InitApply(o) => ms_init.push((key(&o), facts(&o))),
                 Event::InitDone => {
+                    // A slow feed lists slowly too (test builds only).
+                    if let Some(d) = delay {
+                        tokio::time::sleep(d).await;
+                    }
                     let items = std::mem::take(&mut ms_init);
                     hub.update(|ix| ix.replace_microservices(cluster, items));
                     ms_synced = true;
