@@ -70,10 +70,17 @@ struct Failure {
 pub const RECOVERED_AFTER: Duration = Duration::from_secs(8);
 
 impl WatchHealth {
-    /// Notes one event of the watch: an error starts (or continues) a
-    /// failure; anything else, a listing done included, ends it.
+    /// Notes one event of the watch: a refusal starts (or continues) a
+    /// failure; an event, a listing done included, ends it. A connection
+    /// error does neither: the apiserver is not answering at all, which is
+    /// the cluster's reachability (the leader's Lease), and a restart of
+    /// the apiserver is no news for the workload.
     pub fn saw<K>(&self, event: &Result<watcher::Event<K>, watcher::Error>) {
-        self.note(event.is_err(), tokio::time::Instant::now());
+        match event {
+            Ok(_) => self.note(false, tokio::time::Instant::now()),
+            Err(e) if refused(e) => self.note(true, tokio::time::Instant::now()),
+            Err(_) => {}
+        }
     }
 
     fn note(&self, error: bool, now: tokio::time::Instant) {
@@ -96,6 +103,20 @@ impl WatchHealth {
         failure
             .filter(|f| now.saturating_duration_since(f.last) < RECOVERED_AFTER)
             .map(|f| now.saturating_duration_since(f.since))
+    }
+}
+
+/// The apiserver answered the watch with an error (a 403 after an RBAC
+/// change, a broken watch cache). 410 Gone is the ordinary end of a
+/// resourceVersion, answered by a relist.
+fn refused(e: &watcher::Error) -> bool {
+    use kube::Error::Api;
+    use watcher::Error::*;
+    match e {
+        InitialListFailed(Api(s)) | WatchStartFailed(Api(s)) | WatchFailed(Api(s)) => s.code != 410,
+        WatchError(s) => s.code != 410,
+        NoResourceVersion => true,
+        _ => false,
     }
 }
 
@@ -188,6 +209,21 @@ mod tests {
             Err(watcher::Error::NoResourceVersion);
         h.saw(&err);
         h.saw::<()>(&Ok(watcher::Event::InitDone));
+        assert_eq!(h.failing_for(tokio::time::Instant::now()), None);
+    }
+
+    #[test]
+    fn only_refusals_count_not_an_apiserver_that_is_away_or_a_gone_version() {
+        let status = |code| {
+            Box::new(kube::core::Status {
+                code,
+                ..Default::default()
+            })
+        };
+        assert!(refused(&watcher::Error::WatchError(status(403))));
+        assert!(!refused(&watcher::Error::WatchError(status(410))));
+        let h = WatchHealth::default();
+        h.saw::<()>(&Err(watcher::Error::WatchError(status(410))));
         assert_eq!(h.failing_for(tokio::time::Instant::now()), None);
     }
 
