@@ -910,13 +910,17 @@ async fn a_page_token_cut_inside_a_character_is_invalid_and_the_server_keeps_ser
     let mut replicas = Replicas::new(&ns, &["member-1"]);
     replicas.start("r1");
     let url = replicas.grpc_url("r1");
-    let mut api = eventually("gRPC up", Duration::from_secs(30), || async {
-        connect(&ClientOptions {
+    // Serving: connected, and the registry read (until then every call is
+    // UNAVAILABLE, which would hide whether a bad token broke anything).
+    let mut api = eventually("gRPC serving", Duration::from_secs(30), || async {
+        let mut api = connect(&ClientOptions {
             server: url.clone(),
             ..Default::default()
         })
         .await
-        .ok()
+        .ok()?;
+        api.list_clusters(pb::ListClustersRequest {}).await.ok()?;
+        Some(api)
     })
     .await;
     for token in ["aé0", "éé", "0é", "zz"] {
