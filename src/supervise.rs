@@ -68,6 +68,17 @@ pub fn feed_delay(cluster: &str) -> Option<std::time::Duration> {
     })
 }
 
+/// Whether the planner should panic on the FleetMicroservice `name`, in
+/// test builds only: with the `fault-hooks` feature,
+/// `FLOTILLA_PLAN_PANIC=name[,name]` proves the catch-panic boundary.
+pub fn plan_panic(name: &str) -> bool {
+    cfg!(feature = "fault-hooks")
+        && std::env::var("FLOTILLA_PLAN_PANIC")
+            .unwrap_or_default()
+            .split(',')
+            .any(|n| n.trim() == name)
+}
+
 /// `task`, failing if a fault is injected into it (test builds only).
 pub async fn with_fault(
     name: &'static str,

@@ -240,12 +240,12 @@ async fn a_release_reaches_the_rest_only_after_the_canary_was_done_for_the_bake(
 async fn a_release_that_never_becomes_ready_is_rolled_back_on_the_canary_only() {
     let _up = MEMBERS_UP.read().await;
     let fleet = rollout_fleet("fms-rollback", &[("member-1", CANARY)]).await;
+    // One failure is within the budget, but the canary tolerates none: a
+    // failed canary used to count as finished and open the next wave.
+    let mut rollout = canary_first("1s", "5m");
+    rollout["maxFailedClusters"] = json!(1);
     fleet
-        .create(fleet_microservice(
-            "api",
-            "ghcr.io/acme/api:1",
-            canary_first("1s", "5m"),
-        ))
+        .create(fleet_microservice("api", "ghcr.io/acme/api:1", rollout))
         .await;
     let good = revision_of(
         &fleet
@@ -444,10 +444,23 @@ async fn a_hand_made_microservice_is_never_overwritten_and_deletion_waits_for_a_
     let mut fms = fleet_microservice("api", "ghcr.io/acme/api:1", json!({"maxFailedClusters": 1}));
     fms["spec"]["placement"] = json!({});
     fleet.create(fms).await;
+    // Within the failure budget, but member-2 does not run it: Degraded,
+    // never Complete.
     let f = fleet
-        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(120))
+        .wait_phase("api", RolloutPhase::Degraded, Duration::from_secs(120))
         .await;
     let st = f.status.unwrap();
+    let progressing = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Progressing")
+        .unwrap();
+    assert_eq!(progressing.reason, "RolloutDegraded");
+    assert!(
+        progressing.message.contains("member-2"),
+        "{}",
+        progressing.message
+    );
     let m2 = st.clusters.iter().find(|c| c.name == "member-2").unwrap();
     assert_eq!(
         (m2.state, m2.reason.as_str()),

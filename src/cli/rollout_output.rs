@@ -37,7 +37,7 @@ pub fn verdict(r: &pb::Rollout) -> Option<u8> {
     }
     match r.phase.as_str() {
         "Complete" => Some(exit::DONE),
-        "RolledBack" | "Failed" => Some(exit::FAILED),
+        "RolledBack" | "Failed" | "Degraded" => Some(exit::FAILED),
         _ => None,
     }
 }

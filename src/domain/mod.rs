@@ -5,6 +5,7 @@
 pub mod conditions;
 pub mod contains;
 pub mod desired;
+pub mod duration;
 pub mod image;
 pub mod ownership;
 pub mod status;

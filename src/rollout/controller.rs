@@ -189,13 +189,17 @@ async fn work(ctx: Arc<Ctx>) {
                 flotilla.fleet_microservice = %key,
                 flotilla.revision = tracing::field::Empty
             );
-            match round(&ctx, &fms, &ctx.cache.revisions)
-                .instrument(span)
-                .await
-            {
-                Ok(Some(after)) => next = next.min(after),
-                Ok(None) => {}
-                Err(e) => {
+            // One object's defect must not end the task every rollout,
+            // and this replica, depend on: a panic is one failed round.
+            let one = round(&ctx, &fms, &ctx.cache.revisions).instrument(span);
+            match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(one)).await {
+                Err(_) => {
+                    tracing::error!(flotilla.fleet_microservice = %key, "rollout step panicked");
+                    next = next.min(Duration::from_secs(5));
+                }
+                Ok(Ok(Some(after))) => next = next.min(after),
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => {
                     tracing::warn!(flotilla.fleet_microservice = %key, error = %e, category = e.category(), "rollout step failed");
                     next = next.min(Duration::from_secs(1));
                 }
@@ -260,7 +264,7 @@ async fn round(
 
     let previous = fms.status.clone().unwrap_or_default();
     let now = jiff::Timestamp::now();
-    let plan = plan::plan(&Inputs {
+    let plan = plan::plan_guarded(&Inputs {
         name: &name,
         generation: fms.metadata.generation.unwrap_or(0),
         spec: &fms.spec,

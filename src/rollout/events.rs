@@ -20,6 +20,7 @@ pub fn changes(before: &FleetMicroserviceStatus, after: &FleetMicroserviceStatus
             RolloutPhase::Progressing => (false, "RolloutProgressing"),
             RolloutPhase::Paused => (true, "RolloutPaused"),
             RolloutPhase::Complete => (false, "RolloutComplete"),
+            RolloutPhase::Degraded => (true, "RolloutDegraded"),
             RolloutPhase::RolledBack => (true, "RolledBack"),
             RolloutPhase::Failed => (true, "RolloutFailed"),
         };

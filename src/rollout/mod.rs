@@ -1,12 +1,13 @@
 //! Fleet rollouts: a `FleetMicroservice` in the home cluster, placed on
 //! member clusters by label and rolled out in waves. `spec`, `placement`,
-//! `revision`, `plan` and `events` are pure; the controller does the I/O.
+//! `revision`, `gate`, `plan` and `events` are pure; the controller does the I/O.
 
 pub mod cache;
 pub mod controller;
 pub mod edits;
 pub mod error;
 pub mod events;
+pub mod gate;
 pub mod home;
 pub mod members;
 pub mod observe;

@@ -15,44 +15,60 @@ pub type Labels = BTreeMap<String, String>;
 pub const REMAINING: &str = "remaining";
 
 /// Whether `selector` selects `labels`, with Kubernetes' semantics: the
-/// empty selector selects everything. An unknown operator is an error,
-/// never a silent match.
-pub fn selects(selector: &LabelSelector, labels: &Labels) -> Result<bool, String> {
+/// empty selector selects everything. Infallible because every selector is
+/// checked whole by [`check_selector`] before any is evaluated; an operator
+/// that slipped past selects nothing.
+pub fn selects(selector: &LabelSelector, labels: &Labels) -> bool {
     let by_labels = selector
         .match_labels
         .iter()
         .flatten()
         .all(|(k, v)| labels.get(k) == Some(v));
-    if !by_labels {
-        return Ok(false);
-    }
-    for e in selector.match_expressions.iter().flatten() {
-        let values = e.values.as_deref().unwrap_or_default();
-        let have = labels.get(&e.key);
-        let ok = match e.operator.as_str() {
-            "In" => have.is_some_and(|v| values.contains(v)),
-            "NotIn" => have.is_none_or(|v| !values.contains(v)),
-            "Exists" => have.is_some(),
-            "DoesNotExist" => have.is_none(),
-            other => {
-                return Err(format!(
-                    "operator {other:?} on {:?} is not one of In, NotIn, Exists, DoesNotExist",
-                    e.key
-                ));
+    by_labels
+        && selector.match_expressions.iter().flatten().all(|e| {
+            let values = e.values.as_deref().unwrap_or_default();
+            let have = labels.get(&e.key);
+            match e.operator.as_str() {
+                "In" => have.is_some_and(|v| values.contains(v)),
+                "NotIn" => have.is_none_or(|v| !values.contains(v)),
+                "Exists" => have.is_some(),
+                "DoesNotExist" => have.is_none(),
+                _ => false,
             }
-        };
-        if !ok {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+        })
 }
 
-/// Checks every selector once, so that planning can use them infallibly.
+/// Checks a selector by its structure, as the apiserver checks a
+/// LabelSelector: every requirement, not only those an evaluation reaches.
+/// A known operator, a key, and values exactly when the operator needs them.
 pub fn check_selector(what: &str, selector: &LabelSelector) -> Result<(), String> {
-    selects(selector, &Labels::new())
-        .map(|_| ())
-        .map_err(|e| format!("{what}: {e}"))
+    for k in selector.match_labels.iter().flatten().map(|(k, _)| k) {
+        if k.is_empty() {
+            return Err(format!("{what}: matchLabels has an empty key"));
+        }
+    }
+    for (i, e) in selector.match_expressions.iter().flatten().enumerate() {
+        let at = format!("{what}: matchExpressions[{i}] (key {:?})", e.key);
+        if e.key.is_empty() {
+            return Err(format!("{at}: the key is empty"));
+        }
+        let values = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => {
+                return Err(format!("{at}: operator {} needs values", e.operator));
+            }
+            "Exists" | "DoesNotExist" if !values.is_empty() => {
+                return Err(format!("{at}: operator {} takes no values", e.operator));
+            }
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => {
+                return Err(format!(
+                    "{at}: operator {other:?} is not one of In, NotIn, Exists, DoesNotExist"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Each cluster's wave: the first wave that selects it, else [`REMAINING`].
@@ -70,7 +86,7 @@ pub fn waves<'a>(
     for (name, labels) in clusters {
         let first = declared
             .iter()
-            .position(|w| selects(&w.cluster_selector, labels).unwrap_or(false));
+            .position(|w| selects(&w.cluster_selector, labels));
         match first {
             Some(i) => out[i].1.push(name.to_string()),
             None => rest.push(name.to_string()),
@@ -115,7 +131,7 @@ pub fn member_spec(
 ) -> MicroserviceSpec {
     let mut spec = template.clone();
     for o in overrides {
-        if !selects(&o.cluster_selector, labels).unwrap_or(false) {
+        if !selects(&o.cluster_selector, labels) {
             continue;
         }
         if let Some(r) = o.replicas {
@@ -181,16 +197,53 @@ mod tests {
     #[test]
     fn selectors_follow_kubernetes() {
         let l = labels(&[("ring", "canary"), ("region", "eu")]);
-        assert!(selects(&LabelSelector::default(), &l).unwrap());
-        assert!(selects(&by_label("ring", "canary"), &l).unwrap());
-        assert!(!selects(&by_label("ring", "main"), &l).unwrap());
-        assert!(selects(&expr("region", "In", &["eu", "us"]), &l).unwrap());
-        assert!(!selects(&expr("region", "NotIn", &["eu"]), &l).unwrap());
-        assert!(selects(&expr("zone", "NotIn", &["a"]), &l).unwrap());
-        assert!(selects(&expr("ring", "Exists", &[]), &l).unwrap());
-        assert!(selects(&expr("zone", "DoesNotExist", &[]), &l).unwrap());
-        let e = selects(&expr("ring", "Near", &[]), &l).unwrap_err();
-        assert!(e.contains("\"Near\""), "{e}");
+        assert!(selects(&LabelSelector::default(), &l));
+        assert!(selects(&by_label("ring", "canary"), &l));
+        assert!(!selects(&by_label("ring", "main"), &l));
+        assert!(selects(&expr("region", "In", &["eu", "us"]), &l));
+        assert!(!selects(&expr("region", "NotIn", &["eu"]), &l));
+        assert!(selects(&expr("zone", "NotIn", &["a"]), &l));
+        assert!(selects(&expr("ring", "Exists", &[]), &l));
+        assert!(selects(&expr("zone", "DoesNotExist", &[]), &l));
+    }
+
+    /// Every requirement is checked, also one an evaluation would never
+    /// reach because an earlier one fails (review H1).
+    #[test]
+    fn selectors_are_checked_by_structure_not_by_evaluation() {
+        let behind = |op: &str, values: &[&str]| {
+            let mut s = by_label("env", "prod");
+            s.match_expressions = Some(vec![
+                LabelSelectorRequirement {
+                    key: "ring".into(),
+                    operator: "Exists".into(),
+                    values: None,
+                },
+                LabelSelectorRequirement {
+                    key: "tier".into(),
+                    operator: op.into(),
+                    values: Some(values.iter().map(|v| v.to_string()).collect()),
+                },
+            ]);
+            s
+        };
+        for (op, values, says) in [
+            ("in", &["web"][..], "\"in\" is not one of"),
+            ("Near", &[][..], "\"Near\" is not one of"),
+            ("In", &[][..], "In needs values"),
+            ("NotIn", &[][..], "NotIn needs values"),
+            ("Exists", &["x"][..], "Exists takes no values"),
+            ("DoesNotExist", &["x"][..], "DoesNotExist takes no values"),
+        ] {
+            let e = check_selector("placement", &behind(op, values)).unwrap_err();
+            assert!(
+                e.contains(says) && e.contains("matchExpressions[1]"),
+                "{op}: {e}"
+            );
+        }
+        assert!(check_selector("placement", &behind("In", &["web"])).is_ok());
+        assert!(check_selector("placement", &expr("", "Exists", &[])).is_err());
+        assert!(check_selector("placement", &LabelSelector::default()).is_ok());
     }
 
     #[test]

@@ -14,20 +14,26 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::gate::{self, Evidence, Gate, left, stamp};
 use super::placement::{self, Labels, digest, member_spec, selects};
 use super::revision::Revision;
 use super::spec::{
     ClusterState, ClusterStatus, FleetMicroserviceSpec, FleetMicroserviceStatus, OnFailure,
     RolloutPhase, WaveState, WaveStatus,
 };
-use crate::cli::parse_duration;
 use crate::domain::conditions::{self, Status, Verdict};
+use crate::domain::duration::parse_bounded;
 use crate::status::view::EntryState;
 
 pub const PROGRESSING: &str = conditions::PROGRESSING;
 pub const AVAILABLE: &str = conditions::AVAILABLE;
 pub const ROLLED_BACK: &str = "RolledBack";
+/// The reason of a cluster that left the registry while its wave ran.
+pub const NOT_REGISTERED: &str = "NotRegistered";
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
+/// The longest bake or progress deadline a spec may ask for: a week keeps
+/// every sum of stamps and spans far from overflow.
+pub const MAX_SPAN: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// A member's Microservice, as the status index sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,6 +96,8 @@ pub struct Plan {
 
 /// The rollout settings, checked.
 struct Settings {
+    /// The first declared wave must pass, not be skipped, before any other starts.
+    require_canary: bool,
     bake: Duration,
     deadline: Duration,
     max_failed: usize,
@@ -100,7 +108,7 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
     let r = &spec.rollout;
     let duration = |what: &str, v: &Option<String>, default: Duration| match v {
         None => Ok(default),
-        Some(s) => parse_duration(s).map_err(|e| format!("rollout.{what}: {e}")),
+        Some(s) => parse_bounded(s, MAX_SPAN).map_err(|e| format!("rollout.{what}: {e}")),
     };
     placement::check_selector(
         "placement.clusterSelector",
@@ -131,26 +139,12 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
         return Err("rollout.maxFailedClusters must not be negative".into());
     }
     Ok(Settings {
+        require_canary: r.require_canary.unwrap_or(!r.waves.is_empty()),
         bake: duration("bake", &r.bake, Duration::ZERO)?,
         deadline: duration("progressDeadline", &r.progress_deadline, DEFAULT_DEADLINE)?,
         max_failed: r.max_failed_clusters as usize,
         on_failure: r.on_failure,
     })
-}
-
-/// What is left of `span` counted from `since`, or `None` once it is over.
-/// Stamps keep whole seconds (as the apiserver's Time does), so the real
-/// start may be up to a second after `since`: count from a second later,
-/// so that a bake is never cut short and a deadline never fires early.
-fn left(now: Timestamp, since: &Time, span: Duration) -> Option<Duration> {
-    let end = since.0.as_millisecond() + 1000 + span.as_millis() as i64;
-    let ms = end - now.as_millisecond();
-    (ms > 0).then(|| Duration::from_millis(ms as u64))
-}
-
-/// `now` in whole seconds, as a status stamp.
-fn stamp(now: Timestamp) -> Time {
-    Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
 /// What the planner decided for the update revision.
@@ -225,7 +219,7 @@ pub fn plan(i: &Inputs) -> Plan {
             }
             continue;
         };
-        let placed = selects(&i.spec.placement.cluster_selector, labels).unwrap_or(false);
+        let placed = selects(&i.spec.placement.cluster_selector, labels);
         let ours = c.member.as_ref().filter(|m| m.ours);
         if !placed {
             if ours.is_some() {
@@ -282,13 +276,16 @@ pub fn plan(i: &Inputs) -> Plan {
             w.1.push(c.name.clone());
         }
     }
+    let row_of = |name: &str| rows.iter().find(|r| r.c.name == name);
+    let ghosts = hold_members(&mut wave_list, prev, same_update, |n| {
+        i.clusters.iter().any(|c| c.name == n)
+    });
     let prev_wave = |name: &str| {
         prev.waves
             .iter()
             .find(|w| w.name == name)
             .filter(|_| same_update)
     };
-    let row_of = |name: &str| rows.iter().find(|r| r.c.name == name);
     let wave_finished_before = |name: &str| prev_wave(name).and_then(|w| w.finished.clone());
 
     // Failures of the update revision.
@@ -391,7 +388,67 @@ pub fn plan(i: &Inputs) -> Plan {
             );
         }
     }
-    let over_budget = failures.len() > settings.max_failed;
+    // A cluster gone from the registry mid-wave fails after the deadline,
+    // so a decommissioned canary cannot hold a rollout forever.
+    for g in ghosts.iter().filter(|_| !failed_before && !i.spec.paused) {
+        let p = prev_of(g).filter(|p| same_update && p.reason == NOT_REGISTERED);
+        match p {
+            Some(p) if p.state == ClusterState::Failed => {
+                failures.insert(g, (p.reason.clone(), p.message.clone()));
+            }
+            Some(p) => match left(i.now, &p.since, settings.deadline) {
+                Some(rest) => soon(rest),
+                None => {
+                    failures.insert(
+                        g,
+                        (
+                            NOT_REGISTERED.into(),
+                            format!(
+                                "left the registry while its wave ran, and did not return within the progress deadline ({:?})",
+                                settings.deadline
+                            ),
+                        ),
+                    );
+                }
+            },
+            None => soon(settings.deadline + Duration::from_secs(1)),
+        }
+    }
+
+    // The wave gates, on evidence only.
+    let canary = i.spec.rollout.waves.first().map(|w| w.name.as_str());
+    let evidence = |name: &str| match row_of(name) {
+        _ if failures.contains_key(name) => Evidence::Failed,
+        Some(r) if r.done_at_update => Evidence::Done(done_since(r)),
+        _ => Evidence::Pending,
+    };
+    let mut gates: Vec<Gate> = wave_list
+        .iter()
+        .map(|(wave, members)| {
+            let evidence: Vec<Evidence> = members.iter().map(|n| evidence(n)).collect();
+            gate::gate(
+                &evidence,
+                canary == Some(wave.as_str()),
+                wave_finished_before(wave).as_ref(),
+                settings.bake,
+                i.now,
+            )
+        })
+        .collect();
+    let over_budget = failures.len() > settings.max_failed || gates.contains(&Gate::Failed);
+    // Past the budget, or once failed, no wave newly passes.
+    let counting = !failed_before && !over_budget;
+    for (g, (wave, _)) in gates.iter_mut().zip(&wave_list) {
+        match g {
+            Gate::Baking(rest) if counting => soon(*rest),
+            Gate::Done(_) if counting || wave_finished_before(wave).is_some() => {}
+            Gate::Baking(_) | Gate::Done(_) => *g = Gate::Progressing,
+            _ => {}
+        }
+    }
+    // Without a canary that passed, nothing else starts.
+    let no_canary =
+        settings.require_canary && !rows.is_empty() && gates.first() == Some(&Gate::Skipped);
 
     let mode = if i.spec.paused {
         Mode::Paused
@@ -412,43 +469,6 @@ pub fn plan(i: &Inputs) -> Plan {
     let mut targets: BTreeMap<&str, Option<String>> = BTreeMap::new();
     let mut actions: Vec<Action> = Vec::new();
     let mut current_wave: Option<String> = None;
-    let mut finished_waves: BTreeMap<&str, Time> = BTreeMap::new();
-    let mut baking: BTreeMap<&str, bool> = BTreeMap::new();
-    for (wave, members) in &wave_list {
-        // Done (or failed within budget) for the bake time, once or before.
-        if let Some(t) = wave_finished_before(wave) {
-            finished_waves.insert(wave, t);
-            continue;
-        }
-        let mut all_done = true;
-        let mut baked = true;
-        for name in members {
-            let Some(r) = row_of(name) else {
-                all_done = false;
-                continue;
-            };
-            if failures.contains_key(name.as_str()) {
-                continue;
-            }
-            if !r.done_at_update {
-                all_done = false;
-                continue;
-            }
-            if let Some(rest) = left(i.now, &done_since(r), settings.bake)
-                && !settings.bake.is_zero()
-            {
-                baked = false;
-                soon(rest);
-            }
-        }
-        // Failures count towards a wave only within the failure budget.
-        let counting = !failed_before && !over_budget;
-        if all_done && baked && counting {
-            finished_waves.insert(wave, now.clone());
-        } else if all_done && counting {
-            baking.insert(wave, true);
-        }
-    }
     match &mode {
         Mode::Paused | Mode::HeldOnFailure | Mode::Failed => {
             for r in &rows {
@@ -473,7 +493,7 @@ pub fn plan(i: &Inputs) -> Plan {
         }
         Mode::Progress => {
             let mut open = true;
-            for (wave, members) in &wave_list {
+            for ((wave, members), g) in wave_list.iter().zip(&gates) {
                 let wave_rows: Vec<&Row> = members
                     .iter()
                     .filter_map(|n| row_of(n))
@@ -487,16 +507,24 @@ pub fn plan(i: &Inputs) -> Plan {
                     }
                     continue;
                 }
-                if finished_waves.contains_key(wave.as_str()) || baking.contains_key(wave.as_str())
-                {
-                    for r in wave_rows {
-                        targets.insert(&r.c.name, Some(update.to_string()));
-                    }
-                    if baking.contains_key(wave.as_str()) {
+                match g {
+                    Gate::Skipped if no_canary => {
                         current_wave = Some(wave.clone());
                         open = false;
+                        continue;
                     }
-                    continue;
+                    Gate::Skipped => continue,
+                    Gate::Done(_) | Gate::Baking(_) => {
+                        for r in wave_rows {
+                            targets.insert(&r.c.name, Some(update.to_string()));
+                        }
+                        if matches!(g, Gate::Baking(_)) {
+                            current_wave = Some(wave.clone());
+                            open = false;
+                        }
+                        continue;
+                    }
+                    Gate::Progressing | Gate::Failed => {}
                 }
                 current_wave = Some(wave.clone());
                 open = false;
@@ -620,6 +648,29 @@ pub fn plan(i: &Inputs) -> Plan {
             targeted: None,
         });
     }
+    for g in &ghosts {
+        let p = prev_of(g);
+        let (state, reason, message) = match failures.get(g) {
+            Some((reason, message)) => (ClusterState::Failed, reason.clone(), message.clone()),
+            None => (
+                ClusterState::Unknown,
+                NOT_REGISTERED.to_string(),
+                "left the registry while its wave ran; the wave waits for it until the progress deadline".to_string(),
+            ),
+        };
+        clusters.push(ClusterStatus {
+            name: g.to_string(),
+            revision: p.and_then(|p| p.revision.clone()),
+            target: p.and_then(|p| p.target.clone()),
+            since: p
+                .filter(|p| p.reason == reason && p.state == state)
+                .map_or_else(|| now.clone(), |p| p.since.clone()),
+            targeted: p.and_then(|p| p.targeted.clone()),
+            state,
+            reason,
+            message,
+        });
+    }
     clusters.sort_by(|a, b| a.name.cmp(&b.name));
 
     // Waves, for the status.
@@ -635,15 +686,21 @@ pub fn plan(i: &Inputs) -> Plan {
             let started = before
                 .and_then(|w| w.started.clone())
                 .or_else(|| started_now.then(|| now.clone()));
-            let finished = finished_waves.get(name.as_str()).cloned();
-            let state = if finished.is_some() {
-                WaveState::Done
-            } else if baking.contains_key(name.as_str()) {
-                WaveState::Baking
-            } else if started.is_some() {
-                WaveState::Progressing
-            } else {
-                WaveState::Pending
+            let g = &gates[wave_list
+                .iter()
+                .position(|(n, _)| n == name)
+                .expect("listed")];
+            let finished = match g {
+                Gate::Done(t) => Some(t.clone()),
+                _ => None,
+            };
+            let state = match g {
+                Gate::Done(_) => WaveState::Done,
+                Gate::Baking(_) => WaveState::Baking,
+                Gate::Skipped => WaveState::Skipped,
+                Gate::Failed => WaveState::Failed,
+                Gate::Progressing if started.is_some() => WaveState::Progressing,
+                Gate::Progressing => WaveState::Pending,
             };
             WaveStatus {
                 name: name.clone(),
@@ -659,22 +716,29 @@ pub fn plan(i: &Inputs) -> Plan {
     let placed = rows.len();
     let updated = rows.iter().filter(|r| r.at_is(update)).count();
     let available = rows.iter().filter(|r| r.done()).count();
-    let all_waves_done = wave_list
+    // Every cluster that is not failed or in the way runs the update, done.
+    let settled = rows
         .iter()
-        .all(|(w, _)| finished_waves.contains_key(w.as_str()));
-    let complete = match mode {
-        Mode::Steady => rows.iter().all(|r| r.foreign || r.done_at_update),
-        Mode::Progress => all_waves_done,
-        _ => false,
-    };
+        .filter(|r| !r.foreign && !failures.contains_key(r.c.name.as_str()))
+        .all(|r| r.done_at_update);
+    let finished = settled
+        && match mode {
+            Mode::Steady => true,
+            Mode::Progress => !no_canary && gates.iter().all(Gate::passed),
+            _ => false,
+        };
     // A revision is good only once it ran somewhere: an empty placement or
     // wave proves nothing.
     let proven = rows.iter().any(|r| r.done_at_update);
+    // Complete is the whole truth: every placed cluster runs it, done.
+    let complete = finished && proven && failures.is_empty() && ghosts.is_empty();
+    let degraded = finished && !complete;
     let phase = match &mode {
         Mode::Paused | Mode::HeldOnFailure => RolloutPhase::Paused,
         Mode::RollBack(_) => RolloutPhase::RolledBack,
         Mode::Failed => RolloutPhase::Failed,
-        Mode::Steady | Mode::Progress if complete => RolloutPhase::Complete,
+        _ if complete => RolloutPhase::Complete,
+        _ if degraded => RolloutPhase::Degraded,
         _ => RolloutPhase::Progressing,
     };
     // Once a failure is recorded, later rounds no longer evaluate it: the
@@ -720,6 +784,34 @@ pub fn plan(i: &Inputs) -> Plan {
             Status::False,
             "RolloutComplete",
             format!("revision {update} is done in every wave"),
+        ),
+        _ if degraded && placed == 0 => Verdict::new(
+            PROGRESSING,
+            Status::False,
+            "NoClusterPlaced",
+            format!("the placement selects no cluster: revision {update} runs nowhere"),
+        ),
+        _ if degraded => Verdict::new(
+            PROGRESSING,
+            Status::False,
+            "RolloutDegraded",
+            format!(
+                "revision {update} went through every wave but is not done in {}: available in {available}/{placed}",
+                if failed_list.is_empty() {
+                    "every cluster".to_string()
+                } else {
+                    failed_list.clone()
+                }
+            ),
+        ),
+        _ if no_canary => Verdict::new(
+            PROGRESSING,
+            Status::True,
+            "WaitingForCanary",
+            format!(
+                "wave {} selects no cluster; requireCanary holds the other waves",
+                canary.unwrap_or("-")
+            ),
         ),
         _ => Verdict::new(
             PROGRESSING,
@@ -795,6 +887,89 @@ pub fn plan(i: &Inputs) -> Plan {
         actions,
         status,
         requeue_after: requeue.filter(|_| writing || matches!(mode, Mode::HeldOnFailure)),
+    }
+}
+
+/// Holds each cluster in the wave it was in for this update revision once
+/// that wave started, so relabelling or unregistering a cluster cannot
+/// empty a running wave (review H3). Returns the clusters that are gone
+/// from the registry (`registered` says who is there): they stay in their
+/// wave as not done.
+fn hold_members<'a>(
+    wave_list: &mut Vec<(String, Vec<String>)>,
+    prev: &'a FleetMicroserviceStatus,
+    same_update: bool,
+    registered: impl Fn(&str) -> bool,
+) -> Vec<&'a str> {
+    let mut ghosts = Vec::new();
+    let running = prev
+        .waves
+        .iter()
+        .filter(|w| same_update && w.started.is_some() && w.finished.is_none());
+    for was in running {
+        let at = match wave_list.iter().position(|(n, _)| *n == was.name) {
+            Some(at) => at,
+            None if was.name == placement::REMAINING => {
+                wave_list.push((was.name.clone(), Vec::new()));
+                wave_list.len() - 1
+            }
+            None => continue,
+        };
+        for name in &was.clusters {
+            let now_in = wave_list.iter().position(|(_, m)| m.contains(name));
+            if now_in == Some(at) {
+                continue;
+            }
+            let gone = !registered(name);
+            // A registered cluster outside every wave left the placement:
+            // it is removed, not evidence.
+            if now_in.is_none() && !gone {
+                continue;
+            }
+            if let Some(from) = now_in {
+                wave_list[from].1.retain(|n| n != name);
+            }
+            wave_list[at].1.push(name.clone());
+            if gone {
+                ghosts.push(name.as_str());
+            }
+        }
+    }
+    for (_, members) in wave_list.iter_mut() {
+        members.sort();
+    }
+    ghosts
+}
+
+/// [`plan`] behind a catch-panic boundary: a defect that one spec
+/// triggers fails that FleetMicroservice (`InvalidSpec`, nothing written)
+/// and leaves the replica and every other rollout running (review H2).
+pub fn plan_guarded(i: &Inputs) -> Plan {
+    guarded(i, || {
+        if crate::supervise::plan_panic(i.name) {
+            panic!("injected planner fault");
+        }
+        plan(i)
+    })
+}
+
+fn guarded(i: &Inputs, planner: impl FnOnce() -> Plan) -> Plan {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(planner)) {
+        Ok(p) => p,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            tracing::error!(flotilla.fleet_microservice = i.name, panic = %what, "the rollout planner panicked");
+            invalid(
+                i,
+                format!(
+                    "the planner failed on this spec ({what}); nothing is written until it changes"
+                ),
+            )
+        }
     }
 }
 

@@ -37,6 +37,7 @@ fn spec(image: &str) -> FleetMicroserviceSpec {
             }],
             bake: Some("30s".into()),
             progress_deadline: Some("60s".into()),
+            require_canary: None,
             max_failed_clusters: 0,
             on_failure: OnFailure::Rollback,
         },
@@ -215,9 +216,15 @@ impl World {
 
     /// Drive the current revision to Complete: every written member turns done.
     fn complete(&mut self) {
+        self.settle(RolloutPhase::Complete)
+    }
+
+    /// Drive the current revision until its phase is `phase`, every
+    /// written member turning done.
+    fn settle(&mut self, phase: RolloutPhase) {
         for _ in 0..20 {
             let p = self.step();
-            if p.status.phase == Some(RolloutPhase::Complete) {
+            if p.status.phase == Some(phase) {
                 return;
             }
             let written: Vec<String> = self
@@ -231,7 +238,7 @@ impl World {
             }
             self.wait(31);
         }
-        panic!("no Complete: {:?}", self.status);
+        panic!("no {phase:?}: {:?}", self.status);
     }
 }
 
@@ -584,7 +591,7 @@ fn placement_overrides_conflicts_and_unknown_labels() {
         reason: String::new(),
         message: String::new(),
     });
-    w.complete();
+    w.settle(RolloutPhase::Degraded);
     let m2 = w.status.clusters.iter().find(|c| c.name == "m2").unwrap();
     assert_eq!(
         (m2.state, m2.reason.as_str()),
@@ -592,6 +599,12 @@ fn placement_overrides_conflicts_and_unknown_labels() {
     );
     assert!(!w.writes.iter().any(|(c, _)| c == "m2"));
     assert_eq!(w.condition(AVAILABLE).0, "False");
+    // Within the budget, but not the whole truth: never Complete.
+    assert_eq!(
+        w.condition(PROGRESSING),
+        ("False".into(), "RolloutDegraded".into())
+    );
+    assert_eq!(w.status.last_good_revision, None);
 }
 
 #[test]
@@ -772,28 +785,252 @@ mod review {
         let mut w = World::three();
         w.spec.placement.cluster_selector = sel("env", "none");
         w.step();
-        assert_eq!(w.status.phase, Some(RolloutPhase::Complete));
+        assert_eq!(w.status.phase, Some(RolloutPhase::Degraded));
+        assert_eq!(
+            w.condition(PROGRESSING),
+            ("False".into(), "NoClusterPlaced".into())
+        );
         assert_eq!(w.status.last_good_revision, None);
     }
 
+    /// Review H4: the canary tolerates no failure, whatever the budget; it
+    /// used to count as finished and open the next wave.
     #[test]
-    fn a_missed_deadline_still_counts_after_its_wave_finished() {
+    fn a_failed_canary_within_the_budget_still_stops_the_release() {
         let mut w = World::three();
         w.complete();
         w.spec.rollout.max_failed_clusters = 1;
         w.spec.template.image = "app:2".into();
+        let r2 = rev(&w, "app:2");
         w.step();
         // The canary never turns done: one failure, within the budget.
         w.wait(62);
         w.step();
         assert_eq!(w.state("m1"), ClusterState::Failed);
-        assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+        assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
+        for _ in 0..3 {
+            w.wait(31);
+            w.step();
+        }
+        assert_eq!(w.written(&r2), vec!["m1"], "m2 and m3 never see it");
+    }
+
+    /// Review H4: a wave whose every cluster failed is failed, not finished,
+    /// and a release that runs nowhere is never Complete.
+    #[test]
+    fn every_cluster_failed_within_the_budget_is_not_complete() {
+        let mut w = World::new(&[("m1", &[])]);
+        w.spec.rollout.waves.clear();
+        w.spec.rollout.max_failed_clusters = 1;
         w.step();
-        // m2 misses its deadline too: two failures, over the budget.
+        w.set("m1", EntryState::Failed, "InvalidSpec");
+        w.step();
+        assert_ne!(w.status.phase, Some(RolloutPhase::Complete));
+        assert_eq!(w.status.phase, Some(RolloutPhase::Failed));
+        assert_eq!(w.status.waves[0].state, WaveState::Failed);
+    }
+
+    /// Review H4: a cluster of a finished wave that regresses while the last
+    /// wave bakes keeps the rollout from Complete.
+    #[test]
+    fn a_regression_in_a_finished_wave_is_not_complete() {
+        let mut w = World::three();
+        w.spec.rollout.max_failed_clusters = 3;
+        w.step();
+        w.done("m1");
+        w.step();
+        w.wait(31);
+        w.step();
+        w.done("m2");
         w.done("m3");
+        w.step();
+        w.set("m1", EntryState::Progressing, "ReplicasUnavailable");
+        w.wait(31);
+        w.step();
+        assert_eq!(w.status.waves[0].state, WaveState::Done);
+        assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+        assert_eq!(w.status.last_good_revision, None);
+    }
+
+    /// Review H3: an empty canary proves nothing; the rest wait for one.
+    #[test]
+    fn an_empty_canary_holds_the_rest_unless_the_spec_opts_out() {
+        let mut w = World::new(&[("m2", &[]), ("m3", &[])]);
+        for _ in 0..3 {
+            assert!(w.step().actions.is_empty());
+            w.wait(31);
+        }
+        assert_eq!(w.status.waves[0].state, WaveState::Skipped);
+        assert_eq!(
+            w.condition(PROGRESSING),
+            ("True".into(), "WaitingForCanary".into())
+        );
+        w.spec.rollout.require_canary = Some(false);
+        assert_eq!(w.step().actions.len(), 2, "opted out: the rest go");
+        w.settle(RolloutPhase::Complete);
+        assert_eq!(w.status.waves[0].state, WaveState::Skipped);
+    }
+
+    /// Review H3: the canary leaves the registry while it bakes; its wave
+    /// does not pass, the rest get nothing, and after the deadline it fails.
+    #[test]
+    fn a_canary_gone_from_the_registry_holds_then_fails_its_wave() {
+        let mut w = World::three();
+        w.complete();
+        w.spec.template.image = "app:2".into();
+        let r2 = rev(&w, "app:2");
+        w.step();
+        w.done("m1");
+        w.step();
+        let canary = w.clusters.remove(0);
+        for _ in 0..2 {
+            w.wait(31);
+            assert!(w.step().actions.is_empty(), "the rest wait");
+        }
+        assert_eq!(w.written(&r2), vec!["m1"]);
+        let m1 = w.status.clusters.iter().find(|c| c.name == "m1").unwrap();
+        assert_eq!(
+            (m1.state, m1.reason.as_str()),
+            (ClusterState::Unknown, NOT_REGISTERED)
+        );
+        assert_eq!(w.status.waves[0].clusters, vec!["m1"]);
+        // It comes back in time: its evidence counts again.
+        w.clusters.insert(0, canary);
+        w.step();
+        w.wait(31);
+        w.step();
+        assert_eq!(w.written(&r2).len(), 3, "{:?}", w.writes);
+        // Gone for longer than the deadline, in a fresh release: failed.
+        let mut w = World::three();
+        w.complete();
+        w.spec.template.image = "app:3".into();
+        w.step();
+        w.clusters.remove(0);
+        w.step();
         w.wait(62);
         w.step();
         assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
+        assert_eq!(w.status.failed_clusters, vec!["m1"]);
+    }
+
+    /// Review H3: the canary relabelled out of its wave mid-bake stays in
+    /// it: its wave neither empties (and passes) nor loses the bake.
+    #[test]
+    fn a_canary_relabelled_mid_bake_stays_in_its_wave() {
+        let mut w = World::three();
+        w.complete();
+        w.spec.template.image = "app:2".into();
+        let r2 = rev(&w, "app:2");
+        w.step();
+        w.done("m1");
+        w.step();
+        w.wait(10);
+        w.clusters[0].labels = Some(BTreeMap::from([("ring".into(), "main".into())]));
+        let p = w.step();
+        assert!(p.actions.is_empty(), "the rest wait: {:?}", p.actions);
+        assert_eq!(w.status.waves[0].clusters, vec!["m1"]);
+        assert_eq!(w.status.waves[0].state, WaveState::Baking);
+        w.wait(21);
+        w.step();
+        assert_eq!(w.written(&r2), vec!["m1", "m2", "m3"], "after the bake");
+    }
+
+    /// Review test gap 4: maxParallel holds while the index lags the writes.
+    #[test]
+    fn max_parallel_holds_while_the_index_lags() {
+        let mut w = World::new(&[("a", &[]), ("b", &[]), ("c", &[])]);
+        w.spec.rollout.waves = vec![Wave {
+            name: "all".into(),
+            cluster_selector: LabelSelector::default(),
+            max_parallel: Some(IntOrString::Int(1)),
+        }];
+        let p = w.plan();
+        assert_eq!(p.actions.len(), 1);
+        // The status is written, the write not yet seen by the index.
+        w.status = p.status;
+        let p = w.plan();
+        assert_eq!(p.actions.len(), 1, "the same one again: {:?}", p.actions);
+    }
+
+    /// Review H1: a typo behind a requirement that fails is InvalidSpec,
+    /// and nothing is deleted or written.
+    #[test]
+    fn a_selector_typo_deletes_nothing() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement as Req;
+        let typo = LabelSelector {
+            match_expressions: Some(vec![
+                Req {
+                    key: "ring".into(),
+                    operator: "Exists".into(),
+                    values: None,
+                },
+                Req {
+                    key: "tier".into(),
+                    operator: "in".into(),
+                    values: Some(vec!["web".into()]),
+                },
+            ]),
+            ..Default::default()
+        };
+        for place in ["placement", "wave", "override"] {
+            let mut w = World::three();
+            w.complete();
+            match place {
+                "placement" => w.spec.placement.cluster_selector = typo.clone(),
+                "wave" => w.spec.rollout.waves[0].cluster_selector = typo.clone(),
+                _ => w.spec.overrides.push(Override {
+                    cluster_selector: typo.clone(),
+                    replicas: Some(9),
+                    env: vec![],
+                }),
+            }
+            let p = w.step();
+            assert!(p.actions.is_empty(), "{place}: {:?}", p.actions);
+            assert!(w.deletes.is_empty(), "{place}");
+            assert_eq!(w.condition(PROGRESSING).1, "InvalidSpec", "{place}");
+        }
+    }
+
+    /// Review H2: a duration too long for any clock is InvalidSpec, and a
+    /// planner that panics fails its object, not the process.
+    #[test]
+    fn an_oversized_bake_and_a_panicking_planner_fail_only_the_object() {
+        for bake in ["20000000000000000000s", "10000000000000000s", "169h"] {
+            let mut w = World::three();
+            w.spec.rollout.bake = Some(bake.into());
+            assert!(w.step().actions.is_empty());
+            let c = w
+                .status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == PROGRESSING)
+                .unwrap();
+            assert_eq!(c.reason, "InvalidSpec", "{bake}");
+            assert!(c.message.contains("rollout.bake"), "{}", c.message);
+        }
+        let mut w = World::three();
+        let update = w.update();
+        let inputs = Inputs {
+            name: "api",
+            generation: 1,
+            spec: &w.spec,
+            update: &update,
+            revisions: &w.revisions,
+            previous: &w.status,
+            clusters: &w.clusters,
+            now: w.now,
+        };
+        let p = guarded(&inputs, || panic!("a defect"));
+        assert!(p.actions.is_empty());
+        assert_eq!(p.status.phase, Some(RolloutPhase::Failed));
+        let c = p
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == PROGRESSING)
+            .unwrap();
+        assert_eq!(c.reason, "InvalidSpec");
+        assert!(c.message.contains("a defect"), "{}", c.message);
     }
 
     #[test]

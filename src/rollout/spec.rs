@@ -2,6 +2,7 @@
 //! in the home cluster: one Microservice template, placed on member
 //! clusters by their labels and rolled out in waves.
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
@@ -102,15 +103,27 @@ pub struct Rollout {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waves: Vec<Wave>,
     /// How long every cluster of a wave must stay done before the next wave
-    /// starts, e.g. `30s`; none by default.
+    /// starts, e.g. `30s`; none by default, at most `168h`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"))]
+    #[schemars(
+        regex(pattern = r"^[0-9]{1,9}(\.[0-9]{1,9})?(ms|s|m|h)$"),
+        length(max = 24)
+    )]
     pub bake: Option<String>,
-    /// How long one cluster may take to be done after it is written; 10m by default.
+    /// How long one cluster may take to be done after it is written; 10m by
+    /// default, at most `168h`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"))]
+    #[schemars(
+        regex(pattern = r"^[0-9]{1,9}(\.[0-9]{1,9})?(ms|s|m|h)$"),
+        length(max = 24)
+    )]
     pub progress_deadline: Option<String>,
-    /// Failed clusters tolerated before the release counts as failed.
+    /// Whether the other waves wait for the first wave to pass, and hold
+    /// when it selects no cluster. On by default when waves are declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_canary: Option<bool>,
+    /// Failed clusters tolerated before the release counts as failed. The
+    /// first wave, the canary, tolerates none.
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub max_failed_clusters: i32,
@@ -191,7 +204,11 @@ pub struct FleetMicroserviceStatus {
 pub enum RolloutPhase {
     Progressing,
     Paused,
+    /// Every placed cluster runs the update revision, done.
     Complete,
+    /// Every wave passed, but some placed cluster failed within the budget,
+    /// is in the way, is gone, or nothing is placed.
+    Degraded,
     RolledBack,
     Failed,
 }
@@ -202,6 +219,7 @@ impl RolloutPhase {
             RolloutPhase::Progressing => "Progressing",
             RolloutPhase::Paused => "Paused",
             RolloutPhase::Complete => "Complete",
+            RolloutPhase::Degraded => "Degraded",
             RolloutPhase::RolledBack => "RolledBack",
             RolloutPhase::Failed => "Failed",
         }
@@ -228,6 +246,10 @@ pub enum WaveState {
     Progressing,
     Baking,
     Done,
+    /// It selects no cluster: it proves nothing.
+    Skipped,
+    /// Its canary failed, or every cluster of it did.
+    Failed,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
@@ -266,9 +288,35 @@ pub enum ClusterState {
     Removing,
 }
 
+/// The CRD, with what the derived schema cannot say: a selector
+/// requirement's operator is one of four (review H1), so the apiserver
+/// refuses a typo before any planner sees it.
+pub fn crd() -> CustomResourceDefinition {
+    fn operators(v: &mut serde_json::Value) {
+        if let Some(props) = v.get_mut("properties").and_then(|p| p.as_object_mut())
+            && props.contains_key("key")
+            && props.contains_key("values")
+            && let Some(op) = props.get_mut("operator").and_then(|o| o.as_object_mut())
+        {
+            op.insert(
+                "enum".into(),
+                serde_json::json!(["In", "NotIn", "Exists", "DoesNotExist"]),
+            );
+        }
+        match v {
+            serde_json::Value::Object(m) => m.values_mut().for_each(operators),
+            serde_json::Value::Array(a) => a.iter_mut().for_each(operators),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(FleetMicroservice::crd()).expect("a CRD serializes");
+    operators(&mut value);
+    serde_json::from_value(value).expect("the same CRD, with enums")
+}
+
 /// The CRD as YAML, as `flotilla crd fleet` prints it and `deploy/home/fleet-crd.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
-    serde_yaml::to_string(&FleetMicroservice::crd())
+    serde_yaml::to_string(&crd())
 }
 
 #[cfg(test)]
@@ -286,8 +334,16 @@ mod tests {
     }
 
     #[test]
+    fn every_selector_operator_is_an_enum() {
+        let yaml = crd_yaml().expect("yaml");
+        let selectors = yaml.matches("matchExpressions:").count();
+        assert_eq!(selectors, 3, "placement, waves, overrides");
+        assert_eq!(yaml.matches("- DoesNotExist").count(), selectors);
+    }
+
+    #[test]
     fn names_and_columns() {
-        let crd = FleetMicroservice::crd();
+        let crd = crd();
         assert_eq!(crd.spec.names.kind, KIND);
         assert_eq!(crd.spec.names.short_names, Some(vec!["fms".to_string()]));
         let columns: Vec<_> = crd.spec.versions[0]

@@ -168,8 +168,7 @@ pub async fn ensure_crd(client: &Client) {
 
 /// Installs (or updates) the FleetMicroservice CRD, for the home cluster.
 pub async fn ensure_fleet_crd(client: &Client) {
-    use kube::CustomResourceExt;
-    ensure_crd_of(client, flotilla::rollout::spec::FleetMicroservice::crd()).await;
+    ensure_crd_of(client, flotilla::rollout::spec::crd()).await;
 }
 
 async fn ensure_crd_of(

@@ -35,12 +35,25 @@ pub async fn rollout_fleet_with(
     labels: &[(&str, &str)],
     grpc_args: &[String],
 ) -> RolloutFleet {
+    rollout_fleet_env(prefix, labels, grpc_args, &[]).await
+}
+
+/// The same, with further environment (test hooks) for every replica.
+pub async fn rollout_fleet_env(
+    prefix: &str,
+    labels: &[(&str, &str)],
+    grpc_args: &[String],
+    env: &[(&str, &str)],
+) -> RolloutFleet {
     let members = member_clients().await;
     let home = client("home").await;
     ensure_fleet_crd(&home).await;
     let (namespace, guards) = namespaces(&members, prefix).await;
     let mut replicas = Replicas::new(&namespace, &MEMBERS);
     replicas.grpc_args.extend(grpc_args.iter().cloned());
+    replicas
+        .env
+        .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     for (member, yaml) in labels {
         std::fs::write(replicas.dir.join(format!("{member}.labels")), yaml).expect("labels file");
     }

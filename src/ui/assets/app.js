@@ -338,7 +338,7 @@ function detailChanged(key) {
 
 // ---- the rollouts view
 
-const WAVE_WORDS = { Pending: "pending", Progressing: "updating", Baking: "baking", Done: "done" };
+const WAVE_WORDS = { Pending: "pending", Progressing: "updating", Baking: "baking", Done: "done", Skipped: "skipped (no cluster)", Failed: "failed" };
 
 // "5s", "2m", "1m30s", "500ms" as milliseconds.
 function durationMs(text) {
