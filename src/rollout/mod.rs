@@ -1,6 +1,6 @@
 //! Fleet rollouts: a `FleetMicroservice` in the home cluster, placed on
 //! member clusters by label and rolled out in waves. `spec`, `placement`,
-//! `revision`, `gate`, `plan` and `events` are pure; the controller does the I/O.
+//! `revision`, `gate`, `leaving`, `plan` and `events` are pure; the controller does the I/O.
 
 pub mod cache;
 pub mod controller;
@@ -9,6 +9,7 @@ pub mod error;
 pub mod events;
 pub mod gate;
 pub mod home;
+pub mod leaving;
 pub mod members;
 pub mod observe;
 pub mod placement;

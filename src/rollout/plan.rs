@@ -15,6 +15,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::gate::{self, Evidence, Gate, left, stamp};
+use super::leaving::{self, Leave, Leaver};
 use super::placement::{self, Labels, digest, member_spec, selects};
 use super::revision::Revision;
 use super::spec::{
@@ -188,6 +189,15 @@ impl Row<'_> {
                 .member
                 .as_ref()
                 .is_some_and(|m| m.state == EntryState::Done)
+    }
+    /// Reachable, and its member object not Unknown (a feed that lost it).
+    fn answering(&self) -> bool {
+        self.c.reachable
+            && self
+                .c
+                .member
+                .as_ref()
+                .is_none_or(|m| m.state != EntryState::Unknown)
     }
     fn prev_target(&self) -> Option<&str> {
         self.prev.and_then(|p| p.target.as_deref())
@@ -543,9 +553,12 @@ pub fn plan(i: &Inputs) -> Plan {
                     .count();
                 let mut slots = limit.saturating_sub(in_flight);
                 for r in wave_rows {
+                    // A cluster that is down when its turn comes takes no
+                    // slot: it would hold it for the deadline, then fail a
+                    // release it never received (review M4).
                     let take = if given(r) {
                         true
-                    } else if slots > 0 {
+                    } else if slots > 0 && r.answering() {
                         slots -= 1;
                         true
                     } else {
@@ -572,11 +585,25 @@ pub fn plan(i: &Inputs) -> Plan {
             }
         }
     }
+    // Leaving the placement goes wave by wave too (review M6).
+    let leavers: Vec<Leaver> = leaving
+        .iter()
+        .filter_map(|c| {
+            Some(Leaver {
+                name: &c.name,
+                labels: c.labels.as_ref()?,
+                reachable: c.reachable,
+            })
+        })
+        .collect();
+    let removals = leaving::removals(&i.spec.rollout.waves, &leavers);
     if !i.spec.paused {
-        for c in leaving.iter().filter(|c| c.reachable) {
-            actions.push(Action::Delete {
-                cluster: c.name.clone(),
-            });
+        for (name, leave) in &removals {
+            if *leave == Leave::Now {
+                actions.push(Action::Delete {
+                    cluster: name.to_string(),
+                });
+            }
         }
     }
 
@@ -592,6 +619,7 @@ pub fn plan(i: &Inputs) -> Plan {
                 let why = match mode {
                     Mode::Paused => "Paused",
                     Mode::HeldOnFailure => "HeldOnFailure",
+                    _ if !r.answering() => "ClusterUnreachable",
                     _ => "WaitingForWave",
                 };
                 (ClusterState::Pending, why.to_string(), String::new())
@@ -631,10 +659,14 @@ pub fn plan(i: &Inputs) -> Plan {
         });
     }
     for c in unknown.iter().chain(leaving.iter()) {
-        let (state, reason) = if c.labels.is_none() {
-            (ClusterState::Unknown, "LabelsUnknown")
-        } else {
-            (ClusterState::Removing, "LeftPlacement")
+        let (state, reason, message) = match removals.get(c.name.as_str()) {
+            _ if c.labels.is_none() => (ClusterState::Unknown, "LabelsUnknown", String::new()),
+            Some(Leave::Waits(wave)) => (
+                ClusterState::Removing,
+                "WaitingToLeave",
+                format!("left the placement; removed after the clusters of wave {wave} that leave"),
+            ),
+            _ => (ClusterState::Removing, "LeftPlacement", String::new()),
         };
         let prev_c = prev_of(&c.name).filter(|p| p.state == state);
         clusters.push(ClusterStatus {
@@ -643,7 +675,7 @@ pub fn plan(i: &Inputs) -> Plan {
             target: None,
             state,
             reason: reason.into(),
-            message: String::new(),
+            message,
             since: prev_c.map_or_else(|| now.clone(), |p| p.since.clone()),
             targeted: None,
         });

@@ -448,7 +448,10 @@ fn held_on_failure_a_returning_cluster_still_gets_what_it_was_given() {
     w.done("m1");
     w.step();
     w.wait(31);
-    // Wave 2: m2 is down and cannot be written; m3 gets it and is done.
+    // Wave 2 opens and targets both; the leader dies before writing. Then
+    // m2 goes down and cannot be written; m3 gets it and is done.
+    let p = w.plan();
+    w.status = p.status;
     w.clusters[1].reachable = false;
     w.step();
     w.done("m3");
@@ -933,6 +936,71 @@ mod review {
         w.wait(21);
         w.step();
         assert_eq!(w.written(&r2), vec!["m1", "m2", "m3"], "after the bake");
+    }
+
+    /// Review M6: a placement edit that removes the service everywhere goes
+    /// wave by wave, the canary first, and the status says who waits.
+    #[test]
+    fn leaving_the_placement_goes_wave_by_wave() {
+        let mut w = World::three();
+        w.complete();
+        w.spec.placement.cluster_selector = sel("env", "none");
+        let p = w.plan();
+        assert_eq!(
+            p.actions,
+            vec![Action::Delete {
+                cluster: "m1".into()
+            }]
+        );
+        // The status is written; the index still shows m1: the same again.
+        w.status = p.status;
+        let p = w.step();
+        assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
+        let m2 = w.status.clusters.iter().find(|c| c.name == "m2").unwrap();
+        assert_eq!(
+            (m2.state, m2.reason.as_str()),
+            (ClusterState::Removing, "WaitingToLeave")
+        );
+        // m1 is gone: the rest leave.
+        let p = w.step();
+        assert_eq!(p.actions.len(), 2, "{:?}", p.actions);
+        assert_eq!(w.deletes, vec!["m1", "m2", "m3"]);
+    }
+
+    /// Review M4: a cluster already down when its wave opens takes no slot,
+    /// so it neither blocks the others nor fails a release it never got.
+    #[test]
+    fn a_cluster_down_before_its_turn_takes_no_slot() {
+        let mut w = World::new(&[("a", &[]), ("b", &[]), ("c", &[])]);
+        w.spec.rollout.waves = vec![Wave {
+            name: "all".into(),
+            cluster_selector: LabelSelector::default(),
+            max_parallel: Some(IntOrString::Int(1)),
+        }];
+        w.clusters[0].reachable = false;
+        let p = w.step();
+        assert!(matches!(&p.actions[..], [Action::Apply { cluster, .. }] if cluster == "b"));
+        let a = w.status.clusters.iter().find(|c| c.name == "a").unwrap();
+        assert_eq!(
+            (a.state, a.reason.as_str()),
+            (ClusterState::Pending, "ClusterUnreachable")
+        );
+        w.done("b");
+        w.step();
+        w.done("c");
+        for _ in 0..3 {
+            w.wait(61);
+            w.step();
+        }
+        assert!(w.status.failed_clusters.is_empty());
+        assert_eq!(
+            w.status.phase,
+            Some(RolloutPhase::Progressing),
+            "it waits for a"
+        );
+        w.clusters[0].reachable = true;
+        let p = w.step();
+        assert!(matches!(&p.actions[..], [Action::Apply { cluster, .. }] if cluster == "a"));
     }
 
     /// Review test gap 4: maxParallel holds while the index lags the writes.
