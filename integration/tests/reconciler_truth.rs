@@ -16,8 +16,9 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use support::policy::Policy;
 use support::{
-    Operator, TestNamespace, counting_client, eventually, kubectl, microservice, settings, setup,
+    Operator, TestNamespace, counting_client, eventually, microservice, settings, setup,
     wait_condition,
 };
 
@@ -195,87 +196,6 @@ async fn an_edited_deployment_env_var_is_restored_by_the_deployment_watch() {
     op.stop().await;
 }
 
-/// A ValidatingAdmissionPolicy (and its binding) for one test namespace,
-/// removed on drop.
-struct Policy {
-    name: String,
-}
-
-impl Policy {
-    /// Refuses `operation` on `resource` in `ns` when `expression` is false,
-    /// with `reason` (Invalid is a 422, Forbidden a 403). Requests from the
-    /// cluster's own controllers pass.
-    async fn apply(
-        client: &kube::Client,
-        ns: &str,
-        operation: &str,
-        resource: &str,
-        expression: &str,
-        reason: &str,
-    ) -> Self {
-        use k8s_openapi::api::admissionregistration::v1::{
-            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-        };
-        let name = format!("{ns}-{}", operation.to_lowercase());
-        let group = if resource == "deployments" {
-            "apps"
-        } else {
-            ""
-        };
-        let policy: ValidatingAdmissionPolicy = support::from_json(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [{
-                        "apiGroups": [group], "apiVersions": ["v1"],
-                        "operations": [operation], "resources": [resource],
-                    }],
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                },
-                "matchConditions": [{
-                    "name": "not-the-cluster",
-                    "expression": "!request.userInfo.username.startsWith('system:')",
-                }],
-                "validations": [{
-                    "expression": expression,
-                    "message": format!("refused by the test's admission policy ({expression})"),
-                    "reason": reason,
-                }],
-            },
-        }));
-        let binding: ValidatingAdmissionPolicyBinding = support::from_json(json!({
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "validationActions": ["Deny"]},
-        }));
-        Api::<ValidatingAdmissionPolicy>::all(client.clone())
-            .create(&PostParams::default(), &policy)
-            .await
-            .expect("policy");
-        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-            .create(&PostParams::default(), &binding)
-            .await
-            .expect("binding");
-        Policy { name }
-    }
-}
-
-impl Drop for Policy {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(kubectl())
-            .arg("--kubeconfig")
-            .arg(support::kubeconfig_path(CLUSTER))
-            .args([
-                "delete",
-                "validatingadmissionpolicybinding,validatingadmissionpolicy",
-                &self.name,
-                "--ignore-not-found",
-                "--wait=false",
-            ])
-            .output();
-    }
-}
-
 async fn warnings(client: &kube::Client, ns: &str, name: &str) -> Vec<(String, String)> {
     Api::<Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
@@ -296,6 +216,7 @@ async fn a_child_the_api_server_rejects_as_invalid_fails_with_a_warning_and_is_n
     let (client, ns) = setup("rec-422").await;
     let _policy = Policy::apply(
         &client,
+        CLUSTER,
         &ns.name,
         "CREATE",
         "deployments",
@@ -385,6 +306,7 @@ async fn a_transient_error_leaves_available_and_its_transition_time_alone() {
         .expect("hand edit");
     let _policy = Policy::apply(
         &client,
+        CLUSTER,
         &ns.name,
         "UPDATE",
         "deployments",

@@ -229,3 +229,94 @@ async fn an_empty_canary_holds_the_release_and_a_release_that_runs_nowhere_is_ne
     assert_eq!(st.phase, Some(RolloutPhase::Failed), "{st:?}");
     assert_eq!(st.failed_clusters, vec!["member-3"]);
 }
+
+/// The fleet controller's write attempts to `member`, refused ones
+/// included, from its audit log: (verb, HTTP code).
+fn attempts(member: &str, ns: &str, name: &str) -> Vec<(String, u64)> {
+    let path = support::fleet_dir()
+        .join("logs")
+        .join(format!("{member}-audit.log"));
+    let text = std::fs::read_to_string(&path).expect("audit log");
+    text.lines()
+        .filter(|l| l.contains("flotilla-fleet/") && l.contains(ns))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .filter(|e| e["objectRef"]["namespace"] == ns && e["objectRef"]["name"] == name)
+        .filter(|e| e["objectRef"]["resource"] == "microservices")
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update")))
+        .map(|e| {
+            (
+                e["verb"].as_str().unwrap_or_default().to_string(),
+                e["responseStatus"]["code"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Review M2: a member that refuses the write (here an admission policy,
+/// a real 403) shows it in the cluster's state within a round, is not
+/// asked again every round, and the release fails there at once instead of
+/// at the progress deadline.
+#[tokio::test]
+async fn a_member_that_refuses_the_write_shows_why_at_once_and_is_not_hammered() {
+    let fleet = rollout_fleet("fms-refused", &[]).await;
+    let ns = fleet.namespace.clone();
+    let _policy = support::policy::Policy::apply(
+        &fleet.members["member-3"],
+        "member-3",
+        &ns,
+        "CREATE",
+        "microservices",
+        "false",
+        "Forbidden",
+    )
+    .await;
+    // The policy is in force once a create by hand is refused.
+    let probe: flotilla::crd::Microservice =
+        support::microservice("probe", "ghcr.io/acme/probe:1", 8080, Some(1));
+    eventually("the policy refuses", Duration::from_secs(30), || {
+        let api = fleet.member_api("member-3");
+        let probe = probe.clone();
+        async move {
+            match api.create(&Default::default(), &probe).await {
+                Err(kube::Error::Api(s)) if s.code == 403 => Some(()),
+                Ok(_) => {
+                    api.delete("probe", &Default::default()).await.ok();
+                    None
+                }
+                Err(_) => None,
+            }
+        }
+    })
+    .await;
+
+    let started = std::time::Instant::now();
+    fleet
+        .create(fleet_microservice(
+            "api",
+            "ghcr.io/acme/api:1",
+            json!({"progressDeadline": "10m"}),
+        ))
+        .await;
+    let f = fleet
+        .wait_phase("api", RolloutPhase::Failed, Duration::from_secs(60))
+        .await;
+    println!(
+        "figure: a refused member write to a Failed rollout: {:?} (progress deadline 10m)",
+        started.elapsed()
+    );
+    let st = f.status.unwrap();
+    let m3 = st.clusters.iter().find(|c| c.name == "member-3").unwrap();
+    assert_eq!(m3.reason, "WriteFailed", "{m3:?}");
+    assert!(m3.message.contains("HTTP 403"), "{}", m3.message);
+    assert!(m3.message.contains("admission policy"), "{}", m3.message);
+    assert_eq!(st.failed_clusters, vec!["member-3"]);
+    // Not asked again: a refusal is permanent until something changes.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let tries = attempts("member-3", &ns, "api");
+    assert!(
+        !tries.is_empty() && tries.len() <= 2,
+        "one refused create, not one every round: {tries:?}"
+    );
+    assert!(tries.iter().all(|(_, code)| *code == 403), "{tries:?}");
+}

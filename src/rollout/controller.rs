@@ -28,6 +28,7 @@ use super::revision::{self, RevisionData, Step};
 use super::spec::{
     ClusterState, FINALIZER, FleetMicroservice, FleetMicroserviceStatus, RolloutPhase, WaveState,
 };
+use super::write_log::{Outcome, WriteLog};
 use crate::domain::conditions::{self, CLEANUP_BLOCKED, Status, Verdict};
 use crate::fleet::election::Timings;
 use crate::fleet::elector::{Elector, Leadership, release};
@@ -90,6 +91,7 @@ pub async fn run(
         members: Members::new(fence.clone(), &opts.replica_id, opts.credentials.clone())?,
         hub: opts.hub.clone(),
         written: std::sync::Mutex::new(BTreeMap::new()),
+        writes: std::sync::Mutex::new(WriteLog::default()),
         cache: opts.cache.clone(),
     });
     let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
@@ -139,6 +141,8 @@ struct Ctx {
     /// every resourceVersion its writes replaced: while the watch cache
     /// still shows one of those, the written copy is the fresher one.
     written: std::sync::Mutex<BTreeMap<String, (BTreeSet<String>, FleetMicroservice)>>,
+    /// What the last member writes found, per FleetMicroservice uid.
+    writes: std::sync::Mutex<WriteLog>,
 }
 
 impl Ctx {
@@ -151,6 +155,10 @@ impl Ctx {
             },
             _ => cached.clone(),
         }
+    }
+
+    fn write_log(&self) -> std::sync::MutexGuard<'_, WriteLog> {
+        self.writes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn remember(&self, replaced: &FleetMicroservice, written: FleetMicroservice) {
@@ -181,7 +189,10 @@ async fn work(ctx: Arc<Ctx>) {
         let mut next = RESYNC;
         // Until the registry is read, the cluster set is unknown, not empty.
         let known = ctx.hub.read(|ix| ix.registry_was_read());
-        for fms in ctx.cache.fleet.state().into_iter().filter(|_| known) {
+        let all = ctx.cache.fleet.state();
+        ctx.write_log()
+            .retain(&all.iter().filter_map(|f| f.uid()).collect());
+        for fms in all.into_iter().filter(|_| known) {
             let fms = ctx.freshest(&fms);
             let key = format!("{}/{}", fms.namespace().unwrap_or_default(), fms.name_any());
             let span = tracing::info_span!(
@@ -264,6 +275,8 @@ async fn round(
 
     let previous = fms.status.clone().unwrap_or_default();
     let now = jiff::Timestamp::now();
+    let uid = fms.uid().unwrap_or_default();
+    let troubles = ctx.write_log().troubles(&uid);
     let plan = plan::plan_guarded(&Inputs {
         name: &name,
         generation: fms.metadata.generation.unwrap_or(0),
@@ -272,6 +285,7 @@ async fn round(
         revisions: &existing,
         previous: &previous,
         clusters: &clusters,
+        troubles: &troubles,
         now,
     });
     tracing::Span::current().record("flotilla.revision", update.number);
@@ -291,7 +305,17 @@ async fn round(
         .iter()
         .filter_map(|c| c.labels.as_ref().map(|l| (c.name.as_str(), l)))
         .collect();
-    let writes = plan.actions.iter().map(|action| {
+    // A member that refused is asked again after its backoff, not every round.
+    let started = tokio::time::Instant::now();
+    let due: Vec<&Action> = {
+        let log = ctx.write_log();
+        plan.actions
+            .iter()
+            .filter(|a| log.due(&uid, action_cluster(a), started))
+            .collect()
+    };
+    let held_back = due.len() < plan.actions.len();
+    let writes = due.iter().map(|action| {
         let (ctx, namespace, name) = (ctx, namespace.clone(), name.clone());
         let labels = &labels;
         let existing = &existing;
@@ -301,48 +325,78 @@ async fn round(
                 Action::Delete { cluster } => (cluster.clone(), "delete"),
             };
             let span = tracing::info_span!("rollout write", k8s.cluster.name = %cluster, verb);
-            let work = async {
-                match action {
-                    Action::Apply { cluster, revision } => {
-                        let (Some(rev), Some(l)) = (
-                            existing.iter().find(|r| &r.name == revision),
-                            labels.get(cluster.as_str()),
-                        ) else {
-                            return Err(RolloutError::Revision(format!(
-                                "revision {revision} for {cluster} is not stored"
-                            )));
-                        };
+            // What was meant, for the write log: the revision and its spec here.
+            let meant = match action {
+                Action::Apply { cluster, revision } => existing
+                    .iter()
+                    .find(|r| &r.name == revision)
+                    .zip(labels.get(cluster.as_str()))
+                    .map(|(rev, l)| {
                         let spec = member_spec(&rev.data.template, &rev.data.overrides, l);
+                        (revision.clone(), spec)
+                    }),
+                Action::Delete { .. } => None,
+            };
+            let work = async {
+                match (action, &meant) {
+                    (Action::Apply { cluster, revision }, Some((_, spec))) => {
                         let w = ctx
                             .members
-                            .apply(cluster, &namespace, &name, &name, revision, &spec)
+                            .apply(cluster, &namespace, &name, &name, revision, spec)
                             .await?;
                         if w == Written::NotOurs {
                             tracing::warn!(k8s.cluster.name = %cluster, "a Microservice that is not ours is in the way");
                         }
                         tracing::debug!(k8s.cluster.name = %cluster, revision = %revision, written = ?w, "member");
-                        Ok(())
+                        Ok(w)
                     }
-                    Action::Delete { cluster } => {
-                        ctx.members.delete(cluster, &namespace, &name, &name).await
-                    }
+                    (Action::Apply { cluster, revision }, None) => Err(RolloutError::Revision(
+                        format!("revision {revision} for {cluster} is not stored"),
+                    )),
+                    (Action::Delete { cluster }, _) => ctx
+                        .members
+                        .delete(cluster, &namespace, &name, &name)
+                        .await
+                        .map(|()| Written::Unchanged),
                 }
             };
-            let outcome = match tokio::time::timeout(WRITE_TIMEOUT, work).instrument(span).await {
+            let result = match tokio::time::timeout(WRITE_TIMEOUT, work).instrument(span).await {
                 Ok(r) => r,
                 Err(_) => Err(RolloutError::NoClient {
                     cluster: cluster.clone(),
                     reason: format!("no answer within {WRITE_TIMEOUT:?}"),
                 }),
             };
-            if let Err(e) = &outcome {
+            if let Err(e) = &result {
                 tracing::warn!(k8s.cluster.name = %cluster, error = %e, category = e.category(), "member write failed");
             }
-            outcome
+            let digest = |spec| super::placement::digest(spec);
+            let outcome = match (result, meant) {
+                (Ok(Written::Altered), Some((revision, spec))) => Outcome::Altered {
+                    revision,
+                    digest: digest(&spec),
+                },
+                (Ok(_), _) => Outcome::Ok,
+                (Err(e), Some((revision, spec))) => Outcome::ApplyFailed {
+                    revision,
+                    digest: digest(&spec),
+                    kind: e.trouble(),
+                },
+                (Err(_), None) => Outcome::DeleteFailed,
+            };
+            (cluster, outcome)
         }
     });
     let outcomes = futures::future::join_all(writes).await;
-    let failed = outcomes.iter().any(|o| o.is_err());
+    let failed = outcomes
+        .iter()
+        .any(|(_, o)| matches!(o, Outcome::ApplyFailed { .. } | Outcome::DeleteFailed));
+    {
+        let mut log = ctx.write_log();
+        for (cluster, outcome) in outcomes {
+            log.record(&uid, &cluster, outcome, started);
+        }
+    }
 
     // History: keep what is in use, drop the oldest beyond the limit.
     let mut keep: BTreeSet<String> = [update.name.clone()].into();
@@ -355,7 +409,7 @@ async fn round(
     for old in revision::prune(&existing, limit, &keep) {
         ctx.home.delete_revision(&namespace, &old).await?;
     }
-    let again = if failed {
+    let again = if failed || held_back {
         Some(Duration::from_secs(1))
     } else if plan.actions.is_empty() {
         plan.requeue_after
@@ -364,6 +418,12 @@ async fn round(
         Some(Duration::from_millis(500))
     };
     Ok(again)
+}
+
+fn action_cluster(a: &Action) -> &str {
+    match a {
+        Action::Apply { cluster, .. } | Action::Delete { cluster } => cluster,
+    }
 }
 
 /// One span per cluster gate that changed, linked to the member reconcile

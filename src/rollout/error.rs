@@ -50,6 +50,21 @@ impl RolloutError {
         }
     }
 
+    /// What a failed member write tells the planner: the apiserver's
+    /// status when it answered, else the failure.
+    pub fn trouble(&self) -> super::trouble::Kind {
+        use super::trouble::Kind;
+        match self.source() {
+            Some(e @ kube::Error::Api(s)) if !fence::is_fenced(e) => Kind::Refused {
+                code: s.code,
+                message: s.message.clone(),
+            },
+            _ => Kind::Failed {
+                message: self.to_string(),
+            },
+        }
+    }
+
     /// A bounded label for metrics and logs.
     pub fn category(&self) -> &'static str {
         match self.source() {

@@ -29,6 +29,9 @@ pub enum Written {
     Unchanged,
     /// Someone else's Microservice is there; it is never written.
     NotOurs,
+    /// Written, but the member stored a different spec than was sent: it
+    /// prunes a field its CRD lacks, or an admission webhook changes it.
+    Altered,
 }
 
 pub struct Members {
@@ -92,11 +95,16 @@ impl Members {
                 next.annotations_mut()
                     .insert(REVISION_ANNOTATION.into(), revision.into());
                 stamp_trace(&mut next);
-                api.replace(name, &PostParams::default(), &next)
+                let stored = api
+                    .replace(name, &PostParams::default(), &next)
                     .await
                     .map_err(err("replace"))?;
                 count("replace");
-                Ok(Written::Replaced)
+                Ok(if stored.spec == *spec {
+                    Written::Replaced
+                } else {
+                    Written::Altered
+                })
             }
             None => {
                 let mut ms = Microservice::new(name, spec.clone());
@@ -115,9 +123,13 @@ impl Members {
                     }
                     other => other,
                 };
-                created.map_err(err("create"))?;
+                let stored = created.map_err(err("create"))?;
                 count("create");
-                Ok(Written::Created)
+                Ok(if stored.spec == *spec {
+                    Written::Created
+                } else {
+                    Written::Altered
+                })
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Fleet rollouts: a `FleetMicroservice` in the home cluster, placed on
 //! member clusters by label and rolled out in waves. `spec`, `placement`,
-//! `revision`, `gate`, `leaving`, `plan` and `events` are pure; the controller does the I/O.
+//! `revision`, `gate`, `leaving`, `trouble`, `plan` and `events` are pure; the controller does the I/O.
 
 pub mod cache;
 pub mod controller;
@@ -16,3 +16,5 @@ pub mod placement;
 pub mod plan;
 pub mod revision;
 pub mod spec;
+pub mod trouble;
+pub mod write_log;

@@ -22,6 +22,7 @@ use super::spec::{
     ClusterState, ClusterStatus, FleetMicroserviceSpec, FleetMicroserviceStatus, OnFailure,
     RolloutPhase, WaveState, WaveStatus,
 };
+use super::trouble::Trouble;
 use crate::domain::conditions::{self, Status, Verdict};
 use crate::domain::duration::parse_bounded;
 use crate::status::view::EntryState;
@@ -74,6 +75,8 @@ pub struct Inputs<'a> {
     pub revisions: &'a [Revision],
     pub previous: &'a FleetMicroserviceStatus,
     pub clusters: &'a [Cluster],
+    /// What the last write to each cluster found, when it went wrong.
+    pub troubles: &'a BTreeMap<String, Trouble>,
     /// The clock; status stamps keep its whole seconds.
     pub now: Timestamp,
 }
@@ -287,6 +290,14 @@ pub fn plan(i: &Inputs) -> Plan {
         }
     }
     let row_of = |name: &str| rows.iter().find(|r| r.c.name == name);
+    // The trouble of the last write of `rev` to this row, while the spec
+    // that revision gives it is still the one that was written.
+    let trouble = |r: &Row, rev: &str| {
+        let t = i.troubles.get(&r.c.name).filter(|t| t.revision == rev)?;
+        let data = &revisions.get(rev)?.data;
+        let labels = r.c.labels.as_ref()?;
+        (t.digest == digest(&member_spec(&data.template, &data.overrides, labels))).then_some(t)
+    };
     let ghosts = hold_members(&mut wave_list, prev, same_update, |n| {
         i.clusters.iter().any(|c| c.name == n)
     });
@@ -334,6 +345,14 @@ pub fn plan(i: &Inputs) -> Plan {
             if r.at_is(update) && member.is_some_and(|m| m.state == EntryState::Failed) {
                 let m = member.expect("checked");
                 failures.insert(&r.c.name, (m.reason.clone(), m.message.clone()));
+                continue;
+            }
+            // The member refuses the write, or cannot hold what is written:
+            // failed now, not at the deadline (review M1, M2).
+            if let Some(t) = trouble(r, update).filter(|t| t.permanent())
+                && !is_good
+            {
+                failures.insert(&r.c.name, (t.reason().into(), t.message()));
                 continue;
             }
             // A deadline missed stays missed until the cluster is done,
@@ -577,6 +596,7 @@ pub fn plan(i: &Inputs) -> Plan {
         for r in rows.iter().filter(|r| !r.foreign && r.c.reachable) {
             if let Some(Some(t)) = targets.get(r.c.name.as_str())
                 && !r.at_is(t)
+                && !trouble(r, t).is_some_and(Trouble::permanent)
             {
                 actions.push(Action::Apply {
                     cluster: r.c.name.clone(),
@@ -635,6 +655,8 @@ pub fn plan(i: &Inputs) -> Plan {
             } else if target.as_deref().is_some_and(|t| r.at_is(t)) {
                 let m = member.expect("in sync implies a member");
                 (ClusterState::Updating, m.reason.clone(), m.message.clone())
+            } else if let Some(t) = target.as_deref().and_then(|t| trouble(r, t)) {
+                (ClusterState::Updating, t.reason().to_string(), t.message())
             } else {
                 (ClusterState::Updating, "Writing".to_string(), String::new())
             };

@@ -53,6 +53,7 @@ struct World {
     clusters: Vec<Cluster>,
     status: FleetMicroserviceStatus,
     now: Timestamp,
+    troubles: BTreeMap<String, crate::rollout::trouble::Trouble>,
     /// Every write, in order: (cluster, revision).
     writes: Vec<(String, String)>,
     deletes: Vec<String>,
@@ -81,6 +82,7 @@ impl World {
             clusters,
             status: Default::default(),
             now: "2026-01-01T00:00:00Z".parse().unwrap(),
+            troubles: BTreeMap::new(),
             writes: vec![],
             deletes: vec![],
         }
@@ -111,6 +113,7 @@ impl World {
             revisions: &self.revisions,
             previous: &self.status,
             clusters: &self.clusters,
+            troubles: &self.troubles,
             now: self.now,
         })
     }
@@ -1003,6 +1006,100 @@ mod review {
         assert!(matches!(&p.actions[..], [Action::Apply { cluster, .. }] if cluster == "a"));
     }
 
+    /// Review M2: a member that refuses the write shows why in its state,
+    /// and a permanent refusal fails the cluster at once, not at the deadline.
+    #[test]
+    fn a_refused_write_shows_and_a_permanent_one_fails_at_once() {
+        use crate::rollout::trouble::{Kind, Trouble};
+        let mut w = World::three();
+        let r1 = rev(&w, "app:1");
+        let p = w.plan();
+        assert_eq!(p.actions.len(), 1);
+        let spec = member_spec(
+            &w.spec.template,
+            &[],
+            w.clusters[0].labels.as_ref().unwrap(),
+        );
+        let refused = |code| Trouble {
+            revision: r1.clone(),
+            digest: digest(&spec),
+            kind: Kind::Refused {
+                code,
+                message: "denied by policy".into(),
+            },
+        };
+        w.status = p.status;
+        w.troubles.insert("m1".into(), refused(503));
+        let p = w.plan();
+        assert_eq!(p.actions.len(), 1, "a transient one is tried again");
+        let m1 = p.status.clusters.iter().find(|c| c.name == "m1").unwrap();
+        assert_eq!(
+            (m1.state, m1.reason.as_str()),
+            (ClusterState::Updating, "WriteFailed")
+        );
+        assert!(m1.message.contains("HTTP 503"), "{}", m1.message);
+        w.troubles.insert("m1".into(), refused(403));
+        let p = w.step();
+        assert!(p.actions.is_empty(), "not written again: {:?}", p.actions);
+        let m1 = w.status.clusters.iter().find(|c| c.name == "m1").unwrap();
+        assert_eq!(
+            (m1.state, m1.reason.as_str()),
+            (ClusterState::Failed, "WriteFailed")
+        );
+        assert!(m1.message.contains("denied by policy"), "{}", m1.message);
+        assert_eq!(
+            w.status.phase,
+            Some(RolloutPhase::Failed),
+            "a canary failure"
+        );
+    }
+
+    /// Review M1: a member that cannot hold the written spec is tried once
+    /// more, then SpecRejected, never rewritten every round.
+    #[test]
+    fn a_member_that_alters_the_spec_is_spec_rejected_not_rewritten() {
+        use crate::rollout::trouble::{Kind, Trouble};
+        let mut w = World::three();
+        w.complete();
+        w.spec.template.image = "app:2".into();
+        let r2 = rev(&w, "app:2");
+        w.step();
+        // What m1 stored differs from what was written.
+        w.clusters[0].member.as_mut().unwrap().digest = 42;
+        let spec = member_spec(
+            &w.spec.template,
+            &[],
+            w.clusters[0].labels.as_ref().unwrap(),
+        );
+        let altered = |times| Trouble {
+            revision: r2.clone(),
+            digest: digest(&spec),
+            kind: Kind::Altered { times },
+        };
+        w.troubles.insert("m1".into(), altered(1));
+        let p = w.plan();
+        assert_eq!(p.actions.len(), 1, "one retry");
+        w.troubles.insert("m1".into(), altered(2));
+        let p = w.plan();
+        let m1 = p.status.clusters.iter().find(|c| c.name == "m1").unwrap();
+        assert_eq!(
+            (m1.state, m1.reason.as_str()),
+            (ClusterState::Failed, "SpecRejected")
+        );
+        assert!(m1.message.contains("different spec"), "{}", m1.message);
+        for _ in 0..3 {
+            let p = w.plan();
+            let again = Action::Apply {
+                cluster: "m1".into(),
+                revision: r2.clone(),
+            };
+            assert!(!p.actions.contains(&again), "{:?}", p.actions);
+            w.status = p.status;
+        }
+        assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
+        assert_eq!(w.status.failed_clusters, vec!["m1"]);
+    }
+
     /// Review test gap 4: maxParallel holds while the index lags the writes.
     #[test]
     fn max_parallel_holds_while_the_index_lags() {
@@ -1086,6 +1183,7 @@ mod review {
             revisions: &w.revisions,
             previous: &w.status,
             clusters: &w.clusters,
+            troubles: &w.troubles,
             now: w.now,
         };
         let p = guarded(&inputs, || panic!("a defect"));

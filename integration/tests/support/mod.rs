@@ -8,6 +8,7 @@
 pub mod browser;
 pub mod gate;
 pub mod lag;
+pub mod policy;
 pub mod registry;
 pub mod replicas;
 pub mod rollout;

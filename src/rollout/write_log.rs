@@ -1,0 +1,170 @@
+//! What the fleet controller's last writes to each member found, per
+//! FleetMicroservice: the planner's `troubles`, and a backoff so that a
+//! member that refuses is asked again at 1 s, 2 s, 4 s … up to a minute,
+//! never every round. The clock is passed in.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::trouble::{Kind, Trouble};
+
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// How one member write ended.
+pub enum Outcome {
+    /// Written, or already there.
+    Ok,
+    /// Written, but the member stored a different spec.
+    Altered { revision: String, digest: u64 },
+    /// An apply that failed.
+    ApplyFailed {
+        revision: String,
+        digest: u64,
+        kind: Kind,
+    },
+    /// A delete that failed: only backs off.
+    DeleteFailed,
+}
+
+struct Noted {
+    trouble: Option<Trouble>,
+    attempts: u32,
+    next_try: Instant,
+}
+
+#[derive(Default)]
+pub struct WriteLog {
+    by_object: BTreeMap<String, BTreeMap<String, Noted>>,
+}
+
+impl WriteLog {
+    /// The troubles of one FleetMicroservice, by cluster.
+    pub fn troubles(&self, uid: &str) -> BTreeMap<String, Trouble> {
+        self.by_object
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|(c, n)| Some((c.clone(), n.trouble.clone()?)))
+            .collect()
+    }
+
+    /// Whether a write to `cluster` may go now.
+    pub fn due(&self, uid: &str, cluster: &str, now: Instant) -> bool {
+        self.by_object
+            .get(uid)
+            .and_then(|m| m.get(cluster))
+            .is_none_or(|n| n.next_try <= now)
+    }
+
+    pub fn record(&mut self, uid: &str, cluster: &str, outcome: Outcome, now: Instant) {
+        let object = self.by_object.entry(uid.to_string()).or_default();
+        let before = object.remove(cluster);
+        let attempts = before.as_ref().map_or(0, |n| n.attempts) + 1;
+        let backoff = Duration::from_secs(1 << attempts.min(6).saturating_sub(1)).min(MAX_BACKOFF);
+        let noted = match outcome {
+            Outcome::Ok => return,
+            Outcome::Altered { revision, digest } => {
+                let times = match before.and_then(|n| n.trouble) {
+                    Some(Trouble {
+                        revision: r,
+                        digest: d,
+                        kind: Kind::Altered { times },
+                    }) if r == revision && d == digest => times + 1,
+                    _ => 1,
+                };
+                Noted {
+                    trouble: Some(Trouble {
+                        revision,
+                        digest,
+                        kind: Kind::Altered { times },
+                    }),
+                    attempts,
+                    next_try: now,
+                }
+            }
+            Outcome::ApplyFailed {
+                revision,
+                digest,
+                kind,
+            } => Noted {
+                trouble: Some(Trouble {
+                    revision,
+                    digest,
+                    kind,
+                }),
+                attempts,
+                next_try: now + backoff,
+            },
+            Outcome::DeleteFailed => Noted {
+                trouble: None,
+                attempts,
+                next_try: now + backoff,
+            },
+        };
+        object.insert(cluster.to_string(), noted);
+    }
+
+    /// Forgets the objects that are gone.
+    pub fn retain(&mut self, live: &BTreeSet<String>) {
+        self.by_object.retain(|uid, _| live.contains(uid));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused() -> Outcome {
+        Outcome::ApplyFailed {
+            revision: "r1".into(),
+            digest: 7,
+            kind: Kind::Refused {
+                code: 503,
+                message: "busy".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn failures_back_off_and_success_forgets() {
+        let mut log = WriteLog::default();
+        let t0 = Instant::now();
+        log.record("u", "m1", refused(), t0);
+        assert!(!log.due("u", "m1", t0));
+        assert!(log.due("u", "m1", t0 + Duration::from_secs(1)));
+        assert!(log.due("u", "m2", t0), "other clusters are not held");
+        log.record("u", "m1", refused(), t0);
+        assert!(!log.due("u", "m1", t0 + Duration::from_secs(1)), "2 s now");
+        for _ in 0..10 {
+            log.record("u", "m1", refused(), t0);
+        }
+        assert!(log.due("u", "m1", t0 + MAX_BACKOFF), "at most a minute");
+        assert_eq!(log.troubles("u")["m1"].reason(), "WriteFailed");
+        log.record("u", "m1", Outcome::Ok, t0);
+        assert!(log.troubles("u").is_empty());
+        assert!(log.due("u", "m1", t0));
+    }
+
+    #[test]
+    fn an_altered_spec_counts_per_revision_and_digest() {
+        let mut log = WriteLog::default();
+        let t0 = Instant::now();
+        let altered = |rev: &str| Outcome::Altered {
+            revision: rev.into(),
+            digest: 7,
+        };
+        log.record("u", "m1", altered("r1"), t0);
+        assert!(!log.troubles("u")["m1"].permanent());
+        log.record("u", "m1", altered("r1"), t0);
+        assert!(log.troubles("u")["m1"].permanent());
+        log.record("u", "m1", altered("r2"), t0);
+        assert!(
+            !log.troubles("u")["m1"].permanent(),
+            "a new revision starts over"
+        );
+        log.retain(&BTreeSet::new());
+        assert!(log.troubles("u").is_empty());
+    }
+}
