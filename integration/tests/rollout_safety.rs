@@ -320,3 +320,106 @@ async fn a_member_that_refuses_the_write_shows_why_at_once_and_is_not_hammered()
     );
     assert!(tries.iter().all(|(_, code)| *code == 403), "{tries:?}");
 }
+
+/// Review H5: a member taken out of the registry while its FleetMicroservice
+/// is deleted keeps the deletion waiting (it used to be forgotten within a
+/// round and its Microservice left behind, owned by nobody); once it is
+/// back, its object is deleted and the FleetMicroservice goes.
+#[tokio::test]
+async fn deletion_waits_for_an_unregistered_member_and_leaves_nothing_behind() {
+    let fleet = rollout_fleet("fms-unreg", &[]).await;
+    let ns = fleet.namespace.clone();
+    fleet
+        .create(fleet_microservice("api", "ghcr.io/acme/api:1", json!({})))
+        .await;
+    fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(120))
+        .await;
+    // member-3 leaves the registry (its kubeconfig file is moved away) for
+    // longer than a registry scan and a rollout round.
+    let file = fleet.replicas.dir.join("member-3.yaml");
+    let away = fleet.replicas.dir.join(".member-3.away");
+    std::fs::rename(&file, &away).expect("move the kubeconfig away");
+    let api = fleet.api();
+    eventually("member-3 unregistered", Duration::from_secs(30), || {
+        let api = api.clone();
+        async move {
+            let st = api.get("api").await.ok()?.status?;
+            (!st.clusters.iter().any(|c| c.name == "member-3")).then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let st = api.get("api").await.unwrap().status.unwrap();
+    assert!(
+        st.reached_clusters.contains(&"member-3".to_string()),
+        "{:?}",
+        st.reached_clusters
+    );
+
+    api.delete("api", &Default::default())
+        .await
+        .expect("delete");
+    let blocked = eventually("CleanupBlocked", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            let f = api.get("api").await.ok()?;
+            f.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "CleanupBlocked" && c.status == "True")
+        }
+    })
+    .await;
+    assert!(
+        blocked.message.contains("member-3 (not registered)"),
+        "{}",
+        blocked.message
+    );
+    for member in ["member-1", "member-2"] {
+        eventually(
+            &format!("{member}'s copy deleted"),
+            Duration::from_secs(30),
+            || async {
+                let api = fleet.member_api(member);
+                api.get_opt("api").await.ok()?.is_none().then_some(())
+            },
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        api.get_opt("api").await.unwrap().is_some(),
+        "the finalizer holds while member-3 may hold a copy"
+    );
+    assert!(
+        fleet
+            .member_api("member-3")
+            .get_opt("api")
+            .await
+            .unwrap()
+            .is_some(),
+        "member-3's copy is still there, and known to be"
+    );
+
+    std::fs::rename(&away, &file).expect("put the kubeconfig back");
+    eventually(
+        "the FleetMicroservice gone",
+        Duration::from_secs(60),
+        || {
+            let api = api.clone();
+            async move { api.get_opt("api").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        fleet
+            .member_api("member-3")
+            .get_opt("api")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing left behind"
+    );
+    assert!(!fleet_writes("member-3", &ns).is_empty());
+}

@@ -357,7 +357,7 @@ async fn round(
                         .members
                         .delete(cluster, &namespace, &name, &name)
                         .await
-                        .map(|()| Written::Unchanged),
+                        .map(|_| Written::Unchanged),
                 }
             };
             let result = match tokio::time::timeout(WRITE_TIMEOUT, work).instrument(span).await {
@@ -494,24 +494,33 @@ async fn cleanup(
         return Ok(None);
     }
     let (name, namespace) = (fms.name_any(), fms.namespace().unwrap_or_default());
-    let mut todo = observe::cleanup(clusters);
-    // A cluster this FleetMicroservice reached that is no longer registered
-    // may still hold an object: wait for it to come back.
-    for c in fms.status.iter().flat_map(|s| &s.clusters) {
-        if c.revision.is_some() && !clusters.iter().any(|k| k.name == c.name) {
-            todo.blocked.push(format!("{} (not registered)", c.name));
-        }
-    }
-    let deletes = todo
-        .delete
-        .iter()
-        .map(|c| ctx.members.delete(c, &namespace, &name, &name));
-    for r in futures::future::join_all(deletes).await {
-        if let Err(e) = r {
-            tracing::warn!(error = %e, category = e.category(), "member delete failed");
-        }
-    }
     let previous = fms.status.clone().unwrap_or_default();
+    let mut todo = observe::cleanup(clusters, &previous);
+    // Read live, not from the index: it may not have seen a create yet.
+    // Each call is bounded, so one hung member holds up only itself.
+    let (ns, n) = (&namespace, &name);
+    let deletes = todo.delete.iter().map(|c| async move {
+        let call = ctx.members.delete(c, ns, n, n);
+        let r = match tokio::time::timeout(WRITE_TIMEOUT, call).await {
+            Ok(r) => r,
+            Err(_) => Err(RolloutError::NoClient {
+                cluster: c.clone(),
+                reason: format!("no answer within {WRITE_TIMEOUT:?}"),
+            }),
+        };
+        (c.clone(), r)
+    });
+    let mut pending = false;
+    for (c, r) in futures::future::join_all(deletes).await {
+        match r {
+            Ok(true) => {}
+            Ok(false) => pending = true,
+            Err(e) => {
+                tracing::warn!(error = %e, category = e.category(), "member delete failed");
+                todo.blocked.push(c);
+            }
+        }
+    }
     let generation = fms.metadata.generation.unwrap_or(0);
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
@@ -549,7 +558,7 @@ async fn cleanup(
         }
         return Ok(Some(Duration::ZERO));
     }
-    if todo.blocked.is_empty() && todo.delete.is_empty() {
+    if todo.blocked.is_empty() && !pending {
         ctx.home.set_finalizer(fms, false).await?;
         return Ok(None);
     }

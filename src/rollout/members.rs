@@ -135,22 +135,27 @@ impl Members {
     }
 
     /// Deletes `cluster`'s Microservice if it is ours, on the uid and
-    /// resourceVersion just read.
+    /// resourceVersion just read. True when, as read live, nothing of ours
+    /// is there (any more); false when a delete was sent.
     pub async fn delete(
         &self,
         cluster: &str,
         namespace: &str,
         name: &str,
         owner: &str,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let client = self.client(cluster).await?;
         let api: Api<Microservice> = Api::namespaced(client, namespace);
         let err = |verb| move |e| RolloutError::member(cluster, verb, e);
         let Some(ms) = api.get_opt(name).await.map_err(err("get"))? else {
-            return Ok(());
+            return Ok(true);
         };
         if ms.labels().get(FLEET_LABEL).map(String::as_str) != Some(owner) {
-            return Ok(());
+            return Ok(true);
+        }
+        if ms.metadata.deletion_timestamp.is_some() {
+            // Going already (a finalizer holds it): no DELETE every round.
+            return Ok(false);
         }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -164,9 +169,9 @@ impl Members {
                 METRICS
                     .rollout_member_writes_total
                     .inc(&[cluster, "delete"]);
-                Ok(())
+                Ok(false)
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(true),
             Err(e) => Err(err("delete")(e)),
         }
     }

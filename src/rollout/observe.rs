@@ -2,10 +2,10 @@
 //! cluster's labels and reachability, and this FleetMicroservice's member
 //! object in each. Pure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::plan::{Cluster, Member};
-use super::spec::FLEET_LABEL;
+use super::spec::{FLEET_LABEL, FleetMicroserviceStatus};
 use crate::status::index::MicroserviceView;
 use crate::status::view::ClusterInfo;
 
@@ -52,19 +52,38 @@ pub fn clusters(
 /// deleted now, and which clusters hold the deletion up.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Cleanup {
+    /// Registered and answering: read live, and deleted if ours is there.
     pub delete: Vec<String>,
-    /// Not answering, with an object of ours or never listed: it may hold one.
+    /// May hold an object of ours, but not answering or not registered.
     pub blocked: Vec<String>,
 }
 
-pub fn cleanup(clusters: &[Cluster]) -> Cleanup {
+/// Which clusters to clean, from the durable record in the status (every
+/// cluster the object reached, and any written in the last round) and from
+/// the index (any seen holding ours), never from the index alone: it can
+/// lag a create. A cluster the object never reached holds nothing up, even
+/// one that is unreachable or Invalid (review H5).
+pub fn cleanup(clusters: &[Cluster], status: &FleetMicroserviceStatus) -> Cleanup {
+    let mut may_hold: BTreeSet<&str> = status.reached_clusters.iter().map(String::as_str).collect();
+    may_hold.extend(
+        status
+            .clusters
+            .iter()
+            .filter(|c| c.revision.is_some() || c.target.is_some())
+            .map(|c| c.name.as_str()),
+    );
+    may_hold.extend(
+        clusters
+            .iter()
+            .filter(|c| c.member.as_ref().is_some_and(|m| m.ours))
+            .map(|c| c.name.as_str()),
+    );
     let mut out = Cleanup::default();
-    for c in clusters {
-        let ours = c.member.as_ref().is_some_and(|m| m.ours);
-        if c.reachable && ours {
-            out.delete.push(c.name.clone());
-        } else if !c.reachable && (ours || !c.synced) {
-            out.blocked.push(c.name.clone());
+    for name in may_hold {
+        match clusters.iter().find(|c| c.name == name) {
+            Some(c) if c.reachable => out.delete.push(name.to_string()),
+            Some(_) => out.blocked.push(name.to_string()),
+            None => out.blocked.push(format!("{name} (not registered)")),
         }
     }
     out
@@ -158,14 +177,24 @@ mod tests {
             synced,
             member: m,
         };
-        let out = cleanup(&[
-            c("up", true, true, Some(member(true))),
-            c("foreign", true, true, Some(member(false))),
-            c("down", false, true, Some(member(true))),
-            c("never-listed", false, false, None),
-            c("down-empty", false, true, None),
-        ]);
-        assert_eq!(out.delete, vec!["up"]);
-        assert_eq!(out.blocked, vec!["down", "never-listed"]);
+        let status = FleetMicroserviceStatus {
+            reached_clusters: vec!["up".into(), "down".into(), "gone".into(), "lagging".into()],
+            ..Default::default()
+        };
+        let out = cleanup(
+            &[
+                c("up", true, true, Some(member(true))),
+                c("foreign", true, true, Some(member(false))),
+                c("down", false, true, Some(member(true))),
+                // Reached, but the index shows nothing yet: read live.
+                c("lagging", true, true, None),
+                // Never reached: it holds nothing up, down or Invalid.
+                c("never-listed", false, false, None),
+                c("down-empty", false, true, None),
+            ],
+            &status,
+        );
+        assert_eq!(out.delete, vec!["lagging", "up"]);
+        assert_eq!(out.blocked, vec!["down", "gone (not registered)"]);
     }
 }

@@ -901,6 +901,7 @@ pub fn plan(i: &Inputs) -> Plan {
         ),
         _ => Verdict::new(ROLLED_BACK, Status::False, "NotRolledBack", ""),
     });
+    let reached = reached(prev, i.clusters, &targets);
     let uniform = rows
         .first()
         .and_then(|r| r.at.filter(|_| r.in_sync))
@@ -917,6 +918,7 @@ pub fn plan(i: &Inputs) -> Plan {
         } else {
             last_good
         },
+        reached_clusters: reached,
         failed_clusters: match &mode {
             Mode::RollBack(_) | Mode::Failed => failed_clusters.clone(),
             _ => Vec::new(),
@@ -942,6 +944,37 @@ pub fn plan(i: &Inputs) -> Plan {
         status,
         requeue_after: requeue.filter(|_| writing || matches!(mode, Mode::HeldOnFailure)),
     }
+}
+
+/// The clusters that may hold this object (review H5): those in the last
+/// status, those seen holding it, and those being given a revision. One
+/// leaves the record only once it is seen without the object, with nothing
+/// written there in the last round (the index may lag a write).
+fn reached(
+    prev: &FleetMicroserviceStatus,
+    clusters: &[Cluster],
+    targets: &BTreeMap<&str, Option<String>>,
+) -> Vec<String> {
+    let mut out: std::collections::BTreeSet<String> =
+        prev.reached_clusters.iter().cloned().collect();
+    for c in clusters {
+        let ours = c.member.as_ref().is_some_and(|m| m.ours);
+        let written_lately = prev
+            .clusters
+            .iter()
+            .any(|p| p.name == c.name && (p.target.is_some() || p.revision.is_some()));
+        if ours {
+            out.insert(c.name.clone());
+        } else if c.reachable && c.synced && !written_lately {
+            out.remove(&c.name);
+        }
+    }
+    for (name, target) in targets {
+        if target.is_some() {
+            out.insert(name.to_string());
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// Holds each cluster in the wave it was in for this update revision once

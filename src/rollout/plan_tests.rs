@@ -1100,6 +1100,44 @@ mod review {
         assert_eq!(w.status.failed_clusters, vec!["m1"]);
     }
 
+    /// Review H5: a cluster taken out of the registry stays on the record
+    /// of clusters the object reached, so its deletion waits for it; a
+    /// cluster never reached holds nothing up.
+    #[test]
+    fn the_record_of_reached_clusters_survives_an_unregistration() {
+        let mut w = World::new(&[("m1", &[("ring", "canary")]), ("m2", &[]), ("m3", &[])]);
+        w.spec.placement.cluster_selector = LabelSelector {
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "ring".into(),
+                    operator: "Exists".into(),
+                    values: None,
+                },
+            ]),
+            ..Default::default()
+        };
+        w.spec.rollout.require_canary = Some(false);
+        w.complete();
+        assert_eq!(w.status.reached_clusters, vec!["m1"]);
+        let m1 = w.clusters.remove(0);
+        for _ in 0..3 {
+            w.wait(5);
+            w.step();
+        }
+        assert_eq!(w.status.reached_clusters, vec!["m1"], "kept while away");
+        // m2 is down and m3 Invalid: never reached, so they hold nothing up.
+        w.clusters[0].reachable = false;
+        w.clusters[1].synced = false;
+        w.clusters[1].reachable = false;
+        let todo = crate::rollout::observe::cleanup(&w.clusters, &w.status);
+        assert_eq!(todo.blocked, vec!["m1 (not registered)"]);
+        assert!(todo.delete.is_empty());
+        // Back, and read live.
+        w.clusters.insert(0, m1);
+        let todo = crate::rollout::observe::cleanup(&w.clusters, &w.status);
+        assert_eq!(todo.delete, vec!["m1"]);
+    }
+
     /// Review test gap 4: maxParallel holds while the index lags the writes.
     #[test]
     fn max_parallel_holds_while_the_index_lags() {

@@ -180,6 +180,11 @@ pub struct FleetMicroserviceStatus {
     /// The clusters whose failure failed that revision.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_clusters: Vec<String>,
+    /// Every cluster that may hold this object's Microservice: written to,
+    /// or seen holding it, and not yet seen without it. Deletion waits on
+    /// each of them, registered or not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reached_clusters: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<RolloutPhase>,
     /// The wave being rolled out.
