@@ -29,6 +29,7 @@ use super::spec::{
     ClusterState, FINALIZER, FleetMicroservice, FleetMicroserviceStatus, RolloutPhase, WaveState,
 };
 use super::write_log::{Outcome, WriteLog};
+use crate::crd::MicroserviceSpec;
 use crate::domain::conditions::{self, CLEANUP_BLOCKED, Status, Verdict};
 use crate::fleet::election::Timings;
 use crate::fleet::elector::{Elector, Leadership, release};
@@ -185,6 +186,9 @@ async fn work(ctx: Arc<Ctx>) {
     if !ctx.cache.ready().await {
         return;
     }
+    // Member writes of this term; dropped, and so cut, when the term ends.
+    let mut writes = tokio::task::JoinSet::new();
+    ctx.write_log().new_term();
     loop {
         let mut next = RESYNC;
         // Until the registry is read, the cluster set is unknown, not empty.
@@ -202,7 +206,7 @@ async fn work(ctx: Arc<Ctx>) {
             );
             // One object's defect must not end the task every rollout,
             // and this replica, depend on: a panic is one failed round.
-            let one = round(&ctx, &fms, &ctx.cache.revisions).instrument(span);
+            let one = round(&ctx, &fms, &ctx.cache.revisions, &mut writes).instrument(span);
             match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(one)).await {
                 Err(_) => {
                     tracing::error!(flotilla.fleet_microservice = %key, "rollout step panicked");
@@ -219,6 +223,7 @@ async fn work(ctx: Arc<Ctx>) {
         tokio::select! {
             _ = changed.changed() => {}
             _ = index.changed() => {}
+            Some(_) = writes.join_next() => {}
             _ = tokio::time::sleep(next) => {}
         }
         // Let a burst of changes settle into one round.
@@ -228,9 +233,10 @@ async fn work(ctx: Arc<Ctx>) {
 
 /// One FleetMicroservice, one round. Returns when to plan again at the latest.
 async fn round(
-    ctx: &Ctx,
+    ctx: &Arc<Ctx>,
     fms: &FleetMicroservice,
     revisions: &Store<ControllerRevision>,
+    writes: &mut tokio::task::JoinSet<()>,
 ) -> Result<Option<Duration>> {
     let name = fms.name_any();
     let namespace = fms.namespace().unwrap_or_default();
@@ -305,97 +311,45 @@ async fn round(
         .iter()
         .filter_map(|c| c.labels.as_ref().map(|l| (c.name.as_str(), l)))
         .collect();
-    // A member that refused is asked again after its backoff, not every round.
+    // A member that refused is asked again after its backoff, not every
+    // round; one with a write still in flight is not asked twice.
     let started = tokio::time::Instant::now();
     let due: Vec<&Action> = {
-        let log = ctx.write_log();
-        plan.actions
+        let mut log = ctx.write_log();
+        let due: Vec<&Action> = plan
+            .actions
             .iter()
             .filter(|a| log.due(&uid, action_cluster(a), started))
-            .collect()
+            .collect();
+        for a in &due {
+            log.start(&uid, action_cluster(a));
+        }
+        due
     };
     let held_back = due.len() < plan.actions.len();
-    let writes = due.iter().map(|action| {
-        let (ctx, namespace, name) = (ctx, namespace.clone(), name.clone());
-        let labels = &labels;
-        let existing = &existing;
-        async move {
-            let (cluster, verb) = match action {
-                Action::Apply { cluster, .. } => (cluster.clone(), "apply"),
-                Action::Delete { cluster } => (cluster.clone(), "delete"),
-            };
-            let span = tracing::info_span!("rollout write", k8s.cluster.name = %cluster, verb);
-            // What was meant, for the write log: the revision and its spec here.
-            let meant = match action {
-                Action::Apply { cluster, revision } => existing
-                    .iter()
-                    .find(|r| &r.name == revision)
-                    .zip(labels.get(cluster.as_str()))
-                    .map(|(rev, l)| {
-                        let spec = member_spec(&rev.data.template, &rev.data.overrides, l);
-                        (revision.clone(), spec)
-                    }),
-                Action::Delete { .. } => None,
-            };
-            let work = async {
-                match (action, &meant) {
-                    (Action::Apply { cluster, revision }, Some((_, spec))) => {
-                        let w = ctx
-                            .members
-                            .apply(cluster, &namespace, &name, &name, revision, spec)
-                            .await?;
-                        if w == Written::NotOurs {
-                            tracing::warn!(k8s.cluster.name = %cluster, "a Microservice that is not ours is in the way");
-                        }
-                        tracing::debug!(k8s.cluster.name = %cluster, revision = %revision, written = ?w, "member");
-                        Ok(w)
-                    }
-                    (Action::Apply { cluster, revision }, None) => Err(RolloutError::Revision(
-                        format!("revision {revision} for {cluster} is not stored"),
-                    )),
-                    (Action::Delete { cluster }, _) => ctx
-                        .members
-                        .delete(cluster, &namespace, &name, &name)
-                        .await
-                        .map(|_| Written::Unchanged),
-                }
-            };
-            let result = match tokio::time::timeout(WRITE_TIMEOUT, work).instrument(span).await {
-                Ok(r) => r,
-                Err(_) => Err(RolloutError::NoClient {
-                    cluster: cluster.clone(),
-                    reason: format!("no answer within {WRITE_TIMEOUT:?}"),
+    // Member writes run beside the rounds, so one slow member stalls no
+    // other FleetMicroservice (review M3); each is bounded, and all of them
+    // end with the term (the set is dropped with `work`).
+    for action in due {
+        let meant = match action {
+            Action::Apply { cluster, revision } => existing
+                .iter()
+                .find(|r| &r.name == revision)
+                .zip(labels.get(cluster.as_str()))
+                .map(|(rev, l)| {
+                    let spec = member_spec(&rev.data.template, &rev.data.overrides, l);
+                    (revision.clone(), spec)
                 }),
-            };
-            if let Err(e) = &result {
-                tracing::warn!(k8s.cluster.name = %cluster, error = %e, category = e.category(), "member write failed");
-            }
-            let digest = |spec| super::placement::digest(spec);
-            let outcome = match (result, meant) {
-                (Ok(Written::Altered), Some((revision, spec))) => Outcome::Altered {
-                    revision,
-                    digest: digest(&spec),
-                },
-                (Ok(_), _) => Outcome::Ok,
-                (Err(e), Some((revision, spec))) => Outcome::ApplyFailed {
-                    revision,
-                    digest: digest(&spec),
-                    kind: e.trouble(),
-                },
-                (Err(_), None) => Outcome::DeleteFailed,
-            };
-            (cluster, outcome)
-        }
-    });
-    let outcomes = futures::future::join_all(writes).await;
-    let failed = outcomes
-        .iter()
-        .any(|(_, o)| matches!(o, Outcome::ApplyFailed { .. } | Outcome::DeleteFailed));
-    {
-        let mut log = ctx.write_log();
-        for (cluster, outcome) in outcomes {
-            log.record(&uid, &cluster, outcome, started);
-        }
+            Action::Delete { .. } => None,
+        };
+        let write = Write {
+            uid: uid.clone(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            action: action.clone(),
+            meant,
+        };
+        writes.spawn(write.run(ctx.clone()));
     }
 
     // History: keep what is in use, drop the oldest beyond the limit.
@@ -409,7 +363,7 @@ async fn round(
     for old in revision::prune(&existing, limit, &keep) {
         ctx.home.delete_revision(&namespace, &old).await?;
     }
-    let again = if failed || held_back {
+    let again = if held_back {
         Some(Duration::from_secs(1))
     } else if plan.actions.is_empty() {
         plan.requeue_after
@@ -418,6 +372,92 @@ async fn round(
         Some(Duration::from_millis(500))
     };
     Ok(again)
+}
+
+/// One member write, run beside the rounds; its outcome goes to the write log.
+struct Write {
+    uid: String,
+    namespace: String,
+    name: String,
+    action: Action,
+    /// For an apply: the revision and the spec it gives this cluster.
+    meant: Option<(String, MicroserviceSpec)>,
+}
+
+impl Write {
+    async fn run(self, ctx: Arc<Ctx>) {
+        let Write {
+            uid,
+            namespace,
+            name,
+            action,
+            meant,
+        } = self;
+        let (cluster, verb) = match &action {
+            Action::Apply { cluster, .. } => (cluster.clone(), "apply"),
+            Action::Delete { cluster } => (cluster.clone(), "delete"),
+        };
+        let span = tracing::info_span!("rollout write", k8s.cluster.name = %cluster, verb);
+        let work = async {
+            match (&action, &meant) {
+                (Action::Apply { cluster, revision }, Some((_, spec))) => {
+                    let w = ctx
+                        .members
+                        .apply(
+                            cluster.as_str(),
+                            &namespace,
+                            &name,
+                            &name,
+                            revision.as_str(),
+                            spec,
+                        )
+                        .await?;
+                    if w == Written::NotOurs {
+                        tracing::warn!(k8s.cluster.name = %cluster, "a Microservice that is not ours is in the way");
+                    }
+                    tracing::debug!(k8s.cluster.name = %cluster, revision = %revision, written = ?w, "member");
+                    Ok(w)
+                }
+                (Action::Apply { cluster, revision }, None) => Err(RolloutError::Revision(
+                    format!("revision {revision} for {cluster} is not stored"),
+                )),
+                (Action::Delete { cluster }, _) => ctx
+                    .members
+                    .delete(cluster.as_str(), &namespace, &name, &name)
+                    .await
+                    .map(|_| Written::Unchanged),
+            }
+        };
+        let result = match tokio::time::timeout(WRITE_TIMEOUT, work)
+            .instrument(span)
+            .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(RolloutError::NoClient {
+                cluster: cluster.clone(),
+                reason: format!("no answer within {WRITE_TIMEOUT:?}"),
+            }),
+        };
+        if let Err(e) = &result {
+            tracing::warn!(k8s.cluster.name = %cluster, error = %e, category = e.category(), "member write failed");
+        }
+        let digest = |spec| super::placement::digest(spec);
+        let outcome = match (result, meant) {
+            (Ok(Written::Altered), Some((revision, spec))) => Outcome::Altered {
+                revision,
+                digest: digest(&spec),
+            },
+            (Ok(_), _) => Outcome::Ok,
+            (Err(e), Some((revision, spec))) => Outcome::ApplyFailed {
+                revision,
+                digest: digest(&spec),
+                kind: e.trouble(),
+            },
+            (Err(_), None) => Outcome::DeleteFailed,
+        };
+        ctx.write_log()
+            .record(&uid, &cluster, outcome, tokio::time::Instant::now());
+    }
 }
 
 fn action_cluster(a: &Action) -> &str {

@@ -32,6 +32,8 @@ pub const AVAILABLE: &str = conditions::AVAILABLE;
 pub const ROLLED_BACK: &str = "RolledBack";
 /// The reason of a cluster that left the registry while its wave ran.
 pub const NOT_REGISTERED: &str = "NotRegistered";
+/// The reason of a cluster whose labels cannot be read.
+pub const LABELS_UNKNOWN: &str = "LabelsUnknown";
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
 /// The longest bake or progress deadline a spec may ask for: a week keeps
 /// every sum of stamps and spans far from overflow.
@@ -417,10 +419,23 @@ pub fn plan(i: &Inputs) -> Plan {
             );
         }
     }
-    // A cluster gone from the registry mid-wave fails after the deadline,
-    // so a decommissioned canary cannot hold a rollout forever.
-    for g in ghosts.iter().filter(|_| !failed_before && !i.spec.paused) {
-        let p = prev_of(g).filter(|p| same_update && p.reason == NOT_REGISTERED);
+    // A cluster gone from the registry mid-wave, or whose labels cannot be
+    // read, fails after the deadline: a decommissioned canary or a broken
+    // labels file cannot hold a rollout forever (review H3, M7).
+    let in_a_wave = |n: &str| wave_list.iter().any(|(_, m)| m.iter().any(|x| x == n));
+    let absent: Vec<(&str, &str)> = ghosts
+        .iter()
+        .map(|g| (*g, NOT_REGISTERED))
+        .chain(
+            unknown
+                .iter()
+                .filter(|c| in_a_wave(&c.name))
+                .map(|c| (c.name.as_str(), LABELS_UNKNOWN)),
+        )
+        .collect();
+    for (g, why) in absent.iter().filter(|_| !failed_before && !i.spec.paused) {
+        let g = *g;
+        let p = prev_of(g).filter(|p| same_update && p.reason == *why);
         match p {
             Some(p) if p.state == ClusterState::Failed => {
                 failures.insert(g, (p.reason.clone(), p.message.clone()));
@@ -428,12 +443,17 @@ pub fn plan(i: &Inputs) -> Plan {
             Some(p) => match left(i.now, &p.since, settings.deadline) {
                 Some(rest) => soon(rest),
                 None => {
+                    let what = if *why == NOT_REGISTERED {
+                        "left the registry while its wave ran"
+                    } else {
+                        "its labels cannot be read, so its placement is unknown"
+                    };
                     failures.insert(
                         g,
                         (
-                            NOT_REGISTERED.into(),
+                            why.to_string(),
                             format!(
-                                "left the registry while its wave ran, and did not return within the progress deadline ({:?})",
+                                "{what}, and did not recover within the progress deadline ({:?})",
                                 settings.deadline
                             ),
                         ),
@@ -682,7 +702,10 @@ pub fn plan(i: &Inputs) -> Plan {
     }
     for c in unknown.iter().chain(leaving.iter()) {
         let (state, reason, message) = match removals.get(c.name.as_str()) {
-            _ if c.labels.is_none() => (ClusterState::Unknown, "LabelsUnknown", String::new()),
+            _ if let Some((_, message)) = failures.get(c.name.as_str()) => {
+                (ClusterState::Failed, LABELS_UNKNOWN, message.clone())
+            }
+            _ if c.labels.is_none() => (ClusterState::Unknown, LABELS_UNKNOWN, String::new()),
             Some(Leave::Waits(wave)) => (
                 ClusterState::Removing,
                 "WaitingToLeave",

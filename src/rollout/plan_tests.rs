@@ -783,7 +783,9 @@ mod review {
             assert!(p.actions.is_empty(), "the rest wait: {:?}", p.actions);
         }
         assert_eq!(w.written(&r2), vec!["m1"]);
-        assert_eq!(w.status.waves[0].state, WaveState::Progressing);
+        // Past the deadline since its labels went: failed, not held forever.
+        assert_eq!(w.status.waves[0].state, WaveState::Failed);
+        assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
     }
 
     #[test]
@@ -1136,6 +1138,32 @@ mod review {
         w.clusters.insert(0, m1);
         let todo = crate::rollout::observe::cleanup(&w.clusters, &w.status);
         assert_eq!(todo.delete, vec!["m1"]);
+    }
+
+    /// Review M7: a cluster whose labels stay unreadable fails at the
+    /// progress deadline instead of holding the rollout forever.
+    #[test]
+    fn unreadable_labels_count_against_the_deadline() {
+        let mut w = World::three();
+        w.complete();
+        w.spec.template.image = "app:2".into();
+        w.step();
+        w.clusters[0].labels = None;
+        w.wait(30);
+        w.step();
+        // The deadline counts from when the labels became unreadable.
+        w.wait(31);
+        w.step();
+        assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+        w.wait(31);
+        w.step();
+        let m1 = w.status.clusters.iter().find(|c| c.name == "m1").unwrap();
+        assert_eq!(
+            (m1.state, m1.reason.as_str()),
+            (ClusterState::Failed, LABELS_UNKNOWN)
+        );
+        assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
+        assert_eq!(w.status.failed_clusters, vec!["m1"]);
     }
 
     /// Review test gap 4: maxParallel holds while the index lags the writes.

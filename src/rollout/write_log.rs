@@ -37,6 +37,8 @@ struct Noted {
 #[derive(Default)]
 pub struct WriteLog {
     by_object: BTreeMap<String, BTreeMap<String, Noted>>,
+    /// (uid, cluster) with a write under way: not asked twice at once.
+    in_flight: BTreeSet<(String, String)>,
 }
 
 impl WriteLog {
@@ -52,13 +54,30 @@ impl WriteLog {
 
     /// Whether a write to `cluster` may go now.
     pub fn due(&self, uid: &str, cluster: &str, now: Instant) -> bool {
-        self.by_object
-            .get(uid)
-            .and_then(|m| m.get(cluster))
-            .is_none_or(|n| n.next_try <= now)
+        !self
+            .in_flight
+            .contains(&(uid.to_string(), cluster.to_string()))
+            && self
+                .by_object
+                .get(uid)
+                .and_then(|m| m.get(cluster))
+                .is_none_or(|n| n.next_try <= now)
+    }
+
+    /// A write to `cluster` starts.
+    pub fn start(&mut self, uid: &str, cluster: &str) {
+        self.in_flight
+            .insert((uid.to_string(), cluster.to_string()));
+    }
+
+    /// A new term: the writes of the last one were cut.
+    pub fn new_term(&mut self) {
+        self.in_flight.clear();
     }
 
     pub fn record(&mut self, uid: &str, cluster: &str, outcome: Outcome, now: Instant) {
+        self.in_flight
+            .remove(&(uid.to_string(), cluster.to_string()));
         let object = self.by_object.entry(uid.to_string()).or_default();
         let before = object.remove(cluster);
         let attempts = before.as_ref().map_or(0, |n| n.attempts) + 1;
@@ -109,6 +128,7 @@ impl WriteLog {
     /// Forgets the objects that are gone.
     pub fn retain(&mut self, live: &BTreeSet<String>) {
         self.by_object.retain(|uid, _| live.contains(uid));
+        self.in_flight.retain(|(uid, _)| live.contains(uid));
     }
 }
 
@@ -145,6 +165,11 @@ mod tests {
         log.record("u", "m1", Outcome::Ok, t0);
         assert!(log.troubles("u").is_empty());
         assert!(log.due("u", "m1", t0));
+        // One write at a time per object and cluster.
+        log.start("u", "m1");
+        assert!(!log.due("u", "m1", t0));
+        log.new_term();
+        assert!(log.due("u", "m1", t0), "a cut write is forgotten");
     }
 
     #[test]
