@@ -1305,3 +1305,236 @@ mod review {
         );
     }
 }
+
+mod chaos {
+    //! The review's world (test gap 3): five clusters, three waves, a
+    //! maxParallel of one, and events that relabel, unregister, cut off,
+    //! fail and pause, in any order.
+    use super::*;
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 5] = ["m1", "m2", "m3", "m4", "m5"];
+
+    #[derive(Clone, Debug)]
+    enum Event {
+        Plan,
+        CrashAfterStatus,
+        Done(usize),
+        Fail(usize),
+        Wait(u64),
+        Edit(u8),
+        Relabel(usize, u8),
+        Unregister(usize),
+        Reregister(usize),
+        Unreachable(usize),
+        Reachable(usize),
+        Pause(bool),
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            6 => Just(Event::Plan),
+            1 => Just(Event::CrashAfterStatus),
+            4 => (0usize..5).prop_map(Event::Done),
+            1 => (0usize..5).prop_map(Event::Fail),
+            3 => (1u64..40).prop_map(Event::Wait),
+            1 => (1u8..4).prop_map(Event::Edit),
+            1 => ((0usize..5), (0u8..3)).prop_map(|(i, r)| Event::Relabel(i, r)),
+            1 => (0usize..5).prop_map(Event::Unregister),
+            1 => (0usize..5).prop_map(Event::Reregister),
+            1 => (0usize..5).prop_map(Event::Unreachable),
+            1 => (0usize..5).prop_map(Event::Reachable),
+            1 => any::<bool>().prop_map(Event::Pause),
+        ]
+    }
+
+    fn ring(r: u8) -> &'static str {
+        ["canary", "early", "late"][r as usize]
+    }
+
+    fn world() -> World {
+        let mut w = World::new(&[
+            ("m1", &[("ring", "canary")]),
+            ("m2", &[("ring", "early")]),
+            ("m3", &[("ring", "early")]),
+            ("m4", &[("ring", "late")]),
+            ("m5", &[("ring", "late")]),
+        ]);
+        w.spec.rollout.waves.push(Wave {
+            name: "early".into(),
+            cluster_selector: sel("ring", "early"),
+            max_parallel: Some(IntOrString::Int(1)),
+        });
+        w.spec.rollout.max_failed_clusters = 1;
+        w
+    }
+
+    /// Checks one plan against the invariants; `before` is the status it was
+    /// planned from.
+    fn check(before: &FleetMicroserviceStatus, p: &Plan) -> Result<(), TestCaseError> {
+        let st = &p.status;
+        let update = st.update_revision.clone().unwrap_or_default();
+        // A valid spec with an unchanged placement deletes nothing.
+        prop_assert!(
+            !p.actions.iter().any(|a| matches!(a, Action::Delete { .. })),
+            "a delete: {:?}",
+            p.actions
+        );
+        // Outside the canary, an unproven update goes out only once the
+        // canary wave passed on evidence (Done, never Skipped or Failed).
+        let proven = before.last_good_revision.as_deref() == Some(update.as_str());
+        let canary = st.waves.first().filter(|w| w.name == "canary");
+        for a in &p.actions {
+            if let Action::Apply { cluster, revision } = a
+                && *revision == update
+                && !proven
+                && let Some(c) = canary
+                && !c.clusters.contains(cluster)
+            {
+                // Passed now with a cluster in it, or passed before (then
+                // checked the same way) and its cluster has gone since.
+                let passed_before = before.update_revision.as_deref() == Some(update.as_str())
+                    && before
+                        .waves
+                        .first()
+                        .is_some_and(|w| w.name == "canary" && w.state == WaveState::Done);
+                let evidence = st.clusters.iter().any(|k| {
+                    c.clusters.contains(&k.name)
+                        && k.state == ClusterState::Done
+                        && k.revision.as_deref() == Some(update.as_str())
+                });
+                prop_assert!(
+                    c.state == WaveState::Done && (evidence || passed_before),
+                    "{} got {} early: {:?}",
+                    cluster,
+                    revision,
+                    st
+                );
+            }
+        }
+        // Complete is the whole truth.
+        if st.phase == Some(RolloutPhase::Complete) {
+            let rows: Vec<&ClusterStatus> = st
+                .clusters
+                .iter()
+                .filter(|c| c.state != ClusterState::Removing)
+                .collect();
+            prop_assert!(rows.iter().any(|c| c.state == ClusterState::Done), "{st:?}");
+            prop_assert!(
+                rows.iter().all(|c| c.state == ClusterState::Done
+                    && c.revision.as_deref() == Some(update.as_str())),
+                "Complete but: {st:?}"
+            );
+        }
+        // maxParallel 1 in `early`: at most one written and not yet done,
+        // among those started while the wave was open.
+        if let Some(early) = st.waves.iter().find(|w| w.name == "early")
+            && early.state == WaveState::Progressing
+            && st.phase == Some(RolloutPhase::Progressing)
+        {
+            let writing = st
+                .clusters
+                .iter()
+                .filter(|c| early.clusters.contains(&c.name))
+                .filter(|c| c.target.as_deref() == Some(update.as_str()))
+                .filter(|c| matches!(c.state, ClusterState::Updating))
+                .count();
+            prop_assert!(writing <= 1, "{writing} updating in early: {st:?}");
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+        #[test]
+        fn no_wave_without_evidence_no_delete_and_complete_is_true(
+            events in proptest::collection::vec(event(), 1..80)
+        ) {
+            let mut w = world();
+            let mut away: Vec<Cluster> = Vec::new();
+            for e in events {
+                match e {
+                    Event::Plan => {
+                        let before = w.status.clone();
+                        let p = w.step();
+                        check(&before, &p)?;
+                    }
+                    Event::CrashAfterStatus => {
+                        let before = w.status.clone();
+                        let p = w.plan();
+                        check(&before, &p)?;
+                        w.status = p.status;
+                    }
+                    Event::Done(i) | Event::Fail(i) => {
+                        let failed = matches!(e, Event::Fail(_));
+                        // The index sees no change in a cluster it cannot reach.
+                        if let Some(c) = w.clusters.iter_mut().find(|c| c.name == NAMES[i] && c.reachable)
+                            && let Some(m) = c.member.as_mut()
+                        {
+                            m.state = if failed { EntryState::Failed } else { EntryState::Done };
+                            m.reason = if failed { "InvalidSpec" } else { "Available" }.into();
+                        }
+                    }
+                    Event::Wait(s) => w.wait(s),
+                    Event::Edit(n) => w.spec.template.image = format!("app:{n}"),
+                    Event::Relabel(i, r) => {
+                        if let Some(c) = w.clusters.iter_mut().find(|c| c.name == NAMES[i]) {
+                            c.labels = Some(BTreeMap::from([("ring".into(), ring(r).into())]));
+                        }
+                    }
+                    Event::Unregister(i) => {
+                        if let Some(at) = w.clusters.iter().position(|c| c.name == NAMES[i]) {
+                            away.push(w.clusters.remove(at));
+                        }
+                    }
+                    Event::Reregister(i) => {
+                        if let Some(at) = away.iter().position(|c| c.name == NAMES[i]) {
+                            w.clusters.push(away.remove(at));
+                            w.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+                        }
+                    }
+                    Event::Unreachable(i) | Event::Reachable(i) => {
+                        let up = matches!(e, Event::Reachable(_));
+                        // As the index shows it: reachability folded into
+                        // the member's state.
+                        if let Some(c) = w.clusters.iter_mut().find(|c| c.name == NAMES[i]) {
+                            c.reachable = up;
+                            if let Some(m) = c.member.as_mut() {
+                                match (up, m.state) {
+                                    (false, _) => m.state = EntryState::Unknown,
+                                    (true, EntryState::Unknown) => m.state = EntryState::Progressing,
+                                    _ => {}
+                                }
+                            }
+                        }
+                    }
+                    Event::Pause(p) => w.spec.paused = p,
+                }
+            }
+            // Then everything turns done but what was failed, and every
+            // round is checked again on the way.
+            let broken: Vec<String> = w
+                .clusters
+                .iter()
+                .filter(|c| c.member.as_ref().is_some_and(|m| m.state == EntryState::Failed))
+                .map(|c| c.name.clone())
+                .collect();
+            w.spec.paused = false;
+            for _ in 0..12 {
+                for c in w.clusters.iter_mut() {
+                    if let Some(m) = c.member.as_mut()
+                        && !broken.contains(&c.name)
+                        && c.reachable
+                    {
+                        m.state = EntryState::Done;
+                        m.reason = "Available".into();
+                    }
+                }
+                let before = w.status.clone();
+                let p = w.step();
+                check(&before, &p)?;
+                w.wait(31);
+            }
+        }
+    }
+}
