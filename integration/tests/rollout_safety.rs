@@ -423,3 +423,76 @@ async fn deletion_waits_for_an_unregistered_member_and_leaves_nothing_behind() {
     );
     assert!(!fleet_writes("member-3", &ns).is_empty());
 }
+
+/// Review item 7: the rollout leader, stopped (SIGSTOP) in the middle of
+/// its waves and woken after a successor took over, writes nothing more:
+/// every home and member write of the fleet controller lies inside its
+/// writer's home term, from the apiservers' own audit records.
+#[tokio::test]
+async fn a_rollout_leader_stopped_mid_wave_writes_nothing_after_its_term() {
+    let fleet = rollout_fleet("fms-sigstop", &[("member-1", "ring: canary\n")]).await;
+    let ns = fleet.namespace.clone();
+    let lease = format!("{}-rollouts", fleet.replicas.lease_name());
+    let names: Vec<String> = (0..6).map(|i| format!("svc-{i}")).collect();
+    let rollout = json!({
+        "waves": [{"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}}],
+        "bake": "2s",
+    });
+    for n in &names {
+        fleet
+            .create(fleet_microservice(n, "ghcr.io/acme/svc:1", rollout.clone()))
+            .await;
+    }
+    let leader = fleet.rollout_leader().await;
+    let agent = format!("flotilla-fleet/{leader}");
+    // Stopped while it is writing.
+    eventually("the leader writing", Duration::from_secs(60), || {
+        let n = fleet_writes("member-1", &ns)
+            .iter()
+            .filter(|w| w.user_agent == agent)
+            .count();
+        async move { (n >= 2).then_some(()) }
+    })
+    .await;
+    fleet.replicas.signal(&leader, "STOP");
+    let successor = eventually("a successor writing", Duration::from_secs(60), || {
+        let written: Vec<String> = MEMBERS_OF_FLEET
+            .iter()
+            .flat_map(|m| fleet_writes(m, &ns))
+            .map(|w| w.user_agent)
+            .filter(|u| u.starts_with("flotilla-fleet/") && *u != agent)
+            .collect();
+        let (lease, home, ns, leader) = (
+            lease.clone(),
+            fleet.home.clone(),
+            ns.clone(),
+            leader.clone(),
+        );
+        async move {
+            let held = support::replicas::holder_in(&home, &ns, &lease).await?;
+            let by = format!("flotilla-fleet/{held}");
+            (held != leader && written.contains(&by)).then_some(held)
+        }
+    })
+    .await;
+    fleet.replicas.signal(&leader, "CONT");
+    // Awake with its rounds and writes half done: give it time to try.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    for n in &names {
+        fleet
+            .wait_phase(n, RolloutPhase::Complete, Duration::from_secs(120))
+            .await;
+    }
+    let checked = assert_fleet_writes_inside_home_terms(
+        &ns,
+        &lease,
+        Duration::from_millis(1500),
+        Duration::from_millis(200),
+    );
+    assert!(checked > 20, "only {checked} writes were checked");
+    println!(
+        "figure: rollout leader {leader} stopped mid-wave, {successor} took over; fleet-controller writes checked against home terms: {checked}"
+    );
+}
+
+const MEMBERS_OF_FLEET: [&str; 3] = ["member-1", "member-2", "member-3"];

@@ -547,7 +547,7 @@ fn audit_log(cluster: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn audit_events(cluster: &str) -> Vec<serde_json::Value> {
+pub fn audit_events(cluster: &str) -> Vec<serde_json::Value> {
     audit_log(cluster)
         .into_iter()
         .filter(|e| {
@@ -558,7 +558,7 @@ fn audit_events(cluster: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn received(e: &serde_json::Value) -> jiff::Timestamp {
+pub fn received(e: &serde_json::Value) -> jiff::Timestamp {
     e["requestReceivedTimestamp"]
         .as_str()
         .and_then(|t| t.parse().ok())

@@ -266,7 +266,13 @@ impl Drop for Replicas {
 }
 
 pub async fn holder(client: &Client, lease: &str) -> Option<String> {
-    let l = Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE)
+    holder_in(client, LEASE_NAMESPACE, lease).await
+}
+
+/// The holder of a Lease in `namespace` (the home cluster's rollout Lease
+/// lives in the fleet's home namespace).
+pub async fn holder_in(client: &Client, namespace: &str, lease: &str) -> Option<String> {
+    let l = Api::<Lease>::namespaced(client.clone(), namespace)
         .get_opt(lease)
         .await
         .ok()??;

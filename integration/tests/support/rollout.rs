@@ -333,3 +333,82 @@ pub async fn controller_writes(replicas: &Replicas) -> (BTreeMap<String, f64>, f
     }
     (home, members)
 }
+
+/// The single-writer property of the fleet controller, from the
+/// apiservers' own records: every write it made (home: FleetMicroservices,
+/// their status, ControllerRevisions and Events in `namespace`; members:
+/// Microservices) was received while its writer held the home Lease
+/// `lease`, within `renew_deadline` (plus `slack`) of its last renewal.
+/// Returns how many writes were checked.
+pub fn assert_fleet_writes_inside_home_terms(
+    namespace: &str,
+    lease: &str,
+    renew_deadline: Duration,
+    slack: Duration,
+) -> usize {
+    let leases = super::lease_writes("home", namespace, lease);
+    let mut writes: Vec<(String, String, jiff::Timestamp, String)> = Vec::new();
+    for member in MEMBERS {
+        for w in fleet_writes(member, namespace) {
+            let writer = w
+                .user_agent
+                .trim_start_matches("flotilla-fleet/")
+                .to_string();
+            writes.push((
+                member.to_string(),
+                writer,
+                w.received,
+                format!("{} {}", w.verb, w.name),
+            ));
+        }
+    }
+    for e in super::audit_events("home") {
+        let resource = e["objectRef"]["resource"].as_str().unwrap_or_default();
+        if e["objectRef"]["namespace"] != namespace
+            || !matches!(
+                resource,
+                "fleetmicroservices" | "controllerrevisions" | "events"
+            )
+            || !matches!(
+                e["verb"].as_str(),
+                Some("create" | "update" | "patch" | "delete")
+            )
+        {
+            continue;
+        }
+        let Some(writer) = e["userAgent"]
+            .as_str()
+            .and_then(|u| u.strip_prefix("flotilla/"))
+        else {
+            continue;
+        };
+        let writer = writer
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let what = format!(
+            "{} {} {}",
+            e["verb"].as_str().unwrap_or_default(),
+            resource,
+            e["objectRef"]["name"].as_str().unwrap_or_default()
+        );
+        writes.push(("home".into(), writer, super::received(&e), what));
+    }
+    let limit = jiff::SignedDuration::try_from(renew_deadline + slack).expect("duration");
+    for (cluster, writer, at, what) in &writes {
+        let last = leases.iter().rev().find(|l| l.received <= *at);
+        let renewed = leases
+            .iter()
+            .rev()
+            .find(|r| r.received <= *at && r.writer == *writer && r.holder == *writer);
+        let ok = last.is_some_and(|l| l.holder == *writer)
+            && renewed.is_some_and(|r| at.duration_since(r.received) <= limit);
+        assert!(
+            ok,
+            "split brain: {writer} wrote {what} in {cluster} at {at} outside its home term; \
+             last home Lease write before it: {last:?}"
+        );
+    }
+    writes.len()
+}
