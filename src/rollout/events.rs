@@ -60,15 +60,73 @@ pub fn changes(before: &FleetMicroserviceStatus, after: &FleetMicroserviceStatus
                 } else {
                     "ClusterStateChanged"
                 },
-                message: format!(
-                    "cluster {} is {:?} at {} ({})",
-                    c.name,
-                    c.state,
-                    c.target.as_deref().unwrap_or("no revision"),
-                    c.reason
-                ),
+                message: if c.state == ClusterState::Failed {
+                    // The revision that failed there, not the one a rollback
+                    // now gives it.
+                    format!(
+                        "cluster {} failed revision {} ({}){}",
+                        c.name,
+                        after.update_revision.as_deref().unwrap_or("-"),
+                        c.reason,
+                        match c.target.as_deref() {
+                            Some(t) if Some(t) != after.update_revision.as_deref() => {
+                                format!("; going back to {t}")
+                            }
+                            _ => String::new(),
+                        }
+                    )
+                } else {
+                    format!(
+                        "cluster {} is {:?} at {} ({})",
+                        c.name,
+                        c.state,
+                        c.target.as_deref().unwrap_or("no revision"),
+                        c.reason
+                    )
+                },
             });
         }
     }
     notes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::spec::ClusterStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    /// Review: after a rollback, the ClusterFailed Event named the last good
+    /// revision (the cluster's new target) as the one that failed.
+    #[test]
+    fn a_failed_cluster_event_names_the_revision_that_failed() {
+        let at = Time("2026-01-01T00:00:00Z".parse().unwrap());
+        let cluster = |state, target: &str| ClusterStatus {
+            name: "m1".into(),
+            revision: Some("api-bad".into()),
+            target: Some(target.into()),
+            state,
+            reason: "ProgressDeadlineExceeded".into(),
+            message: String::new(),
+            since: at.clone(),
+            targeted: None,
+        };
+        let before = FleetMicroserviceStatus {
+            update_revision: Some("api-bad".into()),
+            clusters: vec![cluster(ClusterState::Updating, "api-bad")],
+            ..Default::default()
+        };
+        let after = FleetMicroserviceStatus {
+            update_revision: Some("api-bad".into()),
+            clusters: vec![cluster(ClusterState::Failed, "api-good")],
+            ..Default::default()
+        };
+        let notes = changes(&before, &after);
+        let failed = notes.iter().find(|n| n.reason == "ClusterFailed").unwrap();
+        assert!(failed.warning);
+        assert_eq!(
+            failed.message,
+            "cluster m1 failed revision api-bad (ProgressDeadlineExceeded); going back to api-good"
+        );
+    }
 }
