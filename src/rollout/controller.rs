@@ -188,6 +188,8 @@ async fn work(ctx: Arc<Ctx>) {
     }
     // Member writes of this term; dropped, and so cut, when the term ends.
     let mut writes = tokio::task::JoinSet::new();
+    // Stamps older than this may be on another replica's clock.
+    let term_started = jiff::Timestamp::now();
     ctx.write_log().new_term();
     loop {
         let mut next = RESYNC;
@@ -206,7 +208,8 @@ async fn work(ctx: Arc<Ctx>) {
             );
             // One object's defect must not end the task every rollout,
             // and this replica, depend on: a panic is one failed round.
-            let one = round(&ctx, &fms, &ctx.cache.revisions, &mut writes).instrument(span);
+            let one =
+                round(&ctx, &fms, &ctx.cache.revisions, &mut writes, term_started).instrument(span);
             match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(one)).await {
                 Err(_) => {
                     tracing::error!(flotilla.fleet_microservice = %key, "rollout step panicked");
@@ -237,6 +240,7 @@ async fn round(
     fms: &FleetMicroservice,
     revisions: &Store<ControllerRevision>,
     writes: &mut tokio::task::JoinSet<()>,
+    term_started: jiff::Timestamp,
 ) -> Result<Option<Duration>> {
     let name = fms.name_any();
     let namespace = fms.namespace().unwrap_or_default();
@@ -293,6 +297,7 @@ async fn round(
         clusters: &clusters,
         troubles: &troubles,
         now,
+        term_started,
     });
     tracing::Span::current().record("flotilla.revision", update.number);
 

@@ -101,6 +101,29 @@ pub fn left(now: Timestamp, since: &Time, span: Duration) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms as u64))
 }
 
+/// How much of a span an inherited stamp may vouch for: a term that takes
+/// over counts at least this much of every bake and deadline on its own
+/// clock (or the whole span, when shorter).
+pub const INHERITED_ALLOWANCE: Duration = Duration::from_secs(30);
+
+/// A stamp as this term may trust it for `span` (review M5). Stamps this
+/// term wrote are on its own clock. One written before it began may come
+/// from another replica's clock, ahead or behind: it is moved no earlier
+/// than where the span would end `min(span, allowance)` after the term
+/// began, so a successor whose clock runs ahead cannot cut a bake short or
+/// fire a deadline early by more than the allowance.
+pub fn trusted(since: &Time, span: Duration, term_started: Timestamp) -> Time {
+    if since.0 >= term_started {
+        return since.clone();
+    }
+    let owed = span.saturating_sub(span.min(INHERITED_ALLOWANCE));
+    let floor = jiff::SignedDuration::try_from(owed)
+        .ok()
+        .and_then(|d| term_started.checked_sub(d).ok())
+        .unwrap_or(Timestamp::MIN);
+    Time(since.0.max(floor))
+}
+
 /// `now` in whole seconds, as a status stamp.
 pub fn stamp(now: Timestamp) -> Time {
     Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
@@ -173,6 +196,27 @@ mod tests {
         let t = Time(at(T0));
         let g = gate(&[Evidence::Pending], true, Some(&t), BAKE, at(T0));
         assert_eq!(g, Gate::Done(t));
+    }
+
+    /// Review M5: a successor whose clock runs two minutes ahead inherits a
+    /// stamp that looks two minutes old; it still bakes 30 s on its own clock.
+    #[test]
+    fn an_inherited_stamp_vouches_for_at_most_the_allowance() {
+        let term = at("2026-01-01T00:05:00Z");
+        let stamp = Time(at("2026-01-01T00:03:00Z"));
+        let bake = Duration::from_secs(30);
+        let t = trusted(&stamp, bake, term);
+        assert_eq!(t.0, term, "the whole 30 s bake counts from the term");
+        assert!(left(term, &t, bake).is_some());
+        // A long bake: the stamp vouches for all but the allowance.
+        let hour = Duration::from_secs(3600);
+        let t = trusted(&stamp, hour, term);
+        assert_eq!(t, stamp, "an old enough stamp is kept");
+        let t = trusted(&Time(at("2026-01-01T00:04:59Z")), bake, term);
+        assert_eq!(t.0, term);
+        // A stamp of this term is its own.
+        let own = Time(at("2026-01-01T00:05:10Z"));
+        assert_eq!(trusted(&own, bake, term), own);
     }
 
     /// Review H2: a span or stamp at the edge of the range saturates.

@@ -81,6 +81,9 @@ pub struct Inputs<'a> {
     pub troubles: &'a BTreeMap<String, Trouble>,
     /// The clock; status stamps keep its whole seconds.
     pub now: Timestamp,
+    /// When this leader's term began, on the same clock: stamps older than
+    /// it may come from another replica's clock.
+    pub term_started: Timestamp,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -273,7 +276,7 @@ pub fn plan(i: &Inputs) -> Plan {
                     && p.state == ClusterState::Done
                     && p.target.as_deref() == Some(update) =>
             {
-                p.since.clone()
+                gate::trusted(&p.since, settings.bake, i.term_started)
             }
             _ => now.clone(),
         }
@@ -391,6 +394,7 @@ pub fn plan(i: &Inputs) -> Plan {
             else {
                 continue;
             };
+            let since = gate::trusted(&since, settings.deadline, i.term_started);
             if let Some(rest) = left(i.now, &since, settings.deadline) {
                 soon(rest);
                 continue;
@@ -440,7 +444,11 @@ pub fn plan(i: &Inputs) -> Plan {
             Some(p) if p.state == ClusterState::Failed => {
                 failures.insert(g, (p.reason.clone(), p.message.clone()));
             }
-            Some(p) => match left(i.now, &p.since, settings.deadline) {
+            Some(p) => match left(
+                i.now,
+                &gate::trusted(&p.since, settings.deadline, i.term_started),
+                settings.deadline,
+            ) {
                 Some(rest) => soon(rest),
                 None => {
                     let what = if *why == NOT_REGISTERED {

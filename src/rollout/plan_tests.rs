@@ -54,6 +54,8 @@ struct World {
     status: FleetMicroserviceStatus,
     now: Timestamp,
     troubles: BTreeMap<String, crate::rollout::trouble::Trouble>,
+    /// When the planning leader's term began.
+    term_started: Timestamp,
     /// Every write, in order: (cluster, revision).
     writes: Vec<(String, String)>,
     deletes: Vec<String>,
@@ -83,6 +85,7 @@ impl World {
             status: Default::default(),
             now: "2026-01-01T00:00:00Z".parse().unwrap(),
             troubles: BTreeMap::new(),
+            term_started: "2026-01-01T00:00:00Z".parse().unwrap(),
             writes: vec![],
             deletes: vec![],
         }
@@ -115,6 +118,7 @@ impl World {
             clusters: &self.clusters,
             troubles: &self.troubles,
             now: self.now,
+            term_started: self.term_started,
         })
     }
 
@@ -1166,6 +1170,48 @@ mod review {
         assert_eq!(w.status.failed_clusters, vec!["m1"]);
     }
 
+    /// Review M5: a successor whose clock runs two minutes ahead of the
+    /// replica that stamped the canary done does not end its 30 s bake at
+    /// once; it bakes 30 s on its own clock.
+    #[test]
+    fn a_successor_with_a_clock_ahead_still_bakes() {
+        let mut w = World::three();
+        w.complete();
+        w.spec.template.image = "app:2".into();
+        w.step();
+        w.done("m1");
+        w.step();
+        assert_eq!(w.status.waves[0].state, WaveState::Baking);
+        // Failover to a replica whose clock reads two minutes later.
+        w.wait(120);
+        w.term_started = w.now;
+        let p = w.step();
+        assert!(
+            p.actions.is_empty(),
+            "the bake is not over: {:?}",
+            p.actions
+        );
+        assert_eq!(w.status.waves[0].state, WaveState::Baking);
+        w.wait(31);
+        assert_eq!(w.step().actions.len(), 2, "then the rest go");
+        // Deadlines alike: a skewed successor does not fail a cluster early.
+        let mut w = World::three();
+        w.complete();
+        w.spec.template.image = "app:3".into();
+        w.step();
+        w.wait(120);
+        w.term_started = w.now;
+        w.step();
+        assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+        w.wait(31);
+        w.step();
+        assert_eq!(
+            w.status.phase,
+            Some(RolloutPhase::RolledBack),
+            "after 30 s of its own"
+        );
+    }
+
     /// Review test gap 4: maxParallel holds while the index lags the writes.
     #[test]
     fn max_parallel_holds_while_the_index_lags() {
@@ -1251,6 +1297,7 @@ mod review {
             clusters: &w.clusters,
             troubles: &w.troubles,
             now: w.now,
+            term_started: w.term_started,
         };
         let p = guarded(&inputs, || panic!("a defect"));
         assert!(p.actions.is_empty());
