@@ -39,6 +39,13 @@ impl Budget {
         burst: 20,
     };
 
+    /// The fleet controller's writes to one member: a GET and a write per
+    /// FleetMicroservice and wave, with room for many released at once.
+    pub const FLEET_WRITES: Budget = Budget {
+        qps: 20.0,
+        burst: 40,
+    };
+
     /// Events, beside any member budget: client-go's default client budget
     /// (5 a second), where sample-controller sends its Events, with room
     /// for a wave of creates.

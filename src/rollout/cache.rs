@@ -121,12 +121,13 @@ impl RolloutCache {
                     e = fleet_events.next() => match e {
                         None => return Err("the FleetMicroservice watch ended".to_string()),
                         Some(Ok(event)) => me.fleet_event(event),
-                        Some(Err(e)) => tracing::debug!(error = %e, "FleetMicroservice watch error"),
+                        // A missing CRD or RBAC shows here: say so, not at debug.
+                        Some(Err(e)) => tracing::warn!(error = %e, "FleetMicroservice watch error"),
                     },
                     e = revision_events.next() => match e {
                         None => return Err("the ControllerRevision watch ended".to_string()),
                         Some(Ok(_)) => me.bump(),
-                        Some(Err(e)) => tracing::debug!(error = %e, "ControllerRevision watch error"),
+                        Some(Err(e)) => tracing::warn!(error = %e, "ControllerRevision watch error"),
                     },
                 }
             }

@@ -366,7 +366,9 @@ async fn round(
     }
     let limit = fms.spec.revision_history_limit.max(1) as usize;
     for old in revision::prune(&existing, limit, &keep) {
-        ctx.home.delete_revision(&namespace, &old).await?;
+        if let Some((_, cr)) = owned.iter().find(|(r, _)| r.name == old) {
+            ctx.home.delete_revision(&namespace, cr).await?;
+        }
     }
     let again = if held_back {
         Some(Duration::from_secs(1))

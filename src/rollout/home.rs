@@ -147,17 +147,24 @@ impl Home {
         Ok(())
     }
 
-    pub async fn delete_revision(&self, namespace: &str, name: &str) -> Result<()> {
-        match self
-            .revisions_api(namespace)
-            .delete(name, &DeleteParams::default())
-            .await
-        {
+    /// Deletes an old revision, on the uid and resourceVersion this round
+    /// planned with (review L3): one an undo just brought back is kept.
+    pub async fn delete_revision(&self, namespace: &str, cr: &ControllerRevision) -> Result<()> {
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: cr.metadata.uid.clone(),
+                resource_version: cr.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        let name = cr.metadata.name.clone().unwrap_or_default();
+        match self.revisions_api(namespace).delete(&name, &params).await {
             Ok(_) => {
                 counted("revision");
                 Ok(())
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            // Gone, or changed since it was read: either way not ours to delete now.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
             Err(e) => Err(RolloutError::home("delete", "ControllerRevision", e)),
         }
     }

@@ -47,7 +47,7 @@ impl Members {
     ) -> std::result::Result<Self, String> {
         let agent = fleet_user_agent(replica_id)?;
         Ok(Members {
-            clients: MemberClients::new(credentials, agent, Budget::ELECTION, Some(fence)),
+            clients: MemberClients::new(credentials, agent, Budget::FLEET_WRITES, Some(fence)),
         })
     }
 
