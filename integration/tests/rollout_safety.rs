@@ -496,3 +496,89 @@ async fn a_rollout_leader_stopped_mid_wave_writes_nothing_after_its_term() {
 }
 
 const MEMBERS_OF_FLEET: [&str; 3] = ["member-1", "member-2", "member-3"];
+
+/// Review test gap 8: the fleet controller's member clients are fenced by
+/// the home term, against a real member apiserver. Armed and inside its
+/// term, a write goes through; once the term is over (another holder, or
+/// its renew deadline passed before the loop noticed), creates, replaces
+/// and deletes are refused before they leave the process, while reads work.
+#[tokio::test]
+async fn member_writes_are_refused_outside_the_home_term() {
+    use flotilla::fleet::credentials::Trust;
+    use flotilla::fleet::elector::Leadership;
+    use flotilla::fleet::fence::Fence;
+    use flotilla::fleet::runtime::Credentials;
+    use flotilla::rollout::error::RolloutError;
+    use flotilla::rollout::members::{Members, Written};
+    use tokio::time::Instant;
+
+    let clients = support::replicas::member_clients().await;
+    let (ns, _guards) = support::replicas::namespaces(&clients, "fms-fence").await;
+    let kubeconfig = kube::config::Kubeconfig::read_from(support::kubeconfig_path("member-1"))
+        .expect("member-1 kubeconfig");
+    let credentials = std::collections::BTreeMap::from([(
+        "member-1".to_string(),
+        Credentials {
+            kubeconfig,
+            trust: Trust::File { allow_exec: false },
+            fingerprint: 1,
+        },
+    )]);
+    let (_creds_tx, creds_rx) = tokio::sync::watch::channel(credentials);
+    let leading = |until: Instant| Leadership::Leading {
+        epoch: 1,
+        since: Instant::now(),
+        until,
+    };
+    let (term_tx, term_rx) =
+        tokio::sync::watch::channel(leading(Instant::now() + Duration::from_secs(60)));
+    let fence = Fence::new("home", term_rx);
+    fence.arm(Some(1));
+    let members = Members::new(fence.clone(), "fence-test", creds_rx).expect("members");
+    let spec = |image: &str| flotilla::crd::MicroserviceSpec {
+        image: image.into(),
+        port: 8080,
+        replicas: 1,
+        env: vec![],
+    };
+    let fenced = |r: Result<Written, RolloutError>| match r {
+        Err(e) => e.category() == "not_leader",
+        Ok(_) => false,
+    };
+
+    // Inside the term: written.
+    let w = members
+        .apply("member-1", &ns, "inside", "api", "api-1", &spec("a:1"))
+        .await
+        .expect("a write inside the term");
+    assert_eq!(w, Written::Created);
+
+    // The renew deadline passed; the loop has not noticed yet.
+    term_tx.send_replace(leading(Instant::now() - Duration::from_millis(1)));
+    let r = members
+        .apply("member-1", &ns, "late", "api", "api-1", &spec("a:1"))
+        .await;
+    assert!(fenced(r), "a create past the renew deadline");
+
+    // Another replica holds the Lease.
+    term_tx.send_replace(Leadership::Following {
+        holder: Some("other".into()),
+        epoch: Some(2),
+        since: Instant::now(),
+    });
+    let r = members
+        .apply("member-1", &ns, "inside", "api", "api-2", &spec("a:2"))
+        .await;
+    assert!(fenced(r), "a replace after the term");
+    let r = members.delete("member-1", &ns, "inside", "api").await;
+    assert!(
+        matches!(&r, Err(e) if e.category() == "not_leader"),
+        "a delete after the term: {r:?}"
+    );
+    // Nothing changed in the member.
+    let api: kube::Api<flotilla::crd::Microservice> =
+        kube::Api::namespaced(clients["member-1"].clone(), &ns);
+    let inside = api.get("inside").await.expect("still there");
+    assert_eq!(inside.spec.image, "a:1");
+    assert!(api.get_opt("late").await.unwrap().is_none());
+}
