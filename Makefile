@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench-rollouts bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -95,6 +95,14 @@ bench-dashboard: deps
 bench-scale: toolchain
 	integration/fleet up
 	cargo bench --locked --bench scale
+
+# 100 FleetMicroservices released at once over 50 real members in 3 waves,
+# clean and with one member black-holed (FLOTILLA_BENCH_ROLLOUTS,
+# FLOTILLA_BENCH_MEMBERS); .fleet/bench/rollouts.json. The fleet is put back
+# at 3 members.
+bench-rollouts: toolchain
+	integration/fleet up
+	cargo bench --locked --bench rollouts
 
 bench-names: toolchain
 	integration/fleet up

@@ -1,0 +1,275 @@
+//! Many fleet rollouts at once (`make bench-rollouts`): K FleetMicroservices
+//! over N real members (defaults 100 and 50, `FLOTILLA_BENCH_ROLLOUTS`,
+//! `FLOTILLA_BENCH_MEMBERS`), three waves (a one-cluster canary, half the
+//! fleet, the rest), no bake, three release-built replicas.
+//!
+//! - first release: every object created, until all are Complete;
+//! - clean: every image edited at once; per object, edit to `Complete`
+//!   (p50, p90, max), and home and member writes per rollout;
+//! - black hole: the last member's apiserver stopped (SIGSTOP: it accepts
+//!   connections and answers nothing), ten more objects placed on it, and
+//!   every measured image edited again. The measured objects are placed on
+//!   every member but that one, so their p90 shows whether one hung member
+//!   slows the others.
+//!
+//! Results: `.fleet/bench/rollouts.json`. The fleet is put back at 3 members.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::time::Instant;
+
+use common::{apiserver_pid, env_usize, write_json};
+use support::replicas::*;
+use support::rollout::controller_writes;
+use support::{client, ensure_crd, ensure_fleet_crd, eventually, fleet_cmd, from_json, percentile};
+
+use flotilla::rollout::spec::{FleetMicroservice, RolloutPhase};
+
+fn manifest(name: &str, image: &str, skip: Option<&str>) -> serde_json::Value {
+    let placement = match skip {
+        Some(m) => json!({"clusterSelector": {"matchExpressions": [{
+            "key": "platform.example.io/cluster-name", "operator": "NotIn", "values": [m],
+        }]}}),
+        None => json!({}),
+    };
+    json!({
+        "apiVersion": "platform.example.io/v1alpha1",
+        "kind": "FleetMicroservice",
+        "metadata": {"name": name},
+        "spec": {
+            "template": {"image": image, "port": 8080, "replicas": 0},
+            "placement": placement,
+            "rollout": {"waves": [
+                {"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}},
+                {"name": "early", "clusterSelector": {"matchLabels": {"ring": "early"}}},
+            ]},
+        }
+    })
+}
+
+/// Sets every named object's image at once; returns when each edit landed.
+async fn release(
+    api: &Api<FleetMicroservice>,
+    names: &[String],
+    image: &str,
+) -> BTreeMap<String, Instant> {
+    stream::iter(names.iter().cloned())
+        .map(|n| {
+            let api = api.clone();
+            let image = image.to_string();
+            async move {
+                api.patch(
+                    &n,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"template": {"image": image}}})),
+                )
+                .await
+                .expect("edit");
+                (n, Instant::now())
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await
+}
+
+/// Seconds from each object's edit to `Complete` at its generation.
+async fn until_complete(
+    api: &Api<FleetMicroservice>,
+    edited: &BTreeMap<String, Instant>,
+    limit: Duration,
+) -> Vec<f64> {
+    let mut done: BTreeMap<String, f64> = BTreeMap::new();
+    let until = Instant::now() + limit;
+    while done.len() < edited.len() && Instant::now() < until {
+        if let Ok(list) = api.list(&ListParams::default()).await {
+            for f in list.items {
+                let name = f.metadata.name.clone().unwrap_or_default();
+                let Some(at) = edited.get(&name) else {
+                    continue;
+                };
+                let st = f.status.as_ref();
+                let complete = st.is_some_and(|s| {
+                    s.observed_generation == f.metadata.generation
+                        && s.phase == Some(RolloutPhase::Complete)
+                });
+                if complete && !done.contains_key(&name) {
+                    done.insert(name, at.elapsed().as_secs_f64());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(
+        done.len(),
+        edited.len(),
+        "only {} of {} rollouts completed within {limit:?}",
+        done.len(),
+        edited.len()
+    );
+    done.into_values().collect()
+}
+
+fn figures(times: &mut [f64]) -> serde_json::Value {
+    times.sort_by(|a, b| a.total_cmp(b));
+    json!({
+        "p50_s": percentile(times, 0.5),
+        "p90_s": percentile(times, 0.9),
+        "max_s": times.last().copied().unwrap_or(f64::NAN),
+    })
+}
+
+async fn writes_per_rollout(
+    replicas: &Replicas,
+    before: &(BTreeMap<String, f64>, f64),
+    k: usize,
+) -> serde_json::Value {
+    let (home, members) = controller_writes(replicas).await;
+    let per = |v: f64| v / k as f64;
+    let home_total: f64 = home.values().sum::<f64>() - before.0.values().sum::<f64>();
+    let by_kind: BTreeMap<String, f64> = home
+        .iter()
+        .map(|(kind, v)| {
+            (
+                kind.clone(),
+                per(v - before.0.get(kind).copied().unwrap_or(0.0)),
+            )
+        })
+        .collect();
+    json!({
+        "home_writes_per_rollout": per(home_total),
+        "home_writes_by_kind_per_rollout": by_kind,
+        "member_writes_per_rollout": per(members - before.1),
+    })
+}
+
+async fn run(n: usize, k: usize) -> serde_json::Value {
+    fleet_cmd(&["up", "--clusters", &n.to_string()]);
+    let names: Vec<String> = (1..=n).map(|i| format!("member-{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut clients = BTreeMap::new();
+    for m in &refs {
+        let c = client(m).await;
+        ensure_crd(&c).await;
+        clients.insert(*m, c);
+    }
+    let home = client("home").await;
+    ensure_fleet_crd(&home).await;
+    let (ns, _guards) = namespaces(&clients, "bench-rollouts").await;
+    let mut replicas = Replicas::new(&ns, &refs);
+    std::fs::write(replicas.dir.join("member-1.labels"), "ring: canary\n").expect("labels");
+    for m in &refs[1..n / 2] {
+        std::fs::write(replicas.dir.join(format!("{m}.labels")), "ring: early\n").expect("labels");
+    }
+    for id in REPLICA_IDS {
+        replicas.start(id);
+    }
+    let lease = replicas.lease_name();
+    eventually("every member led", Duration::from_secs(300), || {
+        let (clients, lease) = (&clients, lease.clone());
+        async move {
+            holders(clients, &lease)
+                .await
+                .values()
+                .all(Option::is_some)
+                .then_some(())
+        }
+    })
+    .await;
+    let api: Api<FleetMicroservice> = Api::namespaced(home.clone(), &ns);
+    let last = names.last().expect("a member").clone();
+    let measured: Vec<String> = (0..k).map(|i| format!("svc-{i}")).collect();
+
+    // First release: created.
+    let started = Instant::now();
+    let created: BTreeMap<String, Instant> = stream::iter(measured.iter().cloned())
+        .map(|name| {
+            let api = api.clone();
+            let last = last.clone();
+            async move {
+                let obj: FleetMicroservice =
+                    from_json(manifest(&name, "ghcr.io/acme/svc:1", Some(&last)));
+                api.create(&PostParams::default(), &obj)
+                    .await
+                    .expect("create");
+                (name, Instant::now())
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let mut first = until_complete(&api, &created, Duration::from_secs(1800)).await;
+    let first_all = started.elapsed().as_secs_f64();
+    eprintln!("first release: {k} rollouts Complete in {first_all:.1} s");
+
+    // Clean: every image at once.
+    let before = controller_writes(&replicas).await;
+    let edited = release(&api, &measured, "ghcr.io/acme/svc:2").await;
+    let mut clean = until_complete(&api, &edited, Duration::from_secs(1800)).await;
+    let clean_writes = writes_per_rollout(&replicas, &before, k).await;
+    eprintln!("clean: {}", figures(&mut clean));
+
+    // One member black-holed, ten objects placed on it too.
+    let pid = apiserver_pid(&last);
+    let signal = |s: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{s}"), &pid.to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{s} {pid}");
+    };
+    signal("STOP");
+    for i in 0..10 {
+        let obj: FleetMicroservice = from_json(manifest(
+            &format!("stuck-{i}"),
+            "ghcr.io/acme/stuck:1",
+            None,
+        ));
+        api.create(&PostParams::default(), &obj)
+            .await
+            .expect("create");
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = controller_writes(&replicas).await;
+    let edited = release(&api, &measured, "ghcr.io/acme/svc:3").await;
+    let blackholed = until_complete(&api, &edited, Duration::from_secs(1800)).await;
+    let blackholed_writes = writes_per_rollout(&replicas, &before, k).await;
+    signal("CONT");
+    let mut blackholed = blackholed;
+    let result = json!({
+        "members": n,
+        "rollouts": k,
+        "waves": ["canary (1)", format!("early ({})", n / 2 - 1), format!("remaining ({})", n - n / 2)],
+        "first_release": figures(&mut first),
+        "first_release_all_s": first_all,
+        "clean": figures(&mut clean),
+        "clean_writes": clean_writes,
+        "one_member_black_holed": figures(&mut blackholed),
+        "black_holed_writes": blackholed_writes,
+    });
+    drop(replicas);
+    result
+}
+
+fn main() {
+    let n = env_usize("FLOTILLA_BENCH_MEMBERS", 50);
+    let k = env_usize("FLOTILLA_BENCH_ROLLOUTS", 100);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let result = rt.block_on(run(n, k));
+    write_json("rollouts", &result);
+    println!("{}", serde_json::to_string_pretty(&result).expect("json"));
+    // The test bed back at its usual size.
+    fleet_cmd(&["up", "--clusters", "3"]);
+}
