@@ -31,31 +31,27 @@ use tokio::time::Instant;
 
 use common::{apiserver_pid, env_usize, write_json};
 use support::replicas::*;
-use support::rollout::controller_writes;
+use support::rollout::{controller_writes, fleet_microservice};
 use support::{client, ensure_crd, ensure_fleet_crd, eventually, fleet_cmd, from_json, percentile};
 
 use flotilla::rollout::spec::{FleetMicroservice, RolloutPhase};
 
 fn manifest(name: &str, image: &str, skip: Option<&str>) -> serde_json::Value {
-    let placement = match skip {
-        Some(m) => json!({"clusterSelector": {"matchExpressions": [{
-            "key": "platform.example.io/cluster-name", "operator": "NotIn", "values": [m],
-        }]}}),
-        None => json!({}),
-    };
-    json!({
-        "apiVersion": "platform.example.io/v1alpha1",
-        "kind": "FleetMicroservice",
-        "metadata": {"name": name},
-        "spec": {
-            "template": {"image": image, "port": 8080, "replicas": 0},
-            "placement": placement,
-            "rollout": {"waves": [
-                {"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}},
-                {"name": "early", "clusterSelector": {"matchLabels": {"ring": "early"}}},
-            ]},
-        }
-    })
+    let mut m = fleet_microservice(
+        name,
+        image,
+        json!({"waves": [
+            {"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}},
+            {"name": "early", "clusterSelector": {"matchLabels": {"ring": "early"}}},
+        ]}),
+    );
+    m["spec"]["template"]["replicas"] = json!(0);
+    if let Some(member) = skip {
+        m["spec"]["placement"] = json!({"clusterSelector": {"matchExpressions": [{
+            "key": "platform.example.io/cluster-name", "operator": "NotIn", "values": [member],
+        }]}});
+    }
+    m
 }
 
 /// Sets every named object's image at once; returns when each edit landed.

@@ -229,6 +229,8 @@ async fn work(ctx: Arc<Ctx>) {
             Some(_) = writes.join_next() => {}
             _ = tokio::time::sleep(next) => {}
         }
+        // Reap every write that ended, not one a pass: the set would keep them.
+        while writes.try_join_next().is_some() {}
         // Let a burst of changes settle into one round.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -435,29 +437,19 @@ impl Write {
                     .map(|_| Written::Unchanged),
             }
         };
-        let result = match tokio::time::timeout(WRITE_TIMEOUT, work)
-            .instrument(span)
-            .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(RolloutError::NoClient {
-                cluster: cluster.clone(),
-                reason: format!("no answer within {WRITE_TIMEOUT:?}"),
-            }),
-        };
+        let result = bounded(&cluster, work.instrument(span)).await;
         if let Err(e) = &result {
             tracing::warn!(k8s.cluster.name = %cluster, error = %e, category = e.category(), "member write failed");
         }
-        let digest = |spec| super::placement::digest(spec);
+        let meant = meant.map(|(revision, spec)| (revision, super::placement::digest(&spec)));
         let outcome = match (result, meant) {
-            (Ok(Written::Altered), Some((revision, spec))) => Outcome::Altered {
-                revision,
-                digest: digest(&spec),
-            },
+            (Ok(Written::Altered), Some((revision, digest))) => {
+                Outcome::Altered { revision, digest }
+            }
             (Ok(_), _) => Outcome::Ok,
-            (Err(e), Some((revision, spec))) => Outcome::ApplyFailed {
+            (Err(e), Some((revision, digest))) => Outcome::ApplyFailed {
                 revision,
-                digest: digest(&spec),
+                digest,
                 kind: e.trouble(),
             },
             (Err(_), None) => Outcome::DeleteFailed,
@@ -465,6 +457,19 @@ impl Write {
         ctx.write_log()
             .record(&uid, &cluster, outcome, tokio::time::Instant::now());
     }
+}
+
+/// A member call, cut after `WRITE_TIMEOUT`: one hung member holds up
+/// only itself.
+async fn bounded<T>(cluster: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(WRITE_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RolloutError::NoClient {
+                cluster: cluster.to_string(),
+                reason: format!("no answer within {WRITE_TIMEOUT:?}"),
+            })
+        })
 }
 
 fn action_cluster(a: &Action) -> &str {
@@ -546,17 +551,10 @@ async fn cleanup(
     // Read live, not from the index: it may not have seen a create yet.
     // Each call is bounded, so one hung member holds up only itself.
     let (ns, n) = (&namespace, &name);
-    let deletes = todo.delete.iter().map(|c| async move {
-        let call = ctx.members.delete(c, ns, n, n);
-        let r = match tokio::time::timeout(WRITE_TIMEOUT, call).await {
-            Ok(r) => r,
-            Err(_) => Err(RolloutError::NoClient {
-                cluster: c.clone(),
-                reason: format!("no answer within {WRITE_TIMEOUT:?}"),
-            }),
-        };
-        (c.clone(), r)
-    });
+    let deletes = todo
+        .delete
+        .iter()
+        .map(|c| async move { (c.clone(), bounded(c, ctx.members.delete(c, ns, n, n)).await) });
     let mut pending = false;
     for (c, r) in futures::future::join_all(deletes).await {
         match r {

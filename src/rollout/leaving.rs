@@ -9,6 +9,7 @@ use super::placement::{self, Labels};
 use super::spec::Wave;
 
 /// A cluster whose member object is ours but which is no longer placed.
+#[derive(Clone, Copy)]
 pub struct Leaver<'a> {
     pub name: &'a str,
     pub labels: &'a Labels,
@@ -111,10 +112,7 @@ mod tests {
         assert_eq!(r["a"], Leave::Waits("canary".into()));
         assert_eq!(r["c"], Leave::Waits("canary".into()));
         // The canary gone: the rest go together (no maxParallel).
-        let r = removals(
-            &canary(None),
-            &[leavers[0].clone_ref(), leavers[2].clone_ref()],
-        );
+        let r = removals(&canary(None), &[leavers[0], leavers[2]]);
         assert_eq!((r["a"].clone(), r["c"].clone()), (Leave::Now, Leave::Now));
     }
 
@@ -142,15 +140,5 @@ mod tests {
         assert_eq!(r["b"], Leave::Now);
         assert_eq!(r["a"], Leave::Waits("canary".into()));
         assert_eq!(r["c"], Leave::Waits("canary".into()));
-    }
-
-    impl Leaver<'_> {
-        fn clone_ref(&self) -> Self {
-            Leaver {
-                name: self.name,
-                labels: self.labels,
-                reachable: self.reachable,
-            }
-        }
     }
 }
