@@ -68,6 +68,22 @@ pub fn feed_delay(cluster: &str) -> Option<std::time::Duration> {
     })
 }
 
+/// Whether the status feed of `cluster` should drop its watch's changes,
+/// as a stuck watch cache does, in test builds only: with the `fault-hooks`
+/// feature, `FLOTILLA_FEED_STALL=cluster=path[,…]` stalls it while `path`
+/// exists. Listings still pass, so a relist heals it.
+pub fn feed_stalled(cluster: &str) -> bool {
+    if !cfg!(feature = "fault-hooks") {
+        return false;
+    }
+    let asked = std::env::var("FLOTILLA_FEED_STALL").unwrap_or_default();
+    asked.split(',').any(|item| {
+        item.trim()
+            .split_once('=')
+            .is_some_and(|(c, path)| c == cluster && std::path::Path::new(path).exists())
+    })
+}
+
 /// Whether the planner should panic on the FleetMicroservice `name`, in
 /// test builds only: with the `fault-hooks` feature,
 /// `FLOTILLA_PLAN_PANIC=name[,name]` proves the catch-panic boundary.

@@ -687,3 +687,74 @@ async fn a_replica_restarted_mid_rollout_answers_done_only_when_every_member_is(
         "the wait never lost its replica; the test proved nothing:\n{stdout}{stderr}"
     );
 }
+
+#[tokio::test]
+async fn a_status_watch_that_stalls_without_an_error_turns_its_entries_unknown() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "wait-stall").await;
+    let m1 = clients["member-1"].clone();
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    // While this file exists, the replica's status watch of member-1 stays
+    // connected and delivers no change: a stuck watch cache.
+    let switch = std::env::temp_dir().join(format!("flotilla-stall-{ns}"));
+    let _ = std::fs::remove_file(&switch);
+    replicas.env.push((
+        "FLOTILLA_FEED_STALL".into(),
+        format!("member-1={}", switch.display()),
+    ));
+    replicas.start("r1");
+    let url = replicas.grpc_url("r1");
+    serving(&url).await;
+    create(&m1, &ns, "web", "web:1").await;
+    let (code, stdout, stderr) = wait_web(&ns, &["--image", "web:1"], &url).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+
+    std::fs::write(&switch, b"").expect("stall the watch");
+    set_image(&m1, &ns, "web", "web:2").await;
+    let changed = std::time::Instant::now();
+    let grpc = connect(&ClientOptions {
+        server: url.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("gRPC");
+    let get = pb::GetMicroserviceRequest {
+        namespace: ns.clone(),
+        name: "web".into(),
+    };
+    // The entry still shows web:1 Done: the watch said nothing. Within 20 s
+    // it is Unknown, with the reason.
+    let entry = eventually("member-1 Unknown", Duration::from_secs(20), || {
+        let (mut grpc, get) = (grpc.clone(), get.clone());
+        async move {
+            let m = grpc.get_microservice(get).await.ok()?.into_inner();
+            m.clusters.into_iter().find(|e| {
+                e.cluster == "member-1"
+                    && e.state == pb::EntryState::Unknown as i32
+                    && e.reason == "StatusWatchFailing"
+            })
+        }
+    })
+    .await;
+    println!(
+        "figure: a silent stall shown Unknown {:.1} s after the change it hid",
+        changed.elapsed().as_secs_f64()
+    );
+    assert!(entry.message.contains("stalled"), "{entry:?}");
+    let (_, metrics) = support::http_get(&format!("{}/metrics", replicas.metrics_url("r1")))
+        .await
+        .expect("metrics");
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            r#"flotilla_watch_errors_total{cluster="member-1",resource="status-feed"}"#
+        ) && !l.ends_with(" 0")),
+        "the stall is counted:\n{metrics}"
+    );
+
+    // The stall restarts the watch; once it delivers again, the entry is
+    // back, at the new generation.
+    std::fs::remove_file(&switch).expect("unstall the watch");
+    let (code, stdout, stderr) = wait_web(&ns, &["--image", "web:2"], &url).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_rolled_out(&BTreeMap::from([("member-1", m1)]), &ns, "web:2").await;
+}

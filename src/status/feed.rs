@@ -9,11 +9,13 @@ use tokio::time::Instant;
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::ListParams;
 use kube::runtime::watcher::{Event, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use super::hub::Hub;
 use super::index::Key;
+use super::stall::{Probe, Stall, Versions};
 use super::view::{Facts, Replicas};
 use crate::crd::Microservice;
 use crate::domain::conditions;
@@ -62,11 +64,24 @@ enum Item {
 /// entries Unknown: past it, what this replica shows may be stale.
 const STALE_AFTER: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often a synced feed compares what its watches delivered with a
+/// consistent list: a silent stall is proven at the second probe, so
+/// within two periods of the first change it missed.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why both watches stopped.
+enum Ended {
+    /// An error, marked once it has lasted `STALE_AFTER`.
+    Failed(String),
+    /// A proven stall, marked at once: the entries are already stale.
+    Stalled(String),
+}
 
 /// Runs until dropped. Relists replace the cluster's entries, so nothing
-/// deleted while a watch was down lingers. Every error restarts both
-/// watches with a relist, so a recovery is always seen as a completed
-/// listing, even on a cluster where nothing changes.
+/// deleted while a watch was down lingers. Every error, and every proven
+/// stall, restarts both watches with a relist, so a recovery is always seen
+/// as a completed listing, even on a cluster where nothing changes.
 pub async fn run(
     client: Client,
     cluster: String,
@@ -76,7 +91,7 @@ pub async fn run(
 ) {
     let mut health = Health::default();
     loop {
-        let error = watch_until_error(
+        let ended = watch_until_error(
             client.clone(),
             &cluster,
             namespace.as_deref(),
@@ -85,10 +100,17 @@ pub async fn run(
             &mut health,
         )
         .await;
+        crate::telemetry::metrics::METRICS
+            .watch_errors_total
+            .inc(&[&cluster, "status-feed"]);
         let since = *health.failing_since.get_or_insert_with(Instant::now);
-        if since.elapsed() >= STALE_AFTER {
+        let (error, now) = match ended {
+            Ended::Failed(e) => (e, since.elapsed() >= STALE_AFTER),
+            Ended::Stalled(e) => (e, true),
+        };
+        if now {
             if !health.marked {
-                tracing::warn!(k8s.cluster.name = %cluster, error = %error, "status watch keeps failing; entries are shown as Unknown");
+                tracing::warn!(k8s.cluster.name = %cluster, error = %error, "status watch is failing; entries are shown as Unknown");
             }
             health.marked = true;
             hub.update(|ix| ix.update_cluster(&cluster, "", |c| c.feed_error = Some(error)));
@@ -117,7 +139,58 @@ impl Default for Health {
     }
 }
 
-/// Both watches, folded into the hub until either fails.
+/// The `resourceVersion`s one watch has delivered, with a listing under way.
+#[derive(Default)]
+struct Delivered {
+    now: Versions,
+    listing: Option<Versions>,
+}
+
+impl Delivered {
+    fn saw<K: ResourceExt>(&mut self, event: &Event<K>) {
+        let rv = |o: &K| o.resource_version().unwrap_or_default();
+        match event {
+            Event::Init => self.listing = Some(Versions::new()),
+            Event::InitApply(o) => {
+                if let Some(l) = self.listing.as_mut() {
+                    l.insert(key(o), rv(o));
+                }
+            }
+            Event::InitDone => self.now = self.listing.take().unwrap_or_default(),
+            Event::Apply(o) => {
+                self.now.insert(key(o), rv(o));
+            }
+            Event::Delete(o) => {
+                self.now.remove(&key(o));
+            }
+        }
+    }
+}
+
+/// What the apiserver has now: a list without a resourceVersion, served
+/// from etcd by quorum, metadata only, paged.
+async fn listed<K>(api: &Api<K>, labels: Option<&str>) -> kube::Result<Versions>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = ListParams::default().limit(500);
+    if let Some(l) = labels {
+        params = params.labels(l);
+    }
+    let mut out = Versions::new();
+    loop {
+        let page = api.list_metadata(&params).await?;
+        for o in &page.items {
+            out.insert(key(o), o.resource_version().unwrap_or_default());
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(next) => params = params.continue_token(&next),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Both watches, folded into the hub until either fails or stalls.
 async fn watch_until_error(
     client: Client,
     cluster: &str,
@@ -125,7 +198,7 @@ async fn watch_until_error(
     streaming_lists: bool,
     hub: &Hub,
     health: &mut Health,
-) -> String {
+) -> Ended {
     let (ms_api, dep_api): (Api<Microservice>, Api<Deployment>) = match namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
@@ -135,8 +208,9 @@ async fn watch_until_error(
     };
     let base = crate::watching::config(streaming_lists);
     let managed = crate::watching::managed(streaming_lists);
-    let ms = watcher(ms_api, base).map(|e| e.map(|m| Item::Ms(Box::new(m))));
-    let deps = watcher(dep_api, managed).map(|e| e.map(|d| Item::Dep(Box::new(d))));
+    let labels = managed.label_selector.clone();
+    let ms = watcher(ms_api.clone(), base).map(|e| e.map(|m| Item::Ms(Box::new(m))));
+    let deps = watcher(dep_api.clone(), managed).map(|e| e.map(|d| Item::Dep(Box::new(d))));
     let mut events = std::pin::pin!(stream::select(ms, deps));
     let (mut ms_init, mut dep_init) = (Vec::new(), Vec::new());
     let (mut ms_synced, mut dep_synced, mut announced) = (false, false, false);
@@ -144,6 +218,10 @@ async fn watch_until_error(
     // listing: one that lists and then fails at once keeps backing off, and
     // stays marked, rather than relisting every half second.
     let mut stable_at: Option<Instant> = None;
+    let (mut ms_seen, mut dep_seen) = (Delivered::default(), Delivered::default());
+    let (mut ms_stall, mut dep_stall) = (Stall::default(), Stall::default());
+    let mut probe = tokio::time::interval_at(Instant::now() + PROBE_EVERY, PROBE_EVERY);
+    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let delay = crate::supervise::feed_delay(cluster);
     loop {
         let event = tokio::select! {
@@ -157,46 +235,84 @@ async fn watch_until_error(
                 *health = Health::default();
                 continue;
             }
+            _ = probe.tick(), if announced => {
+                // Judged only between listings: a relist in progress is
+                // progress, however long it takes.
+                if ms_seen.listing.is_some() || dep_seen.listing.is_some() {
+                    continue;
+                }
+                let read = tokio::time::timeout(PROBE_TIMEOUT, async {
+                    Ok::<_, kube::Error>((listed(&ms_api, None).await?, listed(&dep_api, labels.as_deref()).await?))
+                })
+                .await;
+                // An apiserver that does not answer is its reachability,
+                // which the Lease covers; only an answer is evidence.
+                let Ok(Ok((ms_now, dep_now))) = read else { continue };
+                let verdicts = [
+                    ("Microservice", ms_stall.judge(&ms_seen.now, &ms_now)),
+                    ("Deployment", dep_stall.judge(&dep_seen.now, &dep_now)),
+                ];
+                for (kind, verdict) in verdicts {
+                    if let Probe::Stalled((ns, name)) = verdict {
+                        return Ended::Stalled(format!(
+                            "the watch stalled: {kind} {ns}/{name} changed on the apiserver and the watch has not shown it for {}s",
+                            PROBE_EVERY.as_secs()
+                        ));
+                    }
+                }
+                continue;
+            }
         };
         let Some(event) = event else { break };
         let item = match event {
             Ok(item) => item,
-            Err(e) => return e.to_string(),
+            Err(e) => return Ended::Failed(e.to_string()),
         };
         match item {
-            Item::Ms(event) => match *event {
-                Event::Init => ms_init.clear(),
-                Event::InitApply(o) => ms_init.push((key(&o), facts(&o))),
-                Event::InitDone => {
-                    // A slow feed lists slowly too (test builds only).
-                    if let Some(d) = delay {
-                        tokio::time::sleep(d).await;
+            // A watch that delivers nothing, as a stuck watch cache does
+            // (test builds only).
+            Item::Ms(event)
+                if matches!(*event, Event::Apply(_) | Event::Delete(_))
+                    && crate::supervise::feed_stalled(cluster) => {}
+            Item::Ms(event) => {
+                ms_seen.saw(&event);
+                match *event {
+                    Event::Init => ms_init.clear(),
+                    Event::InitApply(o) => ms_init.push((key(&o), facts(&o))),
+                    Event::InitDone => {
+                        // A slow feed lists slowly too (test builds only).
+                        if let Some(d) = delay {
+                            tokio::time::sleep(d).await;
+                        }
+                        let items = std::mem::take(&mut ms_init);
+                        hub.update(|ix| ix.replace_microservices(cluster, items));
+                        ms_synced = true;
                     }
-                    let items = std::mem::take(&mut ms_init);
-                    hub.update(|ix| ix.replace_microservices(cluster, items));
-                    ms_synced = true;
-                }
-                Event::Apply(o) => {
-                    if let Some(d) = delay {
-                        tokio::time::sleep(d).await;
+                    Event::Apply(o) => {
+                        if let Some(d) = delay {
+                            tokio::time::sleep(d).await;
+                        }
+                        hub.update(|ix| ix.upsert_microservice(cluster, key(&o), facts(&o)))
                     }
-                    hub.update(|ix| ix.upsert_microservice(cluster, key(&o), facts(&o)))
+                    Event::Delete(o) => hub.update(|ix| ix.delete_microservice(cluster, &key(&o))),
                 }
-                Event::Delete(o) => hub.update(|ix| ix.delete_microservice(cluster, &key(&o))),
-            },
-            Item::Dep(event) => match *event {
-                Event::Init => dep_init.clear(),
-                Event::InitApply(o) => dep_init.push((key(&o), replicas(&o))),
-                Event::InitDone => {
-                    let items = std::mem::take(&mut dep_init);
-                    hub.update(|ix| ix.replace_replicas(cluster, items));
-                    dep_synced = true;
+            }
+            Item::Dep(event) => {
+                dep_seen.saw(&event);
+                match *event {
+                    Event::Init => dep_init.clear(),
+                    Event::InitApply(o) => dep_init.push((key(&o), replicas(&o))),
+                    Event::InitDone => {
+                        let items = std::mem::take(&mut dep_init);
+                        hub.update(|ix| ix.replace_replicas(cluster, items));
+                        dep_synced = true;
+                    }
+                    Event::Apply(o) => {
+                        hub.update(|ix| ix.upsert_replicas(cluster, key(&o), replicas(&o)))
+                    }
+                    Event::Delete(o) => hub.update(|ix| ix.delete_replicas(cluster, &key(&o))),
                 }
-                Event::Apply(o) => {
-                    hub.update(|ix| ix.upsert_replicas(cluster, key(&o), replicas(&o)))
-                }
-                Event::Delete(o) => hub.update(|ix| ix.delete_replicas(cluster, &key(&o))),
-            },
+            }
         }
         if ms_synced && dep_synced && !announced {
             announced = true;
@@ -204,5 +320,5 @@ async fn watch_until_error(
             hub.update(|ix| ix.update_cluster(cluster, "", |c| c.synced = true));
         }
     }
-    "the watch ended".to_string()
+    Ended::Failed("the watch ended".to_string())
 }

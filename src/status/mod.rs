@@ -1,10 +1,12 @@
 //! The fleet-wide status every replica serves: a pure index of all member
 //! clusters' Microservices (`index`, `view`, `selector`), the hub that shares
-//! it between tasks, and the read-only watches that feed it (`feed`).
+//! it between tasks, and the read-only watches that feed it (`feed`, with `stall` proving a
+//! silent one behind).
 
 pub mod feed;
 pub mod hub;
 pub mod index;
 pub mod selector;
+pub mod stall;
 pub mod view;
 pub mod watch;
