@@ -10,6 +10,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::events::v1::Event;
@@ -447,5 +448,153 @@ async fn available_turns_false_when_endpoints_go_right_after_a_status_write() {
         "{took:?}: by a resync, not a watch"
     );
     let _ = client;
+    op.stop().await;
+}
+
+/// Sets the Ready condition of the first pod of `app` (by name).
+async fn set_first_pod_ready(pods: &Api<Pod>, app: &str, ready: bool) {
+    let status = if ready { "True" } else { "False" };
+    let mut names: Vec<String> = pods
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    names.sort();
+    let name = names.first().expect("a pod");
+    let patch = json!({"status": {"conditions": [
+        {"type": "Ready", "status": status, "reason": "Test"},
+        {"type": "ContainersReady", "status": status, "reason": "Test"},
+    ]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .expect("pod readiness");
+}
+
+/// Review #3: our own status writes inside one Microservice watch lag
+/// (Available=True; an API error that keeps it; the retry that clears the
+/// error), then a reconcile whose result equals the lagging cache's old
+/// status. Remembering only the last write took the cache for the truth,
+/// found nothing to write, and left `Available=True` on the live object
+/// while a pod was not ready. Two replicas, one flipped: every partial view
+/// of the flip (Deployment or EndpointSlice first) concludes the same.
+#[tokio::test]
+async fn writes_inside_a_watch_lag_never_leave_a_stale_available_true() {
+    let (_client, ns) = setup("rec-chain").await;
+    let lag = support::lag::LagLayer {
+        resource: "microservices",
+        lag: Duration::from_secs(15),
+    };
+    let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let op_client = support::failing_client_with(
+        CLUSTER,
+        support::lag::FailLayer {
+            resource: "services",
+            failing: refuse.clone(),
+            writes: true,
+        },
+        Some(lag),
+    )
+    .await;
+    // Reconciles wait at their start while the gate is held (30 s at most).
+    let (gate, held) = tokio::sync::watch::channel(false);
+    let hooks = Hooks {
+        before_reconcile: Some(Arc::new(move |_| {
+            let mut held = held.clone();
+            async move {
+                let _ = tokio::time::timeout(Duration::from_secs(30), held.wait_for(|held| !held))
+                    .await;
+            }
+            .boxed()
+        })),
+        ..Default::default()
+    };
+    let op = Operator::start(&op_client, settings(CLUSTER, &ns.name), hooks);
+    let api = ns.api::<Microservice>();
+    let pods = ns.api::<Pod>();
+    let services = ns.api::<Service>();
+    api.create(
+        &PostParams::default(),
+        &microservice("chain", "ghcr.io/acme/chain:1", 8080, Some(2)),
+    )
+    .await
+    .expect("create");
+    wait_condition(&api, "chain", "Available", "True", None).await;
+    // The controller's cache holds Available=False (a pod not ready): wait
+    // out the lag after the live object shows it.
+    set_first_pod_ready(&pods, "chain", false).await;
+    wait_condition(&api, "chain", "Available", "False", None).await;
+    tokio::time::sleep(lag.lag + Duration::from_secs(3)).await;
+
+    // Inside the lag. Write 1: Available=True.
+    let started = Instant::now();
+    set_first_pod_ready(&pods, "chain", true).await;
+    wait_condition(&api, "chain", "Available", "True", None).await;
+    // The pod is not ready again, and a hand edit of the Service comes with
+    // it; one reconcile takes both in. Write 2: the repair is refused once,
+    // so Reconciled=False/ApiError, Available kept. The retry repairs it
+    // and concludes the status the lagging cache still shows: write 3 is
+    // due, Available=False.
+    gate.send_replace(true);
+    refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+    set_first_pod_ready(&pods, "chain", false).await;
+    let drift = json!({"spec": {"ports": [{"name": "http", "port": 9999, "targetPort": 8080, "protocol": "TCP"}]}});
+    services
+        .patch("chain", &PatchParams::default(), &merge(drift))
+        .await
+        .expect("hand edit");
+    let deployments = ns.api::<Deployment>();
+    eventually(
+        "the Deployment sees the pod",
+        Duration::from_secs(10),
+        || {
+            let deployments = deployments.clone();
+            async move {
+                let d = deployments.get("chain").await.ok()?;
+                (d.status?.available_replicas.unwrap_or(0) < 2).then_some(())
+            }
+        },
+    )
+    .await;
+    // The controller's child caches take the changes in.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    gate.send_replace(false);
+    let staged = started.elapsed();
+    eventually("the Service repaired", Duration::from_secs(30), || {
+        let services = services.clone();
+        async move {
+            let s = services.get("chain").await.ok()?;
+            s.spec?.ports?.iter().all(|p| p.port != 9999).then_some(())
+        }
+    })
+    .await;
+    assert!(
+        !refuse.load(std::sync::atomic::Ordering::SeqCst),
+        "the repair was never refused: no API error was staged"
+    );
+    assert!(
+        staged + Duration::from_secs(5) < lag.lag,
+        "staged {staged:?} after the first write, too near the end of the lag"
+    );
+    // It must be written now, not when the cache catches up or at a resync.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ms = api.get("chain").await.expect("get");
+        let available = ms
+            .status
+            .as_ref()
+            .and_then(|s| find(&s.conditions, "Available").map(|c| c.status.clone()));
+        if available.as_deref() == Some("False") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Available={available:?} 5 s after a pod was not ready: {:?}",
+            ms.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     op.stop().await;
 }

@@ -112,6 +112,9 @@ pub struct Reconciled {
 /// Production code leaves them empty.
 #[derive(Clone, Default)]
 pub struct Hooks {
+    /// Runs as each reconcile starts, with the Microservice's name: tests
+    /// hold reconciles while they stage several changes for one of them.
+    pub before_reconcile: Option<Hook>,
     /// Runs after both children are written and before status is concluded,
     /// with the Microservice's name.
     pub after_children_applied: Option<Hook>,

@@ -151,6 +151,9 @@ pub async fn reconcile(ms: Arc<Microservice>, ctx: Arc<Context>) -> Result<Actio
 
 /// Returns a short, bounded label of what happened.
 async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static str> {
+    if let Some(hook) = &ctx.hooks.before_reconcile {
+        hook(ms.metadata.name.clone().unwrap_or_default()).await;
+    }
     // Until every child cache has its initial list, "missing" and "no ready
     // endpoints" would be guesses that a restarted controller must not
     // publish. Waiting here would hold a concurrency slot the caches need to

@@ -109,11 +109,14 @@ impl Body for Lagging {
 
 /// Makes watches (and lists) of `resource` fail while `failing` is set:
 /// open ones end, and new ones are refused 403, as after an RBAC change
-/// that took `watch` away. The rest of the client is untouched.
+/// that took `watch` away. With `writes`, it refuses instead the next write
+/// to one `resource` object, once, and clears `failing`: a passing API
+/// error. The rest of the client is untouched.
 #[derive(Clone)]
 pub struct FailLayer {
     pub resource: &'static str,
     pub failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub writes: bool,
 }
 
 impl<S> Layer<S> for FailLayer {
@@ -151,8 +154,21 @@ where
 
     fn call(&mut self, req: Request<kube::client::Body>) -> Self::Future {
         use std::sync::atomic::Ordering;
-        let ours = is_read_of(req.uri(), self.by.resource);
-        if ours && self.by.failing.load(Ordering::SeqCst) {
+        let ours = if self.by.writes {
+            req.method() != http::Method::GET
+                && req
+                    .uri()
+                    .path()
+                    .contains(&format!("/{}/", self.by.resource))
+        } else {
+            is_read_of(req.uri(), self.by.resource)
+        };
+        let refused = if self.by.writes {
+            ours && self.by.failing.swap(false, Ordering::SeqCst)
+        } else {
+            ours && self.by.failing.load(Ordering::SeqCst)
+        };
+        if refused {
             let body = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"forbidden by the test","reason":"Forbidden","code":403}"#;
             let response = Response::builder()
                 .status(403)
@@ -161,11 +177,11 @@ where
                 .expect("response");
             return Box::pin(async move { Ok(response) });
         }
-        let failing = self.by.failing.clone();
+        let (failing, writes) = (self.by.failing.clone(), self.by.writes);
         let response = self.inner.call(req);
         Box::pin(async move {
             let response = response.await?;
-            Ok(match ours {
+            Ok(match ours && !writes {
                 true => response.map(|inner| {
                     Box::new(Ending {
                         inner,

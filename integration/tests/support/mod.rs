@@ -367,10 +367,21 @@ async fn counted_config(cluster: &str) -> Config {
 
 /// A member client whose watches of one resource fail on demand.
 pub async fn failing_client(cluster: &str, fail: lag::FailLayer) -> Client {
-    kube::client::ClientBuilder::try_from(counted_config(cluster).await)
-        .expect("client builder")
-        .with_layer(&fail)
-        .build()
+    failing_client_with(cluster, fail, None).await
+}
+
+/// A failing client whose watches of one resource may also lag.
+pub async fn failing_client_with(
+    cluster: &str,
+    fail: lag::FailLayer,
+    lag: Option<lag::LagLayer>,
+) -> Client {
+    let builder = kube::client::ClientBuilder::try_from(counted_config(cluster).await)
+        .expect("client builder");
+    match lag {
+        Some(lag) => builder.with_layer(&lag).with_layer(&fail).build(),
+        None => builder.with_layer(&fail).build(),
+    }
 }
 
 pub async fn counting_client_with(
