@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench-rollouts bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench-rollouts bench-notes bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -103,6 +103,13 @@ bench-scale: toolchain
 bench-rollouts: toolchain
 	integration/fleet up
 	cargo bench --locked --bench rollouts
+
+# 10,000 Microservices created, reconciled and deleted under one controller
+# (FLOTILLA_BENCH_CYCLES): its resident memory every 1,000 and its note maps
+# after the next prune, which must be empty; .fleet/bench/notes.json.
+bench-notes: toolchain
+	integration/fleet up
+	cargo bench --locked --bench notes
 
 bench-names: toolchain
 	integration/fleet up

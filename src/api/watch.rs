@@ -74,6 +74,8 @@ pub async fn run(
     let mut changed = hub.subscribe();
     let mut cursor = Cursor::new(filter);
     let (snap, changes) = hub.read(|ix| (ix.snapshot(), resume.and_then(|r| ix.changes_since(r))));
+    // Sent lazily, so held across the sends: with maps of its own.
+    let snap = snap.detached();
     let first = match changes {
         Some(changes) => send_all(&mut out, cursor.resume(&snap, &changes), &id).await,
         None => send_all(&mut out, cursor.snapshot(&snap), &id).await,
@@ -114,8 +116,12 @@ pub async fn run(
                 send_all(&mut out, events, &id).await
             }
             // Fell behind the tombstones: start over, framed by RESET. The
-            // snapshot streams lazily (never buffered whole), so it is held.
-            None => send_all(&mut out, cursor.snapshot(&snap), &id).await,
+            // snapshot streams lazily (never buffered whole), so it is held,
+            // with maps of its own.
+            None => {
+                let snap = snap.detached();
+                send_all(&mut out, cursor.snapshot(&snap), &id).await
+            }
         };
         match sent {
             Ok(0) => {}

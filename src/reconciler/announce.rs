@@ -40,6 +40,10 @@ impl PerGeneration {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|k, _| keep(k));
     }
+
+    pub fn tracked(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
 }
 
 pub struct Announcer {
@@ -83,6 +87,11 @@ impl Announcer {
     /// Keeps the notes of the objects `keep` names only.
     pub fn retain(&self, keep: impl Fn(&ObjectRef<Microservice>) -> bool) {
         self.announced.retain(keep);
+    }
+
+    /// How many objects have a generation noted.
+    pub fn tracked(&self) -> usize {
+        self.announced.tracked()
     }
 
     fn send(&self, ms: &Microservice, type_: EventType, reason: &str, note: String) {

@@ -40,6 +40,10 @@ impl Held {
             .retain(|k, _| keep(k));
     }
 
+    pub fn tracked(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// Nothing is held for `key` any more: written, or no longer different.
     pub fn clear(&self, key: &ObjectRef<Microservice>) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);

@@ -225,7 +225,7 @@ pub async fn run(
     let (notes, g) = (triggers.clone(), gate.clone());
     let by_service = move |s: Service| waking(&notes, &g, owner_of(&s.metadata), "Service");
     let sweep = sweeping(ctx.clone(), ms_reader.clone());
-    let prune = pruning(ctx.clone(), ms_reader.clone());
+    let prune = pruning(ctx.clone(), ms_reader.clone(), gate.throttle.clone());
     let controller = Controller::for_stream(ms_stream, ms_reader)
         .watches_stream(dep_stream, by_deployment)
         .watches_stream(svc_stream, by_service)
@@ -347,7 +347,11 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// Every `PRUNE_EVERY`, drops what the controller remembers of objects the
 /// store no longer holds: a Microservice deleted while a watch was down
 /// brings no Delete event, so `forget` never ran for it. Never returns.
-async fn pruning(ctx: Arc<Context>, microservices: Store<Microservice>) {
+async fn pruning(
+    ctx: Arc<Context>,
+    microservices: Store<Microservice>,
+    throttle: Arc<Throttle<ObjectRef<Microservice>>>,
+) {
     loop {
         tokio::time::sleep(PRUNE_EVERY).await;
         if !matches!(
@@ -357,6 +361,32 @@ async fn pruning(ctx: Arc<Context>, microservices: Store<Microservice>) {
             continue;
         }
         prune(&ctx, |k| microservices.get(k).is_some());
+        throttle.close(tokio::time::Instant::now());
+        publish_notes(&ctx, &throttle);
+    }
+}
+
+/// How much the controller remembers, per map: the figure that shows its
+/// memory is bounded by the store, not by how many objects ever lived.
+fn publish_notes(ctx: &Context, throttle: &Throttle<ObjectRef<Microservice>>) {
+    let backoff = |b: &std::sync::Mutex<Backoff<ObjectRef<Microservice>>>| {
+        b.lock().unwrap_or_else(|e| e.into_inner()).tracked()
+    };
+    let counts = [
+        ("triggers", ctx.triggers.tracked()),
+        ("written", ctx.written.tracked()),
+        ("held", ctx.held.tracked()),
+        ("announced", ctx.announcer.tracked()),
+        ("backoff", backoff(&ctx.backoff)),
+        ("cleanup_backoff", backoff(&ctx.cleanup_backoff)),
+        ("deployments_created", ctx.deployments_created.tracked()),
+        ("services_created", ctx.services_created.tracked()),
+        ("throttle", throttle.tracked()),
+    ];
+    for (map, n) in counts {
+        crate::telemetry::metrics::METRICS
+            .reconciler_notes
+            .set(&[&ctx.settings.cluster, map], n as f64);
     }
 }
 

@@ -103,7 +103,6 @@ where
     }
 
     /// How many notes are kept: for tests of bounded memory.
-    #[cfg(test)]
     pub fn tracked(&self) -> usize {
         self.notes().len()
     }

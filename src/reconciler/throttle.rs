@@ -69,8 +69,16 @@ impl<K: Eq + Hash + Clone> Throttle<K> {
         true
     }
 
-    /// Open windows, for tests of bounded memory.
-    #[cfg(test)]
+    /// Drops the windows closed by `now`; the prune calls it, so a quiet
+    /// controller holds none.
+    pub fn close(&self, now: Instant) {
+        self.windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, w| now < w.due);
+    }
+
+    /// Windows held, open or not yet dropped: for the bounded-memory figure.
     pub fn tracked(&self) -> usize {
         self.windows.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
@@ -128,6 +136,8 @@ mod tests {
             assert!(t.admit(&k, t0 + Duration::from_secs(10) + k * MS));
         }
         assert!(t.tracked() < 201, "closed windows were pruned");
+        t.close(t0 + Duration::from_secs(20));
+        assert_eq!(t.tracked(), 0, "a quiet throttle holds nothing");
         // A bound below the debounce is the debounce.
         let tight = Throttle::new(200 * MS, MS);
         assert!(tight.admit(&0u32, t0));

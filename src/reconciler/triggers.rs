@@ -34,7 +34,6 @@ impl Triggers {
     }
 
     /// How many objects have notes: for tests of bounded memory.
-    #[cfg(test)]
     pub fn tracked(&self) -> usize {
         self.0.lock().map(|m| m.len()).unwrap_or(0)
     }

@@ -102,7 +102,6 @@ impl Written {
     }
 
     /// How many Microservices have a note: for tests of bounded memory.
-    #[cfg(test)]
     pub fn tracked(&self) -> usize {
         self.notes().len()
     }

@@ -329,6 +329,22 @@ impl Index {
 }
 
 impl Snapshot {
+    /// This snapshot with maps of its own. A reader that holds a snapshot
+    /// across an await (a stream sending it lazily to a slow client) pays
+    /// the copy itself, outside the hub's lock: holding shared maps made
+    /// every index write meanwhile copy the whole map under the lock.
+    pub fn detached(self) -> Snapshot {
+        fn own<T: Clone>(shared: Arc<T>) -> Arc<T> {
+            Arc::new(Arc::unwrap_or_clone(shared))
+        }
+        Snapshot {
+            revision: self.revision,
+            clusters: own(self.clusters),
+            objects: own(self.objects),
+            replicas: own(self.replicas),
+        }
+    }
+
     pub fn revision(&self) -> u64 {
         self.revision
     }
@@ -437,6 +453,22 @@ mod tests {
             c.reach = Reach::Reachable;
             c.synced = true;
         });
+    }
+
+    #[test]
+    fn a_detached_snapshot_shares_no_map_with_the_index() {
+        let mut ix = Index::default();
+        ix.upsert_microservice("m1", key("a"), facts(1, "pay"));
+        let held = ix.snapshot().detached();
+        // The index's maps are its own again: its next write copies none.
+        assert_eq!(Arc::strong_count(&ix.state.objects), 1);
+        assert_eq!(Arc::strong_count(&ix.state.replicas), 1);
+        ix.upsert_microservice("m1", key("b"), facts(1, "pay"));
+        assert!(held.view(&key("a"), None).is_some());
+        assert!(
+            held.view(&key("b"), None).is_none(),
+            "a snapshot stays at its revision"
+        );
     }
 
     #[test]

@@ -170,6 +170,7 @@ pub struct Metrics {
     pub registry_up: Family,
     pub registry_writes_total: Family,
     pub watch_errors_total: Family,
+    pub reconciler_notes: Family,
 }
 
 impl Metrics {
@@ -282,9 +283,15 @@ impl Metrics {
             ),
             watch_errors_total: Family::new(
                 "flotilla_watch_errors_total",
-                "Errors of the leader's child watches, by cluster and resource; a watch failing past 10 s makes its Microservices' Available Unknown (CachesStale).",
+                "Errors of the leader's child watches, by cluster and resource, and ends of each status feed (resource status-feed: an error or a proven stall); a child watch failing past 10 s makes its Microservices' Available Unknown (CachesStale).",
                 Counter,
                 &["cluster", "resource"],
+            ),
+            reconciler_notes: Family::new(
+                "flotilla_reconciler_notes",
+                "Objects the leader's controller keeps a note of, by cluster and map, after each prune (every 60 s): bounded by the Microservices its store holds.",
+                Gauge,
+                &["cluster", "map"],
             ),
         };
         let mut registry = Registry::default();
@@ -295,7 +302,7 @@ impl Metrics {
         m
     }
 
-    fn families(&self) -> [&Family; 18] {
+    fn families(&self) -> [&Family; 19] {
         [
             &self.reconcile_total,
             &self.reconcile_duration,
@@ -315,6 +322,7 @@ impl Metrics {
             &self.registry_up,
             &self.registry_writes_total,
             &self.watch_errors_total,
+            &self.reconciler_notes,
         ]
     }
 
@@ -338,6 +346,7 @@ impl Metrics {
             &self.rollout_member_writes_total,
             &self.fenced_writes_total,
             &self.watch_errors_total,
+            &self.reconciler_notes,
         ] {
             f.forget(cluster);
         }
