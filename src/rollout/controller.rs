@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use kube::runtime::reflector::Store;
 use kube::{Client, Config, ResourceExt};
@@ -55,6 +56,8 @@ pub struct Options {
 /// Plan again at least this often: cluster labels change without a
 /// status-index revision.
 const RESYNC: Duration = Duration::from_secs(5);
+/// FleetMicroservices planned at once.
+const ROUNDS_AT_ONCE: usize = 8;
 /// How long one member write may take.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -93,6 +96,7 @@ pub async fn run(
         hub: opts.hub.clone(),
         written: std::sync::Mutex::new(BTreeMap::new()),
         writes: std::sync::Mutex::new(WriteLog::default()),
+        write_done: tokio::sync::Notify::new(),
         cache: opts.cache.clone(),
     });
     let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
@@ -144,6 +148,8 @@ struct Ctx {
     written: std::sync::Mutex<BTreeMap<String, (BTreeSet<String>, FleetMicroservice)>>,
     /// What the last member writes found, per FleetMicroservice uid.
     writes: std::sync::Mutex<WriteLog>,
+    /// Told when a member write ends.
+    write_done: tokio::sync::Notify,
 }
 
 impl Ctx {
@@ -187,7 +193,7 @@ async fn work(ctx: Arc<Ctx>) {
         return;
     }
     // Member writes of this term; dropped, and so cut, when the term ends.
-    let mut writes = tokio::task::JoinSet::new();
+    let writes = std::sync::Mutex::new(tokio::task::JoinSet::new());
     // Stamps older than this may be on another replica's clock.
     let term_started = jiff::Timestamp::now();
     ctx.write_log().new_term();
@@ -198,7 +204,11 @@ async fn work(ctx: Arc<Ctx>) {
         let all = ctx.cache.fleet.state();
         ctx.write_log()
             .retain(&all.iter().filter_map(|f| f.uid()).collect());
-        for fms in all.into_iter().filter(|_| known) {
+        // Several objects at once, so one whose home writes are slow holds
+        // up only its own slot (review M3); each object still has one round
+        // at a time.
+        let (writes, ctx) = (&writes, &ctx);
+        let rounds = futures::stream::iter(all.into_iter().filter(|_| known)).map(|fms| async move {
             let fms = ctx.freshest(&fms);
             let key = format!("{}/{}", fms.namespace().unwrap_or_default(), fms.name_any());
             let span = tracing::info_span!(
@@ -208,29 +218,32 @@ async fn work(ctx: Arc<Ctx>) {
             );
             // One object's defect must not end the task every rollout,
             // and this replica, depend on: a panic is one failed round.
-            let one =
-                round(&ctx, &fms, &ctx.cache.revisions, &mut writes, term_started).instrument(span);
+            let one = round(ctx, &fms, &ctx.cache.revisions, writes, term_started).instrument(span);
             match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(one)).await {
                 Err(_) => {
                     tracing::error!(flotilla.fleet_microservice = %key, "rollout step panicked");
-                    next = next.min(Duration::from_secs(5));
+                    Duration::from_secs(5)
                 }
-                Ok(Ok(Some(after))) => next = next.min(after),
-                Ok(Ok(None)) => {}
+                Ok(Ok(Some(after))) => after,
+                Ok(Ok(None)) => RESYNC,
                 Ok(Err(e)) => {
                     tracing::warn!(flotilla.fleet_microservice = %key, error = %e, category = e.category(), "rollout step failed");
-                    next = next.min(Duration::from_secs(1));
+                    Duration::from_secs(1)
                 }
             }
-        }
+        });
+        next = rounds
+            .buffer_unordered(ROUNDS_AT_ONCE)
+            .fold(next, |a, b| async move { a.min(b) })
+            .await;
         tokio::select! {
             _ = changed.changed() => {}
             _ = index.changed() => {}
-            Some(_) = writes.join_next() => {}
+            _ = ctx.write_done.notified() => {}
             _ = tokio::time::sleep(next) => {}
         }
         // Reap every write that ended, not one a pass: the set would keep them.
-        while writes.try_join_next().is_some() {}
+        while lock(writes).try_join_next().is_some() {}
         // Let a burst of changes settle into one round.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -241,7 +254,7 @@ async fn round(
     ctx: &Arc<Ctx>,
     fms: &FleetMicroservice,
     revisions: &Store<ControllerRevision>,
-    writes: &mut tokio::task::JoinSet<()>,
+    writes: &std::sync::Mutex<tokio::task::JoinSet<()>>,
     term_started: jiff::Timestamp,
 ) -> Result<Option<Duration>> {
     let name = fms.name_any();
@@ -308,7 +321,7 @@ async fn round(
         let written = ctx.home.write_status(fms, &plan.status).await?;
         ctx.remember(fms, written);
         for note in events::changes(&previous, &plan.status) {
-            ctx.home.publish(fms, &note).await;
+            ctx.home.publish(fms, &note);
         }
         record_metrics(&previous, &plan.status);
         gate_spans(&previous, &plan.status, &namespace, &name);
@@ -356,7 +369,7 @@ async fn round(
             action: action.clone(),
             meant,
         };
-        writes.spawn(write.run(ctx.clone()));
+        lock(writes).spawn(write.run(ctx.clone()));
     }
 
     // History: keep what is in use, drop the oldest beyond the limit.
@@ -456,7 +469,13 @@ impl Write {
         };
         ctx.write_log()
             .record(&uid, &cluster, outcome, tokio::time::Instant::now());
+        // Wakes the planner: the outcome may change a plan.
+        ctx.write_done.notify_one();
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A member call, cut after `WRITE_TIMEOUT`: one hung member holds up
@@ -590,16 +609,14 @@ async fn cleanup(
         let written = ctx.home.write_status(fms, &status).await?;
         ctx.remember(fms, written);
         if !todo.blocked.is_empty() {
-            ctx.home
-                .publish(
-                    fms,
-                    &events::Note {
-                        warning: true,
-                        reason: "CleanupBlocked",
-                        message: format!("waiting for {} to answer", todo.blocked.join(", ")),
-                    },
-                )
-                .await;
+            ctx.home.publish(
+                fms,
+                &events::Note {
+                    warning: true,
+                    reason: "CleanupBlocked",
+                    message: format!("waiting for {} to answer", todo.blocked.join(", ")),
+                },
+            );
         }
         return Ok(Some(Duration::ZERO));
     }

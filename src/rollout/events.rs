@@ -1,7 +1,10 @@
-//! The Events a rollout emits: one per state change, found by comparing
-//! the status before and after a plan. Pure.
+//! The Events a rollout emits, found by comparing the status before and
+//! after a plan: each phase change, each wave's outcome (done, skipped,
+//! failed) and each cluster that failed. Every other step of a cluster or
+//! a wave is in the status only: an Event per step cost five home writes
+//! per member per release. Pure.
 
-use super::spec::{ClusterState, FleetMicroserviceStatus, RolloutPhase};
+use super::spec::{ClusterState, FleetMicroserviceStatus, RolloutPhase, WaveState};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Note {
@@ -42,48 +45,47 @@ pub fn changes(before: &FleetMicroserviceStatus, after: &FleetMicroserviceStatus
     }
     for w in &after.waves {
         let old = before.waves.iter().find(|b| b.name == w.name);
+        let (warning, reason) = match w.state {
+            WaveState::Done => (false, "WaveDone"),
+            WaveState::Skipped => (false, "WaveSkipped"),
+            WaveState::Failed => (true, "WaveFailed"),
+            _ => continue,
+        };
         if old.map(|o| o.state) != Some(w.state) {
             notes.push(Note {
-                warning: false,
-                reason: "WaveStateChanged",
-                message: format!("wave {} is {:?}", w.name, w.state),
+                warning,
+                reason,
+                message: format!(
+                    "wave {} is {:?} at revision {}",
+                    w.name,
+                    w.state,
+                    after.update_revision.as_deref().unwrap_or("-")
+                ),
             });
         }
     }
     for c in &after.clusters {
         let old = before.clusters.iter().find(|b| b.name == c.name);
-        if old.map(|o| (o.state, &o.target)) != Some((c.state, &c.target)) {
+        let newly_failed = c.state == ClusterState::Failed
+            && old.map(|o| (o.state, &o.target)) != Some((c.state, &c.target));
+        if newly_failed {
             notes.push(Note {
-                warning: c.state == ClusterState::Failed,
-                reason: if c.state == ClusterState::Failed {
-                    "ClusterFailed"
-                } else {
-                    "ClusterStateChanged"
-                },
-                message: if c.state == ClusterState::Failed {
-                    // The revision that failed there, not the one a rollback
-                    // now gives it.
-                    format!(
-                        "cluster {} failed revision {} ({}){}",
-                        c.name,
-                        after.update_revision.as_deref().unwrap_or("-"),
-                        c.reason,
-                        match c.target.as_deref() {
-                            Some(t) if Some(t) != after.update_revision.as_deref() => {
-                                format!("; going back to {t}")
-                            }
-                            _ => String::new(),
+                warning: true,
+                reason: "ClusterFailed",
+                // The revision that failed there, not the one a rollback
+                // now gives it.
+                message: format!(
+                    "cluster {} failed revision {} ({}){}",
+                    c.name,
+                    after.update_revision.as_deref().unwrap_or("-"),
+                    c.reason,
+                    match c.target.as_deref() {
+                        Some(t) if Some(t) != after.update_revision.as_deref() => {
+                            format!("; going back to {t}")
                         }
-                    )
-                } else {
-                    format!(
-                        "cluster {} is {:?} at {} ({})",
-                        c.name,
-                        c.state,
-                        c.target.as_deref().unwrap_or("no revision"),
-                        c.reason
-                    )
-                },
+                        _ => String::new(),
+                    }
+                ),
             });
         }
     }
@@ -95,6 +97,58 @@ mod tests {
     use super::*;
     use crate::rollout::spec::ClusterStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    /// A release through a wave: the steps of clusters and waves are status
+    /// only; the wave's outcome and the phase are Events.
+    #[test]
+    fn steps_are_status_and_outcomes_are_events() {
+        use crate::rollout::spec::{ClusterStatus, WaveStatus};
+        let at = Time("2026-01-01T00:00:00Z".parse().unwrap());
+        let cluster = |state| ClusterStatus {
+            name: "m1".into(),
+            revision: Some("api-2".into()),
+            target: Some("api-2".into()),
+            state,
+            reason: String::new(),
+            message: String::new(),
+            since: at.clone(),
+            targeted: None,
+        };
+        let wave = |state| WaveStatus {
+            name: "canary".into(),
+            clusters: vec!["m1".into()],
+            state,
+            started: None,
+            finished: None,
+        };
+        let status = |c, w, phase| FleetMicroserviceStatus {
+            update_revision: Some("api-2".into()),
+            phase: Some(phase),
+            clusters: vec![cluster(c)],
+            waves: vec![wave(w)],
+            ..Default::default()
+        };
+        let pending = status(
+            ClusterState::Pending,
+            WaveState::Pending,
+            RolloutPhase::Progressing,
+        );
+        let updating = status(
+            ClusterState::Updating,
+            WaveState::Progressing,
+            RolloutPhase::Progressing,
+        );
+        let baking = status(
+            ClusterState::Done,
+            WaveState::Baking,
+            RolloutPhase::Progressing,
+        );
+        let done = status(ClusterState::Done, WaveState::Done, RolloutPhase::Complete);
+        assert!(changes(&pending, &updating).is_empty());
+        assert!(changes(&updating, &baking).is_empty());
+        let reasons: Vec<_> = changes(&baking, &done).iter().map(|n| n.reason).collect();
+        assert_eq!(reasons, ["RolloutComplete", "WaveDone"]);
+    }
 
     /// Review: after a rollback, the ClusterFailed Event named the last good
     /// revision (the cluster's new target) as the one that failed.

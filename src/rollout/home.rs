@@ -3,6 +3,7 @@
 //! through the home term's fence, and every one is conditional.
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -17,8 +18,13 @@ use crate::telemetry::metrics::METRICS;
 
 pub struct Home {
     client: Client,
-    recorder: Recorder,
+    /// Events go out from a task of their own: a round never waits on one.
+    events: tokio::sync::mpsc::Sender<(Event, ObjectReference)>,
 }
+
+/// Events waiting to be sent; past this, new ones are dropped (Events are
+/// a courtesy; the status is the record).
+const EVENT_QUEUE: usize = 1024;
 
 fn counted(kind: &str) {
     METRICS.rollout_home_writes_total.inc(&[kind]);
@@ -33,7 +39,18 @@ impl Home {
                 instance: Some(replica_id.to_string()),
             },
         );
-        Home { client, recorder }
+        let (events, mut pending) =
+            tokio::sync::mpsc::channel::<(Event, ObjectReference)>(EVENT_QUEUE);
+        // Ends when the Home is dropped, with the term's work.
+        tokio::spawn(async move {
+            while let Some((event, about)) = pending.recv().await {
+                match recorder.publish(&event, &about).await {
+                    Ok(()) => counted("event"),
+                    Err(e) => tracing::debug!(error = %e, "could not publish event"),
+                }
+            }
+        });
+        Home { client, events }
     }
 
     fn api(&self, namespace: &str) -> Api<FleetMicroservice> {
@@ -89,7 +106,8 @@ impl Home {
         Ok(written)
     }
 
-    pub async fn publish(&self, fms: &FleetMicroservice, note: &Note) {
+    /// Queues an Event about `fms`; it is sent beside the rounds.
+    pub fn publish(&self, fms: &FleetMicroservice, note: &Note) {
         let event = Event {
             type_: if note.warning {
                 EventType::Warning
@@ -101,9 +119,8 @@ impl Home {
             action: "Rollout".into(),
             secondary: None,
         };
-        match self.recorder.publish(&event, &fms.object_ref(&())).await {
-            Ok(()) => counted("event"),
-            Err(e) => tracing::debug!(error = %e, "could not publish event"),
+        if self.events.try_send((event, fms.object_ref(&()))).is_err() {
+            tracing::debug!(reason = note.reason, "event queue full; event dropped");
         }
     }
 
