@@ -202,8 +202,10 @@ async fn work(ctx: Arc<Ctx>) {
         // Until the registry is read, the cluster set is unknown, not empty.
         let known = ctx.hub.read(|ix| ix.registry_was_read());
         let all = ctx.cache.fleet.state();
-        ctx.write_log()
-            .retain(&all.iter().filter_map(|f| f.uid()).collect());
+        // What this term remembers goes with its object (review L9).
+        let alive: BTreeSet<String> = all.iter().filter_map(|f| f.uid()).collect();
+        ctx.write_log().retain(&alive);
+        lock(&ctx.written).retain(|uid, _| alive.contains(uid));
         // Several objects at once, so one whose home writes are slow holds
         // up only its own slot (review M3); each object still has one round
         // at a time.

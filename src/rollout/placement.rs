@@ -131,17 +131,21 @@ pub fn member_spec(
 ) -> MicroserviceSpec {
     let mut spec = template.clone();
     for o in overrides {
-        if !selects(&o.cluster_selector, labels) {
-            continue;
-        }
-        if let Some(r) = o.replicas {
-            spec.replicas = r;
-        }
-        for e in &o.env {
-            set_env(&mut spec.env, e);
+        if selects(&o.cluster_selector, labels) {
+            apply(&mut spec, o);
         }
     }
     spec
+}
+
+/// `o`'s changes, made to `spec` whatever its selector.
+pub fn apply(spec: &mut MicroserviceSpec, o: &Override) {
+    if let Some(r) = o.replicas {
+        spec.replicas = r;
+    }
+    for e in &o.env {
+        set_env(&mut spec.env, e);
+    }
 }
 
 fn set_env(env: &mut Vec<EnvEntry>, entry: &EnvEntry) {

@@ -144,6 +144,19 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
     }
     crate::domain::validate::validate(name, &spec.template)
         .map_err(|e| format!("template: {e}"))?;
+    // An override is checked as the spec it makes, so a reserved env name
+    // or a bad replica count is an InvalidSpec now, not a canary that
+    // fails later (review L8). All of them at once too: a cluster may be
+    // selected by every one.
+    let mut all = spec.template.clone();
+    for (i, o) in spec.overrides.iter().enumerate() {
+        let mut one = spec.template.clone();
+        placement::apply(&mut one, o);
+        crate::domain::validate::validate(name, &one)
+            .map_err(|e| format!("overrides[{i}]: {e}"))?;
+        placement::apply(&mut all, o);
+    }
+    crate::domain::validate::validate(name, &all).map_err(|e| format!("overrides: {e}"))?;
     if r.max_failed_clusters < 0 {
         return Err("rollout.maxFailedClusters must not be negative".into());
     }
@@ -540,7 +553,12 @@ pub fn plan(i: &Inputs) -> Plan {
         Mode::RollBack(good) => {
             for r in rows.iter().filter(|r| !r.foreign) {
                 let gave_update = r.at == Some(update) || r.prev_target() == Some(update);
-                let target = if gave_update || r.at.is_none() || r.prev_target() == Some(good) {
+                // A revision no longer stored (pruned while the cluster was
+                // away, or a hand-edited annotation) cannot be written back:
+                // the good one is (review L1).
+                let stored =
+                    r.at.is_some_and(|at| i.revisions.iter().any(|v| v.name == at));
+                let target = if gave_update || !stored || r.prev_target() == Some(good) {
                     Some(good.clone())
                 } else {
                     r.at.map(str::to_string)
