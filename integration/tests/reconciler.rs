@@ -1007,7 +1007,7 @@ async fn a_child_watch_that_fails_after_its_first_listing_makes_available_unknow
         support::lag::FailLayer {
             resource: "endpointslices",
             failing: failing.clone(),
-            writes: false,
+            refuse: support::lag::Refuse::Reads,
         },
     )
     .await;

@@ -425,20 +425,8 @@ async fn available_turns_false_when_endpoints_go_right_after_a_status_write() {
     wait_condition(&api, "flaky", "Available", "True", None).await;
     let pods = ns.api::<Pod>();
     let started = Instant::now();
-    for p in pods
-        .list(&ListParams::default().labels("app=flaky"))
-        .await
-        .expect("pods")
-        .items
-    {
-        let name = p.metadata.name.unwrap();
-        let status = json!({"status": {"conditions": [
-            {"type": "Ready", "status": "False", "reason": "TestNotReady"},
-            {"type": "ContainersReady", "status": "False", "reason": "TestNotReady"},
-        ]}});
-        pods.patch_status(&name, &PatchParams::default(), &Patch::Strategic(status))
-            .await
-            .expect("pod not ready");
+    for name in pod_names(&pods, "flaky").await {
+        set_pod_ready(&pods, &name, false).await;
     }
     wait_condition(&api, "flaky", "Available", "False", None).await;
     let took = started.elapsed();
@@ -451,9 +439,8 @@ async fn available_turns_false_when_endpoints_go_right_after_a_status_write() {
     op.stop().await;
 }
 
-/// Sets the Ready condition of the first pod of `app` (by name).
-async fn set_first_pod_ready(pods: &Api<Pod>, app: &str, ready: bool) {
-    let status = if ready { "True" } else { "False" };
+/// The names of `app`'s pods, sorted.
+async fn pod_names(pods: &Api<Pod>, app: &str) -> Vec<String> {
     let mut names: Vec<String> = pods
         .list(&ListParams::default().labels(&format!("app={app}")))
         .await
@@ -463,7 +450,12 @@ async fn set_first_pod_ready(pods: &Api<Pod>, app: &str, ready: bool) {
         .filter_map(|p| p.metadata.name)
         .collect();
     names.sort();
-    let name = names.first().expect("a pod");
+    names
+}
+
+/// Sets a pod's Ready (and ContainersReady) condition by hand.
+async fn set_pod_ready(pods: &Api<Pod>, name: &str, ready: bool) {
+    let status = if ready { "True" } else { "False" };
     let patch = json!({"status": {"conditions": [
         {"type": "Ready", "status": status, "reason": "Test"},
         {"type": "ContainersReady", "status": status, "reason": "Test"},
@@ -471,6 +463,12 @@ async fn set_first_pod_ready(pods: &Api<Pod>, app: &str, ready: bool) {
     pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
         .await
         .expect("pod readiness");
+}
+
+/// Sets the Ready condition of the first pod of `app` (by name).
+async fn set_first_pod_ready(pods: &Api<Pod>, app: &str, ready: bool) {
+    let names = pod_names(pods, app).await;
+    set_pod_ready(pods, names.first().expect("a pod"), ready).await;
 }
 
 /// Review #3: our own status writes inside one Microservice watch lag
@@ -493,7 +491,7 @@ async fn writes_inside_a_watch_lag_never_leave_a_stale_available_true() {
         support::lag::FailLayer {
             resource: "services",
             failing: refuse.clone(),
-            writes: true,
+            refuse: support::lag::Refuse::NextWrite,
         },
         Some(lag),
     )

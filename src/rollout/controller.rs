@@ -154,7 +154,7 @@ struct Ctx {
 
 impl Ctx {
     fn freshest(&self, cached: &FleetMicroservice) -> FleetMicroservice {
-        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let written = lock(&self.written);
         match (cached.uid(), cached.resource_version()) {
             (Some(uid), Some(rv)) => match written.get(&uid) {
                 Some((replaced, copy)) if replaced.contains(&rv) => copy.clone(),
@@ -165,12 +165,12 @@ impl Ctx {
     }
 
     fn write_log(&self) -> std::sync::MutexGuard<'_, WriteLog> {
-        self.writes.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.writes)
     }
 
     fn remember(&self, replaced: &FleetMicroservice, written: FleetMicroservice) {
         if let (Some(uid), Some(rv)) = (replaced.uid(), replaced.resource_version()) {
-            let mut all = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            let mut all = lock(&self.written);
             let entry = all
                 .entry(uid)
                 .or_insert_with(|| (BTreeSet::new(), written.clone()));

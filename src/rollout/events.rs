@@ -98,22 +98,26 @@ mod tests {
     use crate::rollout::spec::ClusterStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+    /// Cluster m1 in `state`, at `revision` and given `target`.
+    fn m1(state: ClusterState, revision: &str, target: &str, reason: &str) -> ClusterStatus {
+        ClusterStatus {
+            name: "m1".into(),
+            revision: Some(revision.into()),
+            target: Some(target.into()),
+            state,
+            reason: reason.into(),
+            message: String::new(),
+            since: Time("2026-01-01T00:00:00Z".parse().unwrap()),
+            targeted: None,
+        }
+    }
+
     /// A release through a wave: the steps of clusters and waves are status
     /// only; the wave's outcome and the phase are Events.
     #[test]
     fn steps_are_status_and_outcomes_are_events() {
-        use crate::rollout::spec::{ClusterStatus, WaveStatus};
-        let at = Time("2026-01-01T00:00:00Z".parse().unwrap());
-        let cluster = |state| ClusterStatus {
-            name: "m1".into(),
-            revision: Some("api-2".into()),
-            target: Some("api-2".into()),
-            state,
-            reason: String::new(),
-            message: String::new(),
-            since: at.clone(),
-            targeted: None,
-        };
+        use crate::rollout::spec::WaveStatus;
+        let cluster = |state| m1(state, "api-2", "api-2", "");
         let wave = |state| WaveStatus {
             name: "canary".into(),
             clusters: vec!["m1".into()],
@@ -154,17 +158,8 @@ mod tests {
     /// revision (the cluster's new target) as the one that failed.
     #[test]
     fn a_failed_cluster_event_names_the_revision_that_failed() {
-        let at = Time("2026-01-01T00:00:00Z".parse().unwrap());
-        let cluster = |state, target: &str| ClusterStatus {
-            name: "m1".into(),
-            revision: Some("api-bad".into()),
-            target: Some(target.into()),
-            state,
-            reason: "ProgressDeadlineExceeded".into(),
-            message: String::new(),
-            since: at.clone(),
-            targeted: None,
-        };
+        let cluster =
+            |state, target: &str| m1(state, "api-bad", target, "ProgressDeadlineExceeded");
         let before = FleetMicroserviceStatus {
             update_revision: Some("api-bad".into()),
             clusters: vec![cluster(ClusterState::Updating, "api-bad")],

@@ -107,16 +107,23 @@ impl Body for Lagging {
     }
 }
 
-/// Makes watches (and lists) of `resource` fail while `failing` is set:
-/// open ones end, and new ones are refused 403, as after an RBAC change
-/// that took `watch` away. With `writes`, it refuses instead the next write
-/// to one `resource` object, once, and clears `failing`: a passing API
-/// error. The rest of the client is untouched.
+/// Refuses requests about `resource` with a 403 while `failing` is set;
+/// the rest of the client is untouched.
 #[derive(Clone)]
 pub struct FailLayer {
     pub resource: &'static str,
     pub failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    pub writes: bool,
+    pub refuse: Refuse,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Refuse {
+    /// Watches and lists, for as long as `failing` is set: open watches
+    /// end, as after an RBAC change that took `watch` away.
+    Reads,
+    /// The next write to one object, once: a passing API error (`failing`
+    /// is cleared by it).
+    NextWrite,
 }
 
 impl<S> Layer<S> for FailLayer {
@@ -154,19 +161,19 @@ where
 
     fn call(&mut self, req: Request<kube::client::Body>) -> Self::Future {
         use std::sync::atomic::Ordering;
-        let ours = if self.by.writes {
-            req.method() != http::Method::GET
-                && req
-                    .uri()
-                    .path()
-                    .contains(&format!("/{}/", self.by.resource))
-        } else {
-            is_read_of(req.uri(), self.by.resource)
-        };
-        let refused = if self.by.writes {
-            ours && self.by.failing.swap(false, Ordering::SeqCst)
-        } else {
-            ours && self.by.failing.load(Ordering::SeqCst)
+        let (ours, refused) = match self.by.refuse {
+            Refuse::Reads => {
+                let ours = is_read_of(req.uri(), self.by.resource);
+                (ours, ours && self.by.failing.load(Ordering::SeqCst))
+            }
+            Refuse::NextWrite => {
+                let ours = req.method() != http::Method::GET
+                    && req
+                        .uri()
+                        .path()
+                        .contains(&format!("/{}/", self.by.resource));
+                (ours, ours && self.by.failing.swap(false, Ordering::SeqCst))
+            }
         };
         if refused {
             let body = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"forbidden by the test","reason":"Forbidden","code":403}"#;
@@ -177,11 +184,12 @@ where
                 .expect("response");
             return Box::pin(async move { Ok(response) });
         }
-        let (failing, writes) = (self.by.failing.clone(), self.by.writes);
+        let failing = self.by.failing.clone();
+        let ends = ours && self.by.refuse == Refuse::Reads;
         let response = self.inner.call(req);
         Box::pin(async move {
             let response = response.await?;
-            Ok(match ours && !writes {
+            Ok(match ends {
                 true => response.map(|inner| {
                     Box::new(Ending {
                         inner,
