@@ -190,6 +190,15 @@ where
     }
 }
 
+/// The probe's two listings in flight.
+type ProbeRead = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<kube::Result<(Versions, Versions)>, tokio::time::error::Elapsed>,
+            > + Send,
+    >,
+>;
+
 /// Both watches, folded into the hub until either fails or stalls.
 async fn watch_until_error(
     client: Client,
@@ -222,6 +231,7 @@ async fn watch_until_error(
     let (mut ms_stall, mut dep_stall) = (Stall::default(), Stall::default());
     let mut probe = tokio::time::interval_at(Instant::now() + PROBE_EVERY, PROBE_EVERY);
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut probing: Option<ProbeRead> = None;
     let delay = crate::supervise::feed_delay(cluster);
     loop {
         let event = tokio::select! {
@@ -235,16 +245,25 @@ async fn watch_until_error(
                 *health = Health::default();
                 continue;
             }
-            _ = probe.tick(), if announced => {
+            // The probe's reads run beside the watches, never in place of
+            // them: a read waiting on a small request budget must not hold
+            // back the events it is checking.
+            _ = probe.tick(), if announced && probing.is_none() => {
                 // Judged only between listings: a relist in progress is
                 // progress, however long it takes.
+                if ms_seen.listing.is_none() && dep_seen.listing.is_none() {
+                    let (ms_api, dep_api, labels) = (ms_api.clone(), dep_api.clone(), labels.clone());
+                    probing = Some(Box::pin(tokio::time::timeout(PROBE_TIMEOUT, async move {
+                        Ok::<_, kube::Error>((listed(&ms_api, None).await?, listed(&dep_api, labels.as_deref()).await?))
+                    })));
+                }
+                continue;
+            }
+            read = async { probing.as_mut().expect("guarded").await }, if probing.is_some() => {
+                probing = None;
                 if ms_seen.listing.is_some() || dep_seen.listing.is_some() {
                     continue;
                 }
-                let read = tokio::time::timeout(PROBE_TIMEOUT, async {
-                    Ok::<_, kube::Error>((listed(&ms_api, None).await?, listed(&dep_api, labels.as_deref()).await?))
-                })
-                .await;
                 // An apiserver that does not answer is its reachability,
                 // which the Lease covers; only an answer is evidence.
                 let Ok(Ok((ms_now, dep_now))) = read else { continue };
