@@ -82,7 +82,7 @@ fn main() {
         let latencies: Vec<f64> = stream::iter(0..n)
             .map(|i| {
                 let (api, name) = (api.clone(), format!("svc-{i:03}"));
-                let dns = format!("{name}.{}.{CLUSTER}.{z}", ns.name);
+                let dns = format!("{name}.{}.{CLUSTER}.cluster.{z}", ns.name);
                 async move {
                     let ms = microservice(&name, "ghcr.io/acme/s:1", 8080, Some(1));
                     let t0 = Instant::now();

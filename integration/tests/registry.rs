@@ -165,7 +165,7 @@ async fn names_resolve_and_a_blocked_deletion_cleans_up_in_order_once_etcd_retur
         service_ip(&c2, &ns_name, "todo-api").await,
     );
     let zone = zone();
-    let own = |cluster: &str| format!("todo-api.{ns_name}.{cluster}.{zone}");
+    let own = |cluster: &str| format!("todo-api.{ns_name}.{cluster}.cluster.{zone}");
     let shared = format!("todo-api.{ns_name}.{zone}");
     resolves(&own("member-1"), "A", std::slice::from_ref(&ip1)).await;
     resolves(&own("member-2"), "A", std::slice::from_ref(&ip2)).await;
@@ -173,6 +173,17 @@ async fn names_resolve_and_a_blocked_deletion_cleans_up_in_order_once_etcd_retur
     let mut both = vec![ip1.clone(), ip2.clone()];
     both.sort();
     resolves(&shared, "A", &both).await;
+    // #30 M4: a cluster's own names live under `cluster.ZONE`, apart from
+    // the fleet-wide tree. Before, member-1's record sat at
+    // <zone>/member-1/NS/todo-api, so NS.member-1.ZONE (the fleet-wide name
+    // of a Microservice NS in a namespace called member-1, another
+    // tenant's) answered it too.
+    let hijack = format!("{ns_name}.member-1.{zone}");
+    let answered = dig(&hijack, "A");
+    assert!(
+        answered.is_empty(),
+        "{hijack} answered {answered:?}: one tenant's record under another's fleet-wide name"
+    );
     let srv = dig(&own("member-1"), "SRV");
     assert_eq!(srv.len(), 1, "{srv:?}");
     assert_eq!(
@@ -410,7 +421,7 @@ async fn a_deposed_writer_and_a_stale_read_change_nothing_in_etcd() {
         now.iter()
             .all(|x| x.record.as_ref().unwrap().host == "10.96.0.12")
     );
-    let name = format!("api.{ns}.member-1.{}", zone());
+    let name = format!("api.{ns}.member-1.cluster.{}", zone());
     resolves(&name, "A", &["10.96.0.12".to_string()]).await;
     // Clean up.
     let ops = flotilla::registry::records::plan_remove(
@@ -457,7 +468,7 @@ async fn the_sweep_removes_a_departed_clusters_records_and_keeps_members() {
     ));
     let z = zone();
     eventually("member-9's records swept", Duration::from_secs(20), || {
-        let name = format!("api.{ns}.member-9.{z}");
+        let name = format!("api.{ns}.member-9.cluster.{z}");
         async move { (rcode(&name, "A") == "NXDOMAIN").then_some(()) }
     })
     .await;
@@ -484,12 +495,12 @@ async fn the_sweep_removes_a_departed_clusters_records_and_keeps_members() {
     );
     wait_condition(&api3, "real", "Registered", "True", None).await;
     eventually("the ghost's records swept", Duration::from_secs(20), || {
-        let name = format!("ghost.{}.member-3.{z}", ns3.name);
+        let name = format!("ghost.{}.member-3.cluster.{z}", ns3.name);
         async move { (rcode(&name, "A") == "NXDOMAIN").then_some(()) }
     })
     .await;
     assert_eq!(
-        dig(&format!("real.{}.member-3.{z}", ns3.name), "A").len(),
+        dig(&format!("real.{}.member-3.cluster.{z}", ns3.name), "A").len(),
         1
     );
     delete_and_wait(&api3, "real").await;
@@ -541,7 +552,7 @@ async fn a_successor_completes_a_cleanup_its_killed_predecessor_was_blocked_on()
     let ms = microservice("todo-api", "ghcr.io/acme/todo:1", 8080, Some(1));
     api.create(&PostParams::default(), &ms).await.unwrap();
     wait_condition(&api, "todo-api", "Registered", "True", None).await;
-    let name = format!("todo-api.{ns}.member-1.{}", zone());
+    let name = format!("todo-api.{ns}.member-1.cluster.{}", zone());
     assert_eq!(dig(&name, "A").len(), 1);
 
     // Over gRPC, from the replica that survives: a watch that sees the
@@ -801,7 +812,7 @@ async fn a_stopped_leaders_registry_write_is_refused_once_its_successor_has_writ
         "figure: the deposed leader's held write ({held} bytes) refused by etcd; its conflict count {}",
         metric(&replicas, "sa", conflicts).await
     );
-    let name = format!("todo-api.{ns}.member-1.{}", zone());
+    let name = format!("todo-api.{ns}.member-1.cluster.{}", zone());
     let srv = dig(&name, "SRV");
     assert!(
         srv.first()

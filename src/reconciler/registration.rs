@@ -18,7 +18,9 @@ use super::context::Context;
 use super::error::{ReconcileError, Result};
 use crate::crd::Microservice;
 use crate::domain::conditions::{CLEANUP_BLOCKED, REGISTERED, Status, Verdict, transition};
-use crate::registry::records::{Entry, Record, Refusal, Writer, plan_register, plan_remove};
+use crate::registry::records::{
+    CLUSTER_TREE, Entry, Record, Refusal, Writer, plan_register, plan_remove,
+};
 use crate::registry::{FINALIZER, Registration, Registry, RegistryError};
 use crate::telemetry::metrics::METRICS;
 
@@ -112,6 +114,18 @@ fn entry(ctx: &Context, ms: &Microservice) -> Entry {
 }
 
 /// Notes whether etcd answered, for `/metrics`.
+/// etcd is not behind the kube wire fence: the term is checked here, right
+/// before each write or delete, so a deposed leader's stale backlog never
+/// reaches the registry (records in sync keep an older term's epoch).
+fn fenced(ctx: &Context) -> Result<(), RegistryError> {
+    ctx.ensure_leading().map_err(|_| {
+        METRICS
+            .registry_writes_total
+            .inc(&[ctx.settings.cluster.as_str(), "refused"]);
+        RegistryError::NotLeading
+    })
+}
+
 fn observed<T>(ctx: &Context, result: Result<T, RegistryError>) -> Result<T, RegistryError> {
     let up = !matches!(result, Err(RegistryError::Unavailable(_)));
     METRICS
@@ -195,6 +209,7 @@ async fn try_register(
             .inc(&[ctx.settings.cluster.as_str(), "refused"]);
     })?;
     if !ops.is_empty() {
+        fenced(ctx)?;
         let applied = observed(ctx, registry.apply(&ops).await);
         let result = match &applied {
             Ok(()) => "applied",
@@ -235,7 +250,9 @@ pub async fn register(
                 REGISTERED,
                 Status::True,
                 "Registered",
-                format!("resolvable as {name}.{ns}.{cluster}.{zone} and {name}.{ns}.{zone}"),
+                format!(
+                    "resolvable as {name}.{ns}.{cluster}.{CLUSTER_TREE}.{zone} and {name}.{ns}.{zone}"
+                ),
             )
         }
         Err(e) => {
@@ -255,6 +272,10 @@ async fn remove_records(
     let keys = entry(ctx, ms).keys(registry.zone())?;
     let existing = observed(ctx, registry.read(&keys).await)?;
     let ops = plan_remove(&keys, &existing, &me)?;
+    if ops.is_empty() {
+        return Ok(());
+    }
+    fenced(ctx)?;
     observed(ctx, registry.apply(&ops).await)
 }
 
@@ -283,7 +304,9 @@ pub async fn on_deletion(ctx: &Context, ms: &Microservice) -> Result<Deletion> {
             tracing::info!("registry records removed; finalizer released");
             Ok(Deletion::CleanedUp)
         }
-        Err(RegistryError::Refused(Refusal::Deposed { .. })) => Err(ReconcileError::NotLeader),
+        Err(RegistryError::Refused(Refusal::Deposed { .. })) | Err(RegistryError::NotLeading) => {
+            Err(ReconcileError::NotLeader)
+        }
         Err(e) => {
             let message = format!("the registry records cannot be removed yet: {e}");
             let verdict =

@@ -4,10 +4,16 @@
 //! have. Pure: the etcd calls are in `store.rs`.
 //!
 //! One Microservice `NAME` in `NAMESPACE` of cluster `CLUSTER` has two:
-//! - `NAME.NAMESPACE.CLUSTER.ZONE`, at `<zone>/CLUSTER/NAMESPACE/NAME`;
+//! - `NAME.NAMESPACE.CLUSTER.cluster.ZONE`, at
+//!   `<zone>/cluster/CLUSTER/NAMESPACE/NAME`;
 //! - one member of the fleet-wide `NAME.NAMESPACE.ZONE`, at
 //!   `<zone>/NAMESPACE/NAME/CLUSTER`: CoreDNS answers a name with every
 //!   record below it, so that name lists every cluster that runs it.
+//!
+//! The two trees cannot overlap: cluster-scoped keys all sit under the
+//! label `cluster`, which no fleet-wide name may use as its namespace. So
+//! no Microservice's key can fall under another one's fleet-wide name (a
+//! cluster named like a namespace once let one tenant answer for another).
 
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +23,9 @@ pub const FINALIZER: &str = "platform.example.io/registry";
 pub const DEFAULT_PATH: &str = "/skydns";
 /// The answers' TTL: short, since a Service can move between clusters.
 pub const TTL_SECONDS: u32 = 30;
+/// The label that holds every cluster-scoped name; a namespace of this
+/// name gets no records.
+pub const CLUSTER_TREE: &str = "cluster";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
@@ -28,6 +37,10 @@ pub enum RecordError {
     BadZone(String),
     #[error("the Service has no ClusterIP yet")]
     NoAddress,
+    #[error(
+        "namespace {0:?} is reserved in the registry: NAME.{0}.ZONE would overlap the cluster-scoped names under {0}.ZONE, so this Microservice gets no records; use another namespace"
+    )]
+    ReservedNamespace(String),
 }
 
 fn is_label(s: &str) -> bool {
@@ -127,9 +140,12 @@ impl Entry {
         let cluster = label("cluster name", &self.cluster)?;
         let ns = label("namespace", &self.namespace)?;
         let name = label("name", &self.name)?;
+        if ns == CLUSTER_TREE {
+            return Err(RecordError::ReservedNamespace(ns.to_string()));
+        }
         let p = &zone.prefix;
         Ok([
-            format!("{p}/{cluster}/{ns}/{name}"),
+            format!("{p}/{CLUSTER_TREE}/{cluster}/{ns}/{name}"),
             format!("{p}/{ns}/{name}/{cluster}"),
         ])
     }
@@ -301,11 +317,13 @@ pub fn plan_remove(
 }
 
 /// The sweep: this cluster's records (written at our term or before) whose
-/// Microservice no longer exists, judged by `alive(namespace, name)`.
-/// Another cluster's records, and newer terms', are never touched.
+/// Microservice no longer exists, judged by `alive(namespace, name)`, or
+/// that sit where its keys no longer are (an older layout). Another
+/// cluster's records, and newer terms', are never touched.
 pub fn plan_sweep(
     existing: &[Existing],
     me: &Writer,
+    zone: &Zone,
     alive: impl Fn(&str, &str) -> bool,
 ) -> Vec<Op> {
     existing
@@ -316,7 +334,13 @@ pub fn plan_sweep(
                 return None;
             }
             let (ns, name) = r.object.split_once('/')?;
-            (!alive(ns, name)).then(|| Op::Delete {
+            let entry = Entry {
+                cluster: me.cluster.clone(),
+                namespace: ns.to_string(),
+                name: name.to_string(),
+            };
+            let placed = entry.keys(zone).is_ok_and(|k| k.contains(&e.key));
+            (!alive(ns, name) || !placed).then(|| Op::Delete {
                 key: e.key.clone(),
                 mod_revision: e.mod_revision,
             })

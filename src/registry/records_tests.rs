@@ -37,7 +37,7 @@ fn keys_follow_coredns_paths_for_both_names() {
     assert_eq!(
         entry("member-1").keys(&z).unwrap(),
         [
-            "/skydns/example/fleet/member-1/default/todo-api".to_string(),
+            "/skydns/example/fleet/cluster/member-1/default/todo-api".to_string(),
             "/skydns/example/fleet/default/todo-api/member-1".to_string(),
         ]
     );
@@ -60,6 +60,15 @@ fn bad_names_and_a_missing_address_are_refused_with_the_reason() {
         Err(RecordError::NoAddress)
     );
     assert_eq!(e.desired(&z, None, 80, 1), Err(RecordError::NoAddress));
+    // The namespace that would overlap the cluster-scoped tree.
+    let reserved = Entry {
+        namespace: CLUSTER_TREE.into(),
+        ..entry("member-1")
+    };
+    assert!(matches!(
+        reserved.keys(&z),
+        Err(RecordError::ReservedNamespace(_))
+    ));
     assert!(Zone::new("", DEFAULT_PATH).is_err());
     assert!(Zone::new("bad..zone", DEFAULT_PATH).is_err());
 }
@@ -210,16 +219,65 @@ fn the_sweep_removes_only_our_dead_objects_records() {
             1,
         ));
     }
-    let ops = plan_sweep(&all, &me("member-1", 3), |_, name| name == "alive");
+    // A record of a live Microservice where the layout before #30 put it.
+    let old = all[0].clone();
+    all.push(Existing {
+        key: "/skydns/example/fleet/member-1/default/alive".into(),
+        ..old
+    });
+    let ops = plan_sweep(&all, &me("member-1", 3), &z, |_, name| name == "alive");
     let keys: Vec<&str> = ops.iter().map(Op::key).collect();
     assert_eq!(
         keys,
         [
-            "/skydns/example/fleet/member-1/default/gone",
-            "/skydns/example/fleet/default/gone/member-1"
+            "/skydns/example/fleet/cluster/member-1/default/gone",
+            "/skydns/example/fleet/default/gone/member-1",
+            "/skydns/example/fleet/member-1/default/alive",
         ]
     );
     let departed = plan_departed(&all, |c| c == "member-1");
     assert_eq!(departed.len(), 2, "member-2's two records");
     assert!(departed.iter().all(|o| o.key().contains("member-2")));
+}
+
+/// What CoreDNS answers for the name whose path is `dir`: the record at
+/// it and every one below it.
+fn answers(key: &str, dir: &str) -> bool {
+    key == dir || key.starts_with(&format!("{dir}/"))
+}
+
+proptest::proptest! {
+    /// #30 M4: no key of one Microservice is answered under another's
+    /// fleet-wide name or cluster-scoped name, whatever the clusters,
+    /// namespaces and names (drawn from a few labels, so collisions of a
+    /// cluster with a namespace or name are common).
+    #[test]
+    fn no_entry_is_answered_under_another_entrys_name(
+        a in (0..5usize, 0..5usize, 0..5usize),
+        b in (0..5usize, 0..5usize, 0..5usize),
+    ) {
+        const LABELS: [&str; 5] = ["prod", "web", "api", "cluster", "member-1"];
+        let entry = |(c, n, m): (usize, usize, usize)| Entry {
+            cluster: LABELS[c].into(),
+            namespace: LABELS[n].into(),
+            name: LABELS[m].into(),
+        };
+        let (ea, eb) = (entry(a), entry(b));
+        proptest::prop_assume!(ea != eb);
+        let z = zone();
+        let (Ok(ka), Ok(kb)) = (ea.keys(&z), eb.keys(&z)) else {
+            // A reserved namespace has no records to collide with.
+            return Ok(());
+        };
+        let fleet_wide = format!("{}/{}/{}", z.prefix, eb.namespace, eb.name);
+        let same_service = ea.namespace == eb.namespace && ea.name == eb.name;
+        for key in &ka {
+            proptest::prop_assert!(!answers(key, &kb[0]), "{key} answered as {}", kb[0]);
+            // Only the same service in another cluster joins its fleet-wide name.
+            if !same_service {
+                proptest::prop_assert!(!answers(key, &fleet_wide), "{key} answered under {fleet_wide}");
+            }
+            proptest::prop_assert!(!kb.contains(key), "{key} shared");
+        }
+    }
 }

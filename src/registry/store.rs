@@ -40,6 +40,9 @@ pub enum RegistryError {
     Conflict,
     #[error("registry configuration: {0}")]
     Config(String),
+    /// This replica no longer leads the cluster: it writes nothing.
+    #[error("this replica no longer leads the cluster; the new leader keeps its records")]
+    NotLeading,
 }
 
 impl RegistryError {
@@ -52,6 +55,7 @@ impl RegistryError {
             RegistryError::Refused(Refusal::Foreign { .. }) => "RecordConflict",
             RegistryError::Conflict => "Conflict",
             RegistryError::Config(_) => "Invalid",
+            RegistryError::NotLeading => "NotLeader",
         }
     }
 }

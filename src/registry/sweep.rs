@@ -18,7 +18,7 @@ pub async fn sweep_cluster(
     alive: impl Fn(&str, &str) -> bool,
 ) -> super::store::Result<usize> {
     let existing = registry.read_zone().await?;
-    let ops = plan_sweep(&existing, me, alive);
+    let ops = plan_sweep(&existing, me, registry.zone(), alive);
     registry.apply(&ops).await?;
     if !ops.is_empty() {
         tracing::info!(k8s.cluster.name = %me.cluster, removed = ops.len(), "registry sweep removed records of deleted Microservices");
