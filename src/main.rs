@@ -64,6 +64,12 @@ async fn shutdown_signal() {
 }
 
 async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> Result<(), String> {
+    // Before any member client exists: every one is checked against it.
+    let allow = flotilla::fleet::credentials::ServerAllow::parse(&args.member_server_allow)?;
+    if allow.is_empty() {
+        tracing::info!("member apiservers may be anywhere (--member-server-allow is empty)");
+    }
+    flotilla::fleet::credentials::set_server_allow(allow)?;
     match flotilla::limits::raise_open_files() {
         Ok((before, after)) if before != after => {
             tracing::info!(
@@ -286,6 +292,8 @@ fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
         Some(p) => Some(read_token(p, "--grpc-write-token-file")?),
         None => None,
     };
+    o.write_token_file = args.grpc_write_token_file.clone();
+    o.conns.max_connections = args.max_connections as usize;
     if let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) {
         o.tls = Some(TlsFiles {
             cert: cert.clone(),
@@ -297,18 +305,23 @@ fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
     Ok(o)
 }
 
-/// The dashboard shares the gRPC server's certificate and read token.
+/// The dashboard shares the gRPC server's certificate, client CA and
+/// tokens: one policy for every door.
 fn ui_options(args: &RunArgs, grpc: &ServerOptions) -> Option<flotilla::ui::server::UiOptions> {
-    Some(flotilla::ui::server::UiOptions {
-        addr: args.ui_addr.0?,
-        tls: grpc.tls.clone(),
-        insecure: args.ui_insecure,
-        token: grpc.token.clone(),
-        token_file: grpc.token_file.clone(),
-        write_token: grpc.write_token.clone(),
-        limits: Default::default(),
-        max_streams: grpc.max_streams,
-    })
+    let mut o = flotilla::ui::server::UiOptions::new(args.ui_addr.0?);
+    o.tls = grpc.tls.clone();
+    o.insecure = args.ui_insecure;
+    o.token = grpc.token.clone();
+    o.token_file = grpc.token_file.clone();
+    o.write_token = grpc.write_token.clone();
+    o.write_token_file = grpc.write_token_file.clone();
+    o.max_streams = grpc.max_streams;
+    o.max_streams_per_client = args.ui_max_streams_per_client as usize;
+    o.allowed_hosts = args.ui_allowed_hosts.clone();
+    o.limits.stall = grpc.stream_stall;
+    o.limits.max_age = grpc.max_stream_age;
+    o.conns = grpc.conns;
+    Some(o)
 }
 
 fn client_options(r: &RemoteArgs) -> Result<(ClientOptions, Format), String> {

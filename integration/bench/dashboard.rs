@@ -73,16 +73,9 @@ async fn main() {
         }
     });
     let port = free_port();
-    let opts = UiOptions {
-        addr: format!("127.0.0.1:{port}").parse().unwrap(),
-        tls: None,
-        insecure: true,
-        token: None,
-        token_file: None,
-        write_token: None,
-        limits: Default::default(),
-        max_streams: 100,
-    };
+    let mut opts = UiOptions::new(format!("127.0.0.1:{port}").parse().unwrap());
+    opts.insecure = true;
+    opts.max_streams = 100;
     let listener = flotilla::ui::server::bind(&opts).await.expect("bind");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(serve(hub.clone(), opts, listener, None, None, stop_rx));
@@ -165,6 +158,75 @@ async fn main() {
         }),
     );
     drop(browser);
+    stalled_streams(&hub, port, n).await;
     stop_tx.send(true).ok();
     server.await.ok();
+}
+
+/// #30 H1: 50 event streams that never read, each from its own loopback
+/// address (so the per-client share does not refuse them), while the
+/// index keeps changing: this process's RSS (the server and the index)
+/// before, at its peak, and after; and how many streams were cut.
+async fn stalled_streams(hub: &std::sync::Arc<Hub>, port: u16, n: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let me = std::process::id();
+    let before = common::rss_mib(me);
+    let mut held = Vec::new();
+    for i in 0..50u8 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        socket
+            .bind(format!("127.0.1.{}:0", i + 1).parse().unwrap())
+            .unwrap();
+        let mut s = socket
+            .connect(format!("127.0.0.1:{port}").parse().unwrap())
+            .await
+            .unwrap();
+        s.write_all(
+            format!("GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await.unwrap();
+        assert!(head.ends_with(b"200"), "{}", String::from_utf8_lossy(&head));
+        held.push(s);
+    }
+    let mut peak = before;
+    for round in 0..400 {
+        hub.update(|ix| {
+            for i in 0..50 {
+                let key = (
+                    "shop".to_string(),
+                    format!("svc-{:04}", (round * 50 + i) % n),
+                );
+                ix.upsert_microservice(
+                    "member-1",
+                    key,
+                    facts(&format!("ghcr.io/acme/shop:r{round}")),
+                );
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if round % 10 == 0 {
+            peak = peak.max(common::rss_mib(me));
+        }
+    }
+    let after = common::rss_mib(me);
+    let metrics = flotilla::telemetry::metrics::METRICS.encode();
+    let cut = metrics
+        .lines()
+        .find(|l| l.starts_with("flotilla_ui_streams_ended_total{reason=\"stalled\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap_or("0")
+        .to_string();
+    println!(
+        "50 stalled event streams over {} entries, 20 s of changes: RSS {before:.1} MiB before, peak {peak:.1}, after {after:.1}; {cut} streams cut as stalled",
+        CLUSTERS.len() * n
+    );
+    write_json(
+        "dashboard-stalled",
+        &json!({"streams": 50, "entries": CLUSTERS.len() * n, "rss_before_mib": before, "rss_peak_mib": peak, "rss_after_mib": after, "cut_stalled": cut}),
+    );
+    drop(held);
 }

@@ -683,49 +683,78 @@ fn curl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Safe by default (#16): with the gRPC certificate configured the page is
-/// served over TLS only, without asking browsers for the gRPC client
-/// certificate, and the session cookie is Secure.
+/// Safe by default (#16, #30 H2): with the gRPC certificate and client CA
+/// configured, the page is served over TLS only and asks for a client
+/// certificate as gRPC does: no certificate, or one from another CA, reads
+/// nothing (curl and Chromium). With the CA dropped (a rolling restart),
+/// the token alone signs a browser in, and the session cookie is
+/// `__Host-` prefixed and Secure.
 #[tokio::test]
-async fn with_tls_the_page_is_https_only_and_its_cookie_secure() {
+async fn with_tls_the_page_is_https_only_asks_for_client_certificates_and_its_cookie_secure() {
     let _up = MEMBERS_UP.read().await;
     let (_ns, _guards, mut replicas, port, _c3) = member3_replica("ui-tls", &[]).await;
     let pki = replicas.dir.with_extension("pki");
     std::fs::create_dir_all(&pki).unwrap();
-    // The test CA, a server certificate for 127.0.0.1, and `token`.
+    // The test CA, a server certificate for 127.0.0.1, client certificates
+    // from it (client) and another CA (stranger), and `token`.
     support::certificates(&pki);
     let p = |f: &str| pki.join(f).display().to_string();
-    replicas.grpc_args = vec![
-        "--grpc-tls-cert".into(),
-        p("server.crt"),
-        "--grpc-tls-key".into(),
-        p("server.key"),
-        // gRPC asks for client certificates; the page must not.
-        "--grpc-client-ca".into(),
-        p("ca.crt"),
-        "--grpc-token-file".into(),
-        p("token"),
-    ];
+    let tls_args = |client_ca: bool| {
+        let mut a = vec![
+            "--grpc-tls-cert".to_string(),
+            p("server.crt"),
+            "--grpc-tls-key".into(),
+            p("server.key"),
+            "--grpc-token-file".into(),
+            p("token"),
+        ];
+        if client_ca {
+            a.extend(["--grpc-client-ca".to_string(), p("ca.crt")]);
+        }
+        a
+    };
+    replicas.grpc_args = tls_args(true);
     replicas.start("tls");
     let https = format!("https://127.0.0.1:{port}/");
     let ca = p("ca.crt");
-    let code = eventually("the page over TLS", WAIT, || {
-        let (https, ca) = (https.clone(), ca.clone());
-        async move {
-            let c = curl(&[
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--cacert",
-                &ca,
-                &https,
-            ]);
-            (c == "200").then_some(c)
-        }
+    let (cert, key) = (p("client.crt"), p("client.key"));
+    let as_client = |extra: &[&str]| {
+        let mut a = vec![
+            "--cacert",
+            ca.as_str(),
+            "--cert",
+            cert.as_str(),
+            "--key",
+            key.as_str(),
+        ];
+        a.extend_from_slice(extra);
+        curl(&a)
+    };
+    let code = eventually("the page over mutual TLS", WAIT, || {
+        let code = as_client(&["-o", "/dev/null", "-w", "%{http_code}", &https]);
+        async move { (code == "200").then_some(code) }
     })
     .await;
     assert_eq!(code, "200");
+    // No client certificate, or one the CA did not sign: no data at all.
+    let clusters = format!("{https}api/clusters");
+    let bare = curl(&["-w", "%{http_code}", "--cacert", &ca, &clusters]);
+    assert_eq!(bare, "000", "answered without a client certificate: {bare}");
+    let stranger = curl(&[
+        "-w",
+        "%{http_code}",
+        "--cacert",
+        &ca,
+        "--cert",
+        &p("stranger.crt"),
+        "--key",
+        &p("stranger.key"),
+        &clusters,
+    ]);
+    assert_eq!(
+        stranger, "000",
+        "answered a stranger's certificate: {stranger}"
+    );
     // Plaintext to the same port gets no page.
     let plain = curl(&[
         "-o",
@@ -735,14 +764,13 @@ async fn with_tls_the_page_is_https_only_and_its_cookie_secure() {
         &format!("http://127.0.0.1:{port}/"),
     ]);
     assert_ne!(plain, "200", "plaintext answered");
-    // Signing in sets a Secure, HttpOnly, SameSite=Strict cookie.
-    let headers = curl(&[
+    // With a certificate, the token still signs in: a Secure, HttpOnly,
+    // SameSite=Strict, host-only cookie that expires.
+    let headers = as_client(&[
         "-D",
         "-",
         "-o",
         "/dev/null",
-        "--cacert",
-        &ca,
         "-H",
         "content-type: application/json",
         "--data",
@@ -753,16 +781,21 @@ async fn with_tls_the_page_is_https_only_and_its_cookie_secure() {
         .lines()
         .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
         .unwrap_or_else(|| panic!("no cookie: {headers}"));
-    for part in ["flotilla_ui=", "HttpOnly", "SameSite=Strict", "Secure"] {
+    for part in [
+        "__Host-flotilla_ui=",
+        "HttpOnly",
+        "SameSite=Strict",
+        "Secure",
+        "Path=/",
+        "Max-Age=",
+    ] {
         assert!(cookie.contains(part), "{cookie}");
     }
-    let wrong = curl(&[
+    let wrong = as_client(&[
         "-o",
         "/dev/null",
         "-w",
         "%{http_code}",
-        "--cacert",
-        &ca,
         "-H",
         "content-type: application/json",
         "--data",
@@ -770,8 +803,38 @@ async fn with_tls_the_page_is_https_only_and_its_cookie_secure() {
         &format!("{https}api/login"),
     ]);
     assert_eq!(wrong, "401");
-    // And in the browser (which does not know the test CA): the prompt,
-    // then the fleet.
+    // Chromium holds no client certificate: the handshake fails and the
+    // page never loads.
+    let browser = Browser::start_with("mtls", None, &["--ignore-certificate-errors"]).await;
+    browser.client.goto(&https).await.ok();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        browser
+            .js("return document.getElementById('fleet') === null && document.getElementById('login') === null;", vec![])
+            .await,
+        json!(true),
+        "the page loaded without a client certificate"
+    );
+    browser.screenshot("mtls-refused").await;
+    drop(browser);
+
+    // The CA dropped, a rolling restart: the token alone, in the browser
+    // (which does not know the test CA): the prompt, then the fleet.
+    replicas.grpc_args = tls_args(false);
+    replicas.restart("tls");
+    eventually("the page over TLS after the restart", WAIT, || {
+        let code = curl(&[
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--cacert",
+            &ca,
+            &https,
+        ]);
+        async move { (code == "200").then_some(()) }
+    })
+    .await;
     let browser = Browser::start_with("tls", None, &["--ignore-certificate-errors"]).await;
     browser.client.goto(&https).await.unwrap();
     browser
@@ -790,6 +853,22 @@ async fn with_tls_the_page_is_https_only_and_its_cookie_secure() {
         )
         .await;
     browser.screenshot("tls").await;
+    // Signing out asks for the token again.
+    browser
+        .client
+        .find(fantoccini::Locator::Id("logout"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .until(
+            "the prompt after signing out",
+            WAIT,
+            "return !document.getElementById('login').hidden && document.getElementById('fleet').hidden;",
+        )
+        .await;
 }
 
 /// Usable (#16): the grid by keyboard alone, a phone-width screen, and
@@ -1101,21 +1180,14 @@ async fn the_rollouts_view_shows_waves_in_order_and_a_rollback() {
 /// The status line of a GET whose body may never end (an event stream);
 /// the connection stays open as long as the returned stream lives.
 async fn open_stream(url: &str) -> (u16, tokio::net::TcpStream) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_once('/').unwrap();
     let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
     s.write_all(format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
         .await
         .unwrap();
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while !line.ends_with(b"\r\n") {
-        s.read_exact(&mut byte).await.unwrap();
-        line.push(byte[0]);
-    }
-    let text = String::from_utf8_lossy(&line).into_owned();
-    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let code = support::status_line(&mut s).await;
     (code, s)
 }
 
@@ -1125,16 +1197,9 @@ async fn open_stream(url: &str) -> (u16, tokio::net::TcpStream) {
 async fn event_streams_over_the_cap_are_refused_until_one_closes() {
     use flotilla::ui::server::{UiOptions, bind, serve};
     let hub = flotilla::status::hub::Hub::new("cap-test");
-    let opts = UiOptions {
-        addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        tls: None,
-        insecure: true,
-        token: None,
-        token_file: None,
-        write_token: None,
-        limits: Default::default(),
-        max_streams: 2,
-    };
+    let mut opts = UiOptions::new(format!("127.0.0.1:{}", free_port()).parse().unwrap());
+    opts.insecure = true;
+    opts.max_streams = 2;
     let url = format!("http://{}/api/events", opts.addr);
     let listener = bind(&opts).await.unwrap();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

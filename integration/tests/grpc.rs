@@ -819,10 +819,17 @@ async fn tls_client_certificates_and_the_token_guard_the_api() {
         tls_server_name: None,
         token: token.map(str::to_string),
     };
-    // A good client: trusted certificate and the token.
-    let mut good = eventually("TLS server up", Duration::from_secs(30), || async {
-        connect(&options("client", Some("let-me-in"))).await.ok()
-    })
+    // A good client: trusted certificate and the token. Until the replica
+    // has read its registry every call is UNAVAILABLE, so wait for an answer.
+    let mut good = eventually(
+        "TLS server up and answering",
+        Duration::from_secs(30),
+        || async {
+            let mut c = connect(&options("client", Some("let-me-in"))).await.ok()?;
+            c.list_clusters(pb::ListClustersRequest {}).await.ok()?;
+            Some(c)
+        },
+    )
     .await;
     good.list_clusters(pb::ListClustersRequest {})
         .await
@@ -950,7 +957,11 @@ fn replace_file(dir: &std::path::Path, from: &str, to: &str) {
 }
 
 #[tokio::test]
-async fn rotated_certificates_client_ca_and_token_apply_without_a_restart_or_a_dropped_stream() {
+/// Rotation with no restart (#23), and the streams the old credentials
+/// admitted end UNAVAILABLE (#30 M1): a client resumes from its last
+/// revision with the credentials in force, and loses nothing.
+async fn rotated_certificates_client_ca_and_token_apply_without_a_restart_and_end_what_they_admitted()
+ {
     let clients = member_clients().await;
     let (ns, _guards) = namespaces(&clients, "grpc-rotate").await;
     let mut replicas = Replicas::new(&ns, &["member-1"]);
@@ -1057,7 +1068,29 @@ async fn rotated_certificates_client_ca_and_token_apply_without_a_restart_or_a_d
         .await
         .expect("the new token works");
 
-    // The stream opened before the rotation still delivers.
+    // The stream the old credentials opened has ended, UNAVAILABLE, saying why.
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+            Err(_) => panic!("the old stream still open 10 s after the rotation took effect"),
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => panic!("the old stream ended without a status"),
+            Ok(Err(status)) => break status,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    assert!(ended.message().contains("credentials"), "{ended:?}");
+    // Resumed with the new credentials from the last revision: the change
+    // made after the end arrives.
+    let mut resumed = new
+        .watch_microservices(pb::WatchMicroservicesRequest {
+            namespace: ns.clone(),
+            resume_revision: synced.revision,
+            index_id: synced.index_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("resume")
+        .into_inner();
     Api::<Microservice>::namespaced(clients["member-1"].clone(), &ns)
         .create(
             &PostParams::default(),
@@ -1066,7 +1099,15 @@ async fn rotated_certificates_client_ca_and_token_apply_without_a_restart_or_a_d
         .await
         .expect("create");
     loop {
-        let e = next_event(&mut stream).await;
+        let e = next_event(&mut resumed).await;
+        // From revision 0 (an empty index) a resume is a snapshot.
+        if synced.revision > 0 {
+            assert_ne!(
+                e.r#type,
+                pb::WatchEventType::Reset as i32,
+                "resumed, not restarted"
+            );
+        }
         if e.microservice.as_ref().is_some_and(|m| m.name == "rotated") {
             break;
         }

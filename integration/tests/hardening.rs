@@ -600,10 +600,24 @@ async fn hostile_member_secrets_are_invalid_and_nothing_they_name_is_touched() {
             inline.clone(),
             "insecure-skip-tls-verify",
         ),
+        // #30 M6: the token would cross in cleartext.
+        (
+            "hostile-plaintext",
+            String::new(),
+            inline.clone(),
+            "server (plaintext http)",
+        ),
+        // #30 M6: the counting listener itself, outside the allow-list.
+        ("hostile-elsewhere", String::new(), inline.clone(), "server"),
     ];
     let secrets: Api<Secret> = Api::namespaced(home.clone(), &ns.name);
     for (name, cluster, user, _) in &cases {
         let kc = hostile_kubeconfig(port, cluster, user);
+        let kc = if *name == "hostile-plaintext" {
+            kc.replace("server: https://", "server: http://")
+        } else {
+            kc
+        };
         let secret: Secret = from_json(json!({
             "metadata": {"name": name, "labels": {"platform.example.io/member-cluster": "true"}},
             "stringData": {"kubeconfig": kc},
@@ -614,6 +628,12 @@ async fn hostile_member_secrets_are_invalid_and_nothing_they_name_is_touched() {
             .expect("create Secret");
     }
     let mut replicas = Replicas::new(&ns.name, &[]);
+    // No member of this test lives there: only hostile-elsewhere is refused
+    // for its address alone (the others are refused first for a field).
+    replicas.extra_args = vec![
+        "--member-server-allow".into(),
+        "127.0.0.2/32,member.test".into(),
+    ];
     replicas.start("guard");
     let url = replicas.grpc_url("guard");
     let reasons: BTreeMap<String, String> = eventually(

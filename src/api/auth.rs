@@ -5,6 +5,7 @@
 use std::sync::{Arc, RwLock};
 
 use subtle::ConstantTimeEq;
+use tokio::sync::watch;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
@@ -20,24 +21,51 @@ fn digest(token: &[u8]) -> Digest {
 }
 
 /// The token the server accepts now; shared with the reloader.
-#[derive(Clone, Default)]
-pub struct BearerToken(Arc<RwLock<Option<Digest>>>);
+#[derive(Clone)]
+pub struct BearerToken(Arc<Inner>);
+
+struct Inner {
+    want: RwLock<Option<Digest>>,
+    /// Counts replacements, so what the old token admitted (a session, an
+    /// open stream) can end when it changes.
+    changed: watch::Sender<u64>,
+}
 
 impl BearerToken {
     pub fn new(token: Option<&str>) -> Self {
-        let t = BearerToken::default();
+        let t = BearerToken(Arc::new(Inner {
+            want: RwLock::new(None),
+            changed: watch::Sender::new(0),
+        }));
         t.set(token);
         t
     }
 
-    /// Replaces the accepted token; calls already admitted are unaffected.
+    /// Replaces the accepted token. Calls already admitted are unaffected;
+    /// streams that follow `subscribe` end.
     pub fn set(&self, token: Option<&str>) {
         let d = token.map(|t| digest(t.trim().as_bytes()));
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = d;
+        let mut want = self.0.want.write().unwrap_or_else(|e| e.into_inner());
+        if *want != d {
+            *want = d;
+            self.0.changed.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Changes each time a different token takes effect.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.changed.subscribe()
     }
 
     fn want(&self) -> Option<Digest> {
-        *self.0.read().unwrap_or_else(|e| e.into_inner())
+        *self.0.want.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A short, non-secret name for the token in force (the first bytes of
+    /// its digest's digest), to tell callers apart in logs and caps.
+    pub fn fingerprint(token: &str) -> String {
+        let d = digest(&digest(token.trim().as_bytes()));
+        d[..6].iter().map(|b| format!("{b:02x}")).collect()
     }
 
     pub fn configured(&self) -> bool {
@@ -64,15 +92,12 @@ impl BearerToken {
 
     /// Whether the request carries this token (never, when none is set).
     pub fn admits<T>(&self, request: &Request<T>) -> bool {
-        let Some(want) = self.want() else {
-            return false;
-        };
         request
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(bearer)
-            .is_some_and(|t| bool::from(digest(t.as_bytes()).ct_eq(&want)))
+            .is_some_and(|t| self.accepts(t))
     }
 }
 
@@ -119,16 +144,17 @@ pub fn bearer(value: &str) -> Option<&str> {
 
 impl Interceptor for BearerToken {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(want) = self.want() else {
+        if !self.configured() {
             return Ok(request);
-        };
+        }
         let got = request
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(bearer);
         match got {
-            Some(token) if bool::from(digest(token.as_bytes()).ct_eq(&want)) => Ok(request),
+            // The same comparison as `accepts`, so every door trims alike.
+            Some(token) if self.accepts(token) => Ok(request),
             Some(_) => Err(Status::unauthenticated("the bearer token is not valid")),
             None => Err(Status::unauthenticated(
                 "a bearer token is required (authorization: Bearer <token>)",
@@ -198,5 +224,23 @@ mod tests {
         assert!(shared.call(with(Some("Bearer old"))).is_err());
         assert!(shared.call(with(Some("Bearer new"))).is_ok());
         assert!(t.call(with(Some("Bearer new"))).is_ok());
+    }
+
+    #[test]
+    fn only_a_different_token_counts_as_a_change() {
+        let t = BearerToken::new(Some("old"));
+        let rx = t.subscribe();
+        t.set(Some("old\n"));
+        assert!(!rx.has_changed().unwrap(), "the same token, trimmed");
+        t.set(Some("new"));
+        assert!(rx.has_changed().unwrap());
+    }
+
+    #[test]
+    fn every_door_trims_alike() {
+        let mut t = BearerToken::new(Some("tok"));
+        assert!(t.accepts("tok "));
+        assert!(t.admits(&with(Some("Bearer tok "))));
+        assert!(t.call(with(Some("Bearer tok "))).is_ok());
     }
 }

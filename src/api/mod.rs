@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod catch_panic;
 pub mod client;
+pub mod conns;
 pub mod convert;
 pub mod deadline;
 pub mod live;

@@ -33,6 +33,8 @@ pub struct FleetRolloutsService {
     pub stall: Duration,
     pub watch: WatchLimits,
     pub shutdown: watch::Receiver<bool>,
+    /// The tokens and TLS files in force: a watch ends when one changes.
+    pub credentials: Vec<watch::Receiver<u64>>,
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::RolloutEvent, Status>> + Send>>;
@@ -144,6 +146,7 @@ impl FleetRollouts for FleetRolloutsService {
             out,
             self.watch,
             self.shutdown.clone(),
+            streams::Revocation::new(self.credentials.clone()),
         ));
         Ok(Response::new(Box::pin(inbox)))
     }
@@ -283,6 +286,7 @@ async fn run_watch(
     mut out: Outbox<pb::RolloutEvent>,
     limits: WatchLimits,
     mut shutdown: watch::Receiver<bool>,
+    mut revoked: streams::Revocation,
 ) {
     let mut changed = cache.subscribe();
     let mut at = cache.revision();
@@ -302,7 +306,7 @@ async fn run_watch(
     let mut quiet_until = Instant::now() + limits.bookmark_every;
     loop {
         tokio::select! {
-            end = streams::must_end(&out, &mut shutdown, ends_at, limits.max_age) => {
+            end = streams::must_end(&out, &mut shutdown, &mut revoked, ends_at, limits.max_age) => {
                 if let Some(status) = end {
                     out.end(status);
                 }

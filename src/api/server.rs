@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use super::auth::{BearerToken, ReadOrWrite};
@@ -18,7 +18,7 @@ use super::pb::fleet_status_server::FleetStatusServer;
 use super::rollouts::FleetRolloutsService;
 use super::service::FleetStatusService;
 use super::streams::Streams;
-use super::tls::{Rotating, watch_files};
+use super::tls::{Alpn, Rotating, watch_files};
 use super::watch::WatchLimits;
 use super::{ApiError, pb};
 use crate::status::hub::Hub;
@@ -53,6 +53,10 @@ pub struct ServerOptions {
     pub bookmark_every: Duration,
     /// The token rollout mutations need; none: mutations are refused.
     pub write_token: Option<String>,
+    /// Where the write token came from: read again when it changes.
+    pub write_token_file: Option<PathBuf>,
+    /// Caps and deadlines on connections, before any authentication.
+    pub conns: super::conns::ConnLimits,
     /// Reads of members' live objects, for waits on "current".
     pub live: Option<super::live::Live>,
 }
@@ -76,6 +80,8 @@ impl ServerOptions {
             stream_stall: Duration::from_secs(10),
             bookmark_every: Duration::from_secs(20),
             write_token: None,
+            write_token_file: None,
+            conns: Default::default(),
             live: None,
         }
     }
@@ -176,6 +182,15 @@ pub async fn serve(
         shutdown.await;
         stopping_tx.send(true).ok();
     };
+    let tls = opts
+        .tls
+        .clone()
+        .map(|f| Rotating::load(f, Alpn::H2))
+        .transpose()?;
+    let token = BearerToken::new(opts.token.as_deref());
+    let write = BearerToken::new(opts.write_token.as_deref());
+    let mut credentials = vec![token.subscribe(), write.subscribe()];
+    credentials.extend(tls.as_ref().map(|t| t.subscribe()));
     let streams = Streams::new(opts.max_streams);
     let watch_limits = WatchLimits {
         bookmark_every: opts.bookmark_every,
@@ -188,13 +203,12 @@ pub async fn serve(
         stall: opts.stream_stall,
         watch: watch_limits,
         shutdown: stopping.clone(),
+        credentials: credentials.clone(),
         live: opts.live.clone(),
     })
     .max_decoding_message_size(opts.max_request_bytes)
     .max_encoding_message_size(opts.max_response_bytes);
-    let token = BearerToken::new(opts.token.as_deref());
     let guarded = InterceptedService::new(service, token.clone());
-    let write = BearerToken::new(opts.write_token.as_deref());
     let rollouts_guarded = rollouts.map(|r| {
         let service = FleetRolloutsServer::new(FleetRolloutsService {
             cache: r.cache,
@@ -204,6 +218,7 @@ pub async fn serve(
             stall: opts.stream_stall,
             watch: watch_limits,
             shutdown: stopping.clone(),
+            credentials,
         })
         .max_decoding_message_size(opts.max_request_bytes)
         .max_encoding_message_size(opts.max_response_bytes);
@@ -215,13 +230,11 @@ pub async fn serve(
             },
         )
     });
-    let tls = opts.tls.clone().map(Rotating::load).transpose()?;
-    let watcher = tokio::spawn(watch_files(
-        tls.clone(),
-        opts.token_file.clone(),
-        token,
-        opts.reload_period,
-    ));
+    let tokens = [(&opts.token_file, &token), (&opts.write_token_file, &write)]
+        .into_iter()
+        .filter_map(|(file, token)| Some((file.clone()?, token.clone())))
+        .collect();
+    let watcher = tokio::spawn(watch_files(tls.clone(), tokens, opts.reload_period));
 
     let reflection = if opts.reflection {
         Some(
@@ -249,23 +262,16 @@ pub async fn serve(
         .add_optional_service(reflection)
         .add_service(guarded)
         .add_optional_service(rollouts_guarded);
-    // The builder's TCP options apply only to listeners it binds itself.
-    // Without NODELAY, small responses wait out delayed ACKs (~40 ms).
-    let tcp = TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(Duration::from_secs(60)));
     // TLS is terminated here rather than by tonic, so that rotated files
-    // apply to new connections without a restart.
+    // apply to new connections without a restart; connections are capped
+    // and deadlined before anyone authenticates (`conns`).
+    let conns = super::conns::incoming(listener, tls, opts.conns, "grpc");
+    let conns = tokio_stream::wrappers::ReceiverStream::new(conns).map(Ok::<_, std::io::Error>);
     let served = async {
-        match tls {
-            Some(tls) => {
-                router
-                    .serve_with_incoming_shutdown(tls.accept(tcp), shutdown)
-                    .await
-            }
-            None => router.serve_with_incoming_shutdown(tcp, shutdown).await,
-        }
-        .map_err(|e| ApiError::Transport(e.to_string()))
+        router
+            .serve_with_incoming_shutdown(conns, shutdown)
+            .await
+            .map_err(|e| ApiError::Transport(e.to_string()))
     };
     // Graceful shutdown waits for every connection; a client that reads
     // nothing would hold it open forever. After the grace, stop waiting.

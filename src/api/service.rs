@@ -35,6 +35,8 @@ pub struct FleetStatusService {
     pub watch: WatchLimits,
     /// Turns true when the server shuts down: every stream ends UNAVAILABLE.
     pub shutdown: watch::Receiver<bool>,
+    /// The tokens and TLS files in force: a watch ends when one changes.
+    pub credentials: Vec<watch::Receiver<u64>>,
     /// Reads of members' live objects; `None`: no floors (a server fed an
     /// index directly, without members).
     pub live: Option<Live>,
@@ -168,6 +170,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             out,
             self.watch,
             self.shutdown.clone(),
+            streams::Revocation::new(self.credentials.clone()),
         ));
         Ok(Response::new(Box::pin(inbox)))
     }

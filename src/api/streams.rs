@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::Stream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
 /// Events queued per stream before its reader counts as stalled.
@@ -66,17 +66,51 @@ pub async fn shutting_down(flag: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = flag.wait_for(|s| *s).await.map(|_| ());
 }
 
+/// The credentials a stream was admitted under (read token, write token,
+/// TLS files): when any changes, the stream ends, and the client's
+/// reconnect is judged by what is in force then.
+pub struct Revocation(Vec<watch::Receiver<u64>>);
+
+impl Revocation {
+    pub fn new(mut rxs: Vec<watch::Receiver<u64>>) -> Self {
+        for rx in &mut rxs {
+            rx.borrow_and_update();
+        }
+        Revocation(rxs)
+    }
+
+    pub async fn changed(&mut self) {
+        if self.0.is_empty() {
+            return std::future::pending().await;
+        }
+        let each = self.0.iter_mut().map(|rx| {
+            Box::pin(async move {
+                if rx.changed().await.is_err() {
+                    // Its owner is gone: nothing more will change.
+                    std::future::pending::<()>().await;
+                }
+            })
+        });
+        futures::future::select_all(each).await;
+    }
+}
+
 /// Resolves when a long-lived stream must end: `None` when its client
-/// left; the status to end it with when the server shuts down or the
-/// stream reaches its maximum age (the client resumes elsewhere).
+/// left; the status to end it with when the server shuts down, the
+/// credentials it was admitted with change, or the stream reaches its
+/// maximum age (the client resumes elsewhere).
 pub async fn must_end<T>(
     out: &Outbox<T>,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    revoked: &mut Revocation,
     ends_at: tokio::time::Instant,
     max_age: Duration,
 ) -> Option<Status> {
     tokio::select! {
         _ = out.closed() => None,
+        _ = revoked.changed() => Some(Status::unavailable(
+            "the credentials this stream was opened with changed; reconnect with the ones in force",
+        )),
         _ = shutting_down(shutdown) => Some(Status::unavailable(
             "the replica is shutting down; resume from the last revision on another replica",
         )),

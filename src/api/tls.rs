@@ -4,22 +4,19 @@
 //! with the configuration current at that moment; connections already open
 //! keep the one they were accepted with.
 
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
-use tokio::net::TcpStream;
-use tokio_rustls::TlsAcceptor;
+use tokio::sync::watch;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto};
-use tokio_rustls::server::TlsStream;
 
 use super::ApiError;
 use super::auth::BearerToken;
+use crate::telemetry::metrics::METRICS;
 
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
@@ -53,9 +50,17 @@ fn material(files: &TlsFiles) -> Result<Material, ApiError> {
     })
 }
 
-/// A rustls server configuration for HTTP/2, from PEM bytes. Errors name
-/// the file's role, never its contents.
-fn server_config(m: &Material) -> Result<Arc<ServerConfig>, ApiError> {
+/// The protocols a port offers: gRPC speaks HTTP/2 only; the dashboard
+/// also serves clients and proxies that offer only HTTP/1.1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alpn {
+    H2,
+    H2OrHttp11,
+}
+
+/// A rustls server configuration from PEM bytes. Errors name the file's
+/// role, never its contents.
+fn server_config(m: &Material, alpn: Alpn) -> Result<Arc<ServerConfig>, ApiError> {
     let bad = |what: &str| ApiError::Config(format!("{what} is not valid PEM"));
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&m.cert)
         .collect::<Result<_, _>>()
@@ -86,7 +91,10 @@ fn server_config(m: &Material) -> Result<Arc<ServerConfig>, ApiError> {
     let mut config = builder
         .with_single_cert(certs, key)
         .map_err(|e| ApiError::Config(format!("TLS certificate and key: {e}")))?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = match alpn {
+        Alpn::H2 => vec![b"h2".to_vec()],
+        Alpn::H2OrHttp11 => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+    };
     Ok(Arc::new(config))
 }
 
@@ -94,21 +102,34 @@ fn server_config(m: &Material) -> Result<Arc<ServerConfig>, ApiError> {
 #[derive(Clone)]
 pub struct Rotating {
     files: TlsFiles,
+    alpn: Alpn,
     current: Arc<RwLock<(Material, Arc<ServerConfig>)>>,
+    /// Files that changed and were refused, so each bad set is counted once.
+    refused: Arc<RwLock<Option<Material>>>,
+    /// Counts new configurations: a new client CA ends what the old one admitted.
+    changed: watch::Sender<u64>,
 }
 
 impl Rotating {
     /// Reads the files once: a server that cannot start with them must not start.
-    pub fn load(files: TlsFiles) -> Result<Self, ApiError> {
+    pub fn load(files: TlsFiles, alpn: Alpn) -> Result<Self, ApiError> {
         let m = material(&files)?;
-        let config = server_config(&m)?;
+        let config = server_config(&m, alpn)?;
         Ok(Rotating {
             files,
+            alpn,
             current: Arc::new(RwLock::new((m, config))),
+            refused: Arc::new(RwLock::new(None)),
+            changed: watch::Sender::new(0),
         })
     }
 
-    fn config(&self) -> Arc<ServerConfig> {
+    /// Changes each time a new configuration takes effect.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    pub fn config(&self) -> Arc<ServerConfig> {
         self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -125,47 +146,27 @@ impl Rotating {
         if self.current.read().unwrap_or_else(|e| e.into_inner()).0 == m {
             return false;
         }
-        match server_config(&m) {
+        let mut refused = self.refused.write().unwrap_or_else(|e| e.into_inner());
+        if refused.as_ref() == Some(&m) {
+            return false;
+        }
+        match server_config(&m, self.alpn) {
             Ok(config) => {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = (m, config);
+                *refused = None;
+                self.changed.send_modify(|n| *n += 1);
                 tracing::info!(
                     "TLS certificate, key or client CA changed; new connections use them"
                 );
                 true
             }
             Err(e) => {
+                *refused = Some(m);
+                METRICS.tls_reload_errors_total.inc(&[]);
                 tracing::warn!(error = %e, "TLS files changed but do not load; keeping the previous ones");
                 false
             }
         }
-    }
-
-    /// TLS connections from accepted TCP connections. Handshakes run
-    /// concurrently, each bounded, so a slow client holds up nobody else.
-    pub fn accept<S>(self, tcp: S) -> impl Stream<Item = io::Result<TlsStream<TcpStream>>>
-    where
-        S: Stream<Item = io::Result<TcpStream>> + Send + 'static,
-    {
-        const HANDSHAKE: Duration = Duration::from_secs(10);
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
-            let mut tcp = std::pin::pin!(tcp);
-            while let Some(conn) = tcp.next().await {
-                let Ok(conn) = conn else { continue };
-                let acceptor = TlsAcceptor::from(self.config());
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(conn)).await {
-                        Ok(Ok(tls)) => {
-                            tx.send(Ok(tls)).await.ok();
-                        }
-                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!("TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        tokio_stream::wrappers::ReceiverStream::new(rx)
     }
 }
 
@@ -179,33 +180,76 @@ pub fn read_token(path: &Path) -> Result<String, String> {
     Ok(token)
 }
 
-/// Watches the TLS files and the token file every `period` and applies
-/// changes, until the server stops.
+/// Puts the token in `path` in force when it differs from the one in
+/// force (not from the file's last read: a file that changed between the
+/// start-up read and the first check still takes effect). Returns whether
+/// it changed. Mid-rotation the file may be briefly missing or empty: the
+/// current token stays.
+pub fn apply_token_file(path: &Path, token: &BearerToken) -> bool {
+    match read_token(path) {
+        Ok(t) if !token.accepts(&t) => {
+            token.set(Some(&t));
+            tracing::info!(file = %path.display(), "token file changed; the new token is in force");
+            true
+        }
+        Ok(_) => false,
+        Err(e) => {
+            tracing::debug!(error = %e, "token file unreadable; keeping the current token");
+            false
+        }
+    }
+}
+
+/// How often files are read again: rotations take effect within this.
+pub const RELOAD_PERIOD: Duration = Duration::from_secs(2);
+
+/// Watches the TLS files and each token file every `period` and applies
+/// changes, until the task is dropped.
 pub async fn watch_files(
     tls: Option<Rotating>,
-    token_file: Option<PathBuf>,
-    token: BearerToken,
+    tokens: Vec<(PathBuf, BearerToken)>,
     period: Duration,
 ) {
-    let mut last_token = token_file.as_deref().and_then(|p| read_token(p).ok());
     loop {
         tokio::time::sleep(period).await;
         if let Some(tls) = &tls {
             tls.reload();
         }
-        if let Some(path) = &token_file {
-            match read_token(path) {
-                Ok(t) if Some(&t) != last_token.as_ref() => {
-                    token.set(Some(&t));
-                    last_token = Some(t);
-                    tracing::info!("bearer token file changed; the new token is in force");
-                }
-                Ok(_) => {}
-                // Mid-rotation the file may be briefly missing or empty.
-                Err(e) => {
-                    tracing::debug!(error = %e, "token file unreadable; keeping the current token")
-                }
-            }
+        for (path, token) in &tokens {
+            apply_token_file(path, token);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn read_and_write_tokens_rotate_within_the_period_even_if_changed_before_the_watch() {
+        let dir = std::env::temp_dir().join(format!("flotilla-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (r, w) = (dir.join("read"), dir.join("write"));
+        std::fs::write(&r, "read-1").unwrap();
+        std::fs::write(&w, "write-1").unwrap();
+        // Read at start-up; then both files change before the watcher runs.
+        let read = BearerToken::new(Some(&read_token(&r).unwrap()));
+        let write = BearerToken::new(Some(&read_token(&w).unwrap()));
+        std::fs::write(&r, "read-2\n").unwrap();
+        std::fs::write(&w, "write-2").unwrap();
+        let task = tokio::spawn(watch_files(
+            None,
+            vec![(r.clone(), read.clone()), (w.clone(), write.clone())],
+            RELOAD_PERIOD,
+        ));
+        tokio::time::sleep(RELOAD_PERIOD + Duration::from_millis(100)).await;
+        assert!(read.accepts("read-2") && !read.accepts("read-1"));
+        assert!(write.accepts("write-2") && !write.accepts("write-1"));
+        // Emptied mid-rotation: the token in force stays.
+        std::fs::write(&w, "").unwrap();
+        tokio::time::sleep(RELOAD_PERIOD).await;
+        assert!(write.accepts("write-2"));
+        task.abort();
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -69,6 +69,7 @@ pub async fn run(
     mut out: Outbox<pb::WatchEvent>,
     limits: WatchLimits,
     mut shutdown: watch::Receiver<bool>,
+    mut revoked: streams::Revocation,
 ) {
     let id = hub.index_id.clone();
     let mut changed = hub.subscribe();
@@ -88,7 +89,7 @@ pub async fn run(
     let mut quiet_until = Instant::now() + limits.bookmark_every;
     loop {
         tokio::select! {
-            end = streams::must_end(&out, &mut shutdown, ends_at, limits.max_age) => {
+            end = streams::must_end(&out, &mut shutdown, &mut revoked, ends_at, limits.max_age) => {
                 if let Some(status) = end {
                     out.end(status);
                 }

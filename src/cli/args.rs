@@ -341,9 +341,23 @@ pub struct RunArgs {
     /// and --grpc-max-streams caps its open event streams too.
     #[arg(long, env = "FLOTILLA_UI_ADDR", default_value = "", value_parser = parse_optional_addr)]
     pub ui_addr: OptionalAddr,
-    /// Serve the dashboard in plaintext without a token (local development only).
+    /// Serve the dashboard in plaintext without a token (local development
+    /// only). Such a page answers only to localhost, 127.0.0.1 and
+    /// --ui-allowed-hosts.
     #[arg(long, env = "FLOTILLA_UI_INSECURE")]
     pub ui_insecure: bool,
+    /// Host names (no port) an open dashboard answers to besides loopback
+    /// ones; comma-separated.
+    #[arg(long, env = "FLOTILLA_UI_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub ui_allowed_hosts: Vec<String>,
+    /// Dashboard event streams one session, token or (open page) address
+    /// may hold at once; more are refused with 429.
+    #[arg(long, env = "FLOTILLA_UI_MAX_STREAMS_PER_CLIENT", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ui_max_streams_per_client: u32,
+    /// Open connections per port (gRPC, dashboard) before authentication;
+    /// further clients wait in the listen backlog.
+    #[arg(long, env = "FLOTILLA_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
     /// Fleet mode: where /metrics, /healthz and /readyz are served.
     #[arg(long, env = "FLOTILLA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: std::net::SocketAddr,
@@ -352,6 +366,12 @@ pub struct RunArgs {
     /// replicas that share an identity would each take a Lease as their own.
     #[arg(long, env = "FLOTILLA_REPLICA_ID")]
     pub replica_id: Option<String>,
+    /// Fleet mode: where member apiservers may be, as CIDRs (10.0.0.0/8),
+    /// addresses or DNS names (each admits the names below it),
+    /// comma-separated; a kubeconfig (file or Secret) whose server is
+    /// elsewhere is Invalid and never contacted. Empty: anywhere.
+    #[arg(long, env = "FLOTILLA_MEMBER_SERVER_ALLOW", value_delimiter = ',')]
+    pub member_server_allow: Vec<String>,
     /// Fleet mode: let kubeconfig files (never Secrets) run exec and
     /// auth-provider credential plugins.
     #[arg(long, env = "FLOTILLA_ALLOW_EXEC_KUBECONFIGS")]

@@ -5,6 +5,9 @@
 //! therefore carry inline data only. Files in `--kubeconfig-dir` are the
 //! administrator's own; commands in them still need an explicit opt-in.
 
+use std::net::IpAddr;
+use std::sync::OnceLock;
+
 use kube::config::Kubeconfig;
 
 /// Who wrote the kubeconfig, and so what it may ask for.
@@ -29,10 +32,123 @@ pub struct Refused {
 
 const DATA_ONLY: &str = "kubeconfigs from Secrets may carry inline data only";
 const NO_EXEC: &str = "commands run only with --allow-exec-kubeconfigs";
+const TLS_ONLY: &str = "kubeconfigs from Secrets must use https";
+const NOT_ALLOWED: &str = "its host is outside --member-server-allow";
+
+/// Where member apiservers may be (`--member-server-allow`): networks
+/// (CIDRs) and DNS suffixes. Empty: anywhere.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerAllow {
+    nets: Vec<(IpAddr, u8)>,
+    suffixes: Vec<String>,
+}
+
+impl ServerAllow {
+    /// Each item a CIDR (`10.0.0.0/8`, `fd00::/8`), an address, or a DNS
+    /// name that admits itself and every name below it.
+    pub fn parse(items: &[String]) -> Result<Self, String> {
+        let mut out = ServerAllow::default();
+        for item in items.iter().map(|i| i.trim()).filter(|i| !i.is_empty()) {
+            let (addr, bits) = match item.split_once('/') {
+                Some((a, b)) => (a, Some(b)),
+                None => (item, None),
+            };
+            if let Ok(ip) = addr.parse::<IpAddr>() {
+                let max = if ip.is_ipv4() { 32 } else { 128 };
+                let bits = match bits {
+                    None => max,
+                    Some(b) => b
+                        .parse::<u8>()
+                        .ok()
+                        .filter(|b| *b <= max)
+                        .ok_or_else(|| format!("--member-server-allow {item:?}: not a CIDR"))?,
+                };
+                out.nets.push((ip, bits));
+            } else if bits.is_none()
+                && item.trim_start_matches('.').split('.').all(|l| {
+                    !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                })
+            {
+                out.suffixes
+                    .push(item.trim_start_matches('.').to_ascii_lowercase());
+            } else {
+                return Err(format!(
+                    "--member-server-allow {item:?}: neither a CIDR nor a DNS name"
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty() && self.suffixes.is_empty()
+    }
+
+    /// Whether `host` (an address or a name, as a URL has it) is admitted.
+    pub fn admits(&self, host: &str) -> bool {
+        if self.is_empty() {
+            return true;
+        }
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        match host.parse::<IpAddr>() {
+            Ok(ip) => self
+                .nets
+                .iter()
+                .any(|(net, bits)| contains(*net, *bits, ip)),
+            Err(_) => {
+                let host = host.trim_end_matches('.').to_ascii_lowercase();
+                self.suffixes
+                    .iter()
+                    .any(|s| host == *s || host.ends_with(&format!(".{s}")))
+            }
+        }
+    }
+}
+
+fn contains(net: IpAddr, bits: u8, ip: IpAddr) -> bool {
+    let (n, i, width) = match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(i)) => (u32::from(n) as u128, u32::from(i) as u128, 32),
+        (IpAddr::V6(n), IpAddr::V6(i)) => (u128::from(n), u128::from(i), 128),
+        _ => return false,
+    };
+    if bits == 0 {
+        return true;
+    }
+    let shift = width - u32::from(bits);
+    (n >> shift) == (i >> shift)
+}
+
+static SERVER_ALLOW: OnceLock<ServerAllow> = OnceLock::new();
+
+/// Sets the process's allow-list once, at start-up, before any member
+/// client exists; every client is checked against it (`check`).
+pub fn set_server_allow(allow: ServerAllow) -> Result<(), String> {
+    SERVER_ALLOW
+        .set(allow)
+        .map_err(|_| "the member server allow-list is already set".to_string())
+}
+
+/// The scheme and host of a kubeconfig's `server`.
+fn scheme_and_host(server: &str) -> Option<(String, String)> {
+    let uri: http::Uri = server.parse().ok()?;
+    Some((
+        uri.scheme_str()?.to_ascii_lowercase(),
+        uri.host()?.to_string(),
+    ))
+}
+
+/// `check_with` the allow-list this process was started with.
+pub fn check(kc: &Kubeconfig, trust: Trust) -> Result<(), Refused> {
+    static ANYWHERE: ServerAllow = ServerAllow {
+        nets: Vec::new(),
+        suffixes: Vec::new(),
+    };
+    check_with(kc, trust, SERVER_ALLOW.get().unwrap_or(&ANYWHERE))
+}
 
 /// Checks every cluster and user entry, not only the current context's, so
 /// that no later switch of context can reach a refused one.
-pub fn check(kc: &Kubeconfig, trust: Trust) -> Result<(), Refused> {
+pub fn check_with(kc: &Kubeconfig, trust: Trust, allow: &ServerAllow) -> Result<(), Refused> {
     let secret = trust == Trust::Secret;
     let allow_exec = matches!(trust, Trust::File { allow_exec: true });
     let refuse = |field, place: &str, why| {
@@ -80,6 +196,20 @@ pub fn check(kc: &Kubeconfig, trust: Trust) -> Result<(), Refused> {
             if u.client_key.is_some() {
                 return refuse("client-key (a file path)", &place, DATA_ONLY);
             }
+        }
+    }
+    // The server last, so a kubeconfig refused for a field says so.
+    for named in &kc.clusters {
+        let Some(c) = &named.cluster else { continue };
+        let place = format!("cluster {:?}", named.name);
+        let Some((scheme, host)) = c.server.as_deref().and_then(scheme_and_host) else {
+            return refuse("server (not a URL)", &place, DATA_ONLY);
+        };
+        if secret && scheme != "https" {
+            return refuse("server (plaintext http)", &place, TLS_ONLY);
+        }
+        if !allow.admits(&host) {
+            return refuse("server", &place, NOT_ALLOWED);
         }
     }
     Ok(())
@@ -190,5 +320,77 @@ mod tests {
             describe(&"failed to load client key: failed to read file '/etc/s3cr3t'"),
             "failed to load client key"
         );
+    }
+
+    fn with_server(server: &str) -> Kubeconfig {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\nusers:\n- name: u\n  user:\n{INLINE_USER}contexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        );
+        Kubeconfig::from_yaml(&yaml).expect("test kubeconfig parses")
+    }
+
+    #[test]
+    fn a_secret_must_use_https_and_every_server_must_be_allowed() {
+        let anywhere = ServerAllow::default();
+        let plain = with_server("http://127.0.0.1:1");
+        let err = check_with(&plain, Trust::Secret, &anywhere).unwrap_err();
+        assert_eq!(err.field, "server (plaintext http)");
+        // The administrator's own files may (a local test apiserver).
+        check_with(&plain, Trust::File { allow_exec: false }, &anywhere).unwrap();
+
+        let allow = ServerAllow::parse(&[
+            "10.0.0.0/8".into(),
+            "clusters.corp.example".into(),
+            "fd00::/8".into(),
+        ])
+        .unwrap();
+        for ok in [
+            "https://10.1.2.3:6443",
+            "https://api.eu.clusters.corp.example",
+            "https://[fd00::1]:6443",
+        ] {
+            check_with(&with_server(ok), Trust::Secret, &allow)
+                .unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [
+            "https://169.254.169.254",
+            "https://[::1]:6443",
+            "https://127.0.0.1:8080",
+            "https://evilclusters.corp.example",
+            "https://clusters.corp.example.evil.example",
+            "https://kubernetes.default.svc",
+        ] {
+            let err = check_with(&with_server(bad), Trust::Secret, &allow).unwrap_err();
+            assert_eq!(err.field, "server", "{bad}");
+            assert!(
+                !err.to_string().contains("169.254"),
+                "the value is never quoted: {err}"
+            );
+        }
+        // Files are held to the list too: it is the process's policy.
+        let err = check_with(
+            &with_server("https://127.0.0.1:1"),
+            Trust::File { allow_exec: false },
+            &allow,
+        )
+        .unwrap_err();
+        assert_eq!(err.field, "server");
+    }
+
+    #[test]
+    fn the_allow_list_parses_cidrs_addresses_and_names_and_refuses_the_rest() {
+        let a = ServerAllow::parse(&["127.0.0.0/8".into(), "::1".into(), ".example.org".into()])
+            .unwrap();
+        assert!(
+            a.admits("127.9.9.9")
+                && a.admits("[::1]")
+                && a.admits("api.example.org")
+                && a.admits("example.org")
+        );
+        assert!(!a.admits("128.0.0.1") && !a.admits("[::2]") && !a.admits("example.org.evil"));
+        assert!(ServerAllow::parse(&[]).unwrap().admits("anything"));
+        for bad in ["10.0.0.0/33", "10.0.0.0/x", "bad name", "host/8"] {
+            assert!(ServerAllow::parse(&[bad.into()]).is_err(), "{bad}");
+        }
     }
 }

@@ -171,6 +171,9 @@ pub struct Metrics {
     pub registry_writes_total: Family,
     pub watch_errors_total: Family,
     pub reconciler_notes: Family,
+    pub tls_reload_errors_total: Family,
+    pub connections_cut_total: Family,
+    pub ui_streams_ended_total: Family,
 }
 
 impl Metrics {
@@ -293,6 +296,24 @@ impl Metrics {
                 Gauge,
                 &["cluster", "map"],
             ),
+            tls_reload_errors_total: Family::new(
+                "flotilla_tls_reload_errors_total",
+                "Changed TLS files (certificate, key, client CA) that did not load; the previous ones stay in force.",
+                Counter,
+                &[],
+            ),
+            connections_cut_total: Family::new(
+                "flotilla_connections_cut_total",
+                "Connections the server closed before the client did, by port (grpc, ui) and reason: handshake (TLS not done in time), silent (no request in time), idle (no bytes either way for the idle limit).",
+                Counter,
+                &["port", "reason"],
+            ),
+            ui_streams_ended_total: Family::new(
+                "flotilla_ui_streams_ended_total",
+                "Dashboard event streams the server ended, by reason: stalled (the browser read nothing for the stall limit), age (the maximum age), revoked (a token or certificate it was admitted with changed), shutdown.",
+                Counter,
+                &["reason"],
+            ),
         };
         let mut registry = Registry::default();
         for f in m.families() {
@@ -302,7 +323,7 @@ impl Metrics {
         m
     }
 
-    fn families(&self) -> [&Family; 19] {
+    fn families(&self) -> [&Family; 22] {
         [
             &self.reconcile_total,
             &self.reconcile_duration,
@@ -323,6 +344,9 @@ impl Metrics {
             &self.registry_writes_total,
             &self.watch_errors_total,
             &self.reconciler_notes,
+            &self.tls_reload_errors_total,
+            &self.connections_cut_total,
+            &self.ui_streams_ended_total,
         ]
     }
 

@@ -8,15 +8,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::Status;
 
 use kube::ResourceExt;
 
 use super::json;
+use crate::api::streams::{self, Ended, Outbox, Revocation};
 use crate::rollout::cache::RolloutCache;
 use crate::status::hub::Hub;
 use crate::status::index::Filter;
 use crate::status::watch::{Cursor, Event};
+use crate::telemetry::metrics::METRICS;
 
 /// One SSE message, before encoding.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,6 +92,12 @@ pub struct StreamLimits {
     /// (last seen, leader, epoch, labels).
     pub clusters_every: Duration,
     pub bookmark_every: Duration,
+    /// A browser that leaves its buffer full this long is cut; it resumes
+    /// from its last event id when it reads again.
+    pub stall: Duration,
+    /// The longest life of a stream; the browser then resumes, on this or
+    /// another replica.
+    pub max_age: Duration,
 }
 
 impl Default for StreamLimits {
@@ -95,6 +105,8 @@ impl Default for StreamLimits {
         StreamLimits {
             clusters_every: Duration::from_secs(2),
             bookmark_every: Duration::from_secs(30),
+            stall: Duration::from_secs(10),
+            max_age: Duration::from_secs(30 * 60),
         }
     }
 }
@@ -121,39 +133,113 @@ enum Wake {
     Bookmark,
 }
 
-/// Feeds one browser until it leaves or the server shuts down.
+/// Why a stream must end before its browser leaves.
+struct Ends {
+    shutdown: watch::Receiver<bool>,
+    revoked: Revocation,
+    at: Instant,
+}
+
+impl Ends {
+    async fn reached(&mut self) -> &'static str {
+        tokio::select! {
+            _ = streams::shutting_down(&mut self.shutdown) => "shutdown",
+            _ = self.revoked.changed() => "revoked",
+            _ = tokio::time::sleep_until(self.at) => "age",
+        }
+    }
+}
+
+fn finish(out: &mut Outbox<Frame>, why: &'static str) {
+    METRICS.ui_streams_ended_total.inc(&[why]);
+    let message = match why {
+        "shutdown" => "the replica is shutting down; reconnect",
+        "revoked" => "the credentials this stream was opened with changed; sign in again if asked",
+        _ => "the stream reached its maximum age; reconnect",
+    };
+    out.end(Status::unavailable(message));
+}
+
+/// Sends `frames` one at a time, each raced against the stream's ends:
+/// false when the stream is over (the browser left, stalled, or an end
+/// came).
+async fn put(
+    out: &mut Outbox<Frame>,
+    frames: impl IntoIterator<Item = Frame>,
+    ends: &mut Ends,
+) -> bool {
+    for f in frames {
+        let sent = tokio::select! {
+            sent = out.send(f) => sent,
+            why = ends.reached() => {
+                finish(out, why);
+                return false;
+            }
+        };
+        match sent {
+            Ok(()) => {}
+            Err(Ended::Stalled) => {
+                METRICS.ui_streams_ended_total.inc(&["stalled"]);
+                return false;
+            }
+            Err(Ended::Closed) => return false,
+        }
+    }
+    true
+}
+
+/// `put` for planner events, framed for this index.
+async fn put_events(
+    out: &mut Outbox<Frame>,
+    events: impl IntoIterator<Item = Event>,
+    id: &str,
+    ends: &mut Ends,
+) -> bool {
+    put(out, events.into_iter().map(|e| frame(e, id)), ends).await
+}
+
+/// Feeds one browser until it leaves, stalls, reaches its age, loses its
+/// credentials, or the server shuts down. Nothing is built whole ahead of
+/// the browser: the snapshot goes out one row at a time as it reads.
 pub async fn run(
     hub: Arc<Hub>,
     fleet_rollouts: Option<Arc<RolloutCache>>,
     resume: Option<u64>,
-    tx: mpsc::Sender<Frame>,
+    mut out: Outbox<Frame>,
     limits: StreamLimits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
+    revoked: Revocation,
 ) {
+    let mut ends = Ends {
+        shutdown,
+        revoked,
+        at: Instant::now() + limits.max_age,
+    };
     let id = hub.index_id.clone();
     let mut changed = hub.subscribe();
     let mut rollouts_changed = fleet_rollouts.as_ref().map(|c| c.subscribe());
     let (mut sent_clusters, mut sent_rollouts) = (Value::Null, Value::Null);
     let mut cursor = Cursor::new(Filter::default());
+    let first = changed_frame("clusters", clusters(&hub), &mut sent_clusters);
+    if !put(&mut out, first, &mut ends).await {
+        return;
+    }
     let (snap, changes) = hub.read(|ix| (ix.snapshot(), resume.and_then(|r| ix.changes_since(r))));
-    let mut first: Vec<Frame> = changed_frame("clusters", clusters(&hub), &mut sent_clusters)
-        .into_iter()
-        .collect();
-    let events = match changes {
-        Some(changes) => cursor.resume(&snap, &changes),
-        None => cursor.snapshot(&snap).collect(),
+    // Sent lazily, so held across the sends: with maps of its own.
+    let snap = snap.detached();
+    let sent = match changes {
+        Some(changes) => {
+            let events = cursor.resume(&snap, &changes);
+            put_events(&mut out, events, &id, &mut ends).await
+        }
+        None => put_events(&mut out, cursor.snapshot(&snap), &id, &mut ends).await,
     };
     drop(snap);
-    first.extend(events.into_iter().map(|e| frame(e, &id)));
-    first.extend(
-        fleet_rollouts
-            .as_deref()
-            .and_then(|c| changed_frame("rollouts", rollouts(c), &mut sent_rollouts)),
-    );
-    for f in first {
-        if tx.send(f).await.is_err() {
-            return;
-        }
+    let rollouts_now = fleet_rollouts
+        .as_deref()
+        .and_then(|c| changed_frame("rollouts", rollouts(c), &mut sent_rollouts));
+    if !sent || !put(&mut out, rollouts_now, &mut ends).await {
+        return;
     }
     let mut clusters_tick = tokio::time::interval(limits.clusters_every);
     let mut bookmark_tick = tokio::time::interval(limits.bookmark_every);
@@ -161,9 +247,11 @@ pub async fn run(
     bookmark_tick.reset();
     loop {
         let wake = tokio::select! {
-            // The guard `wait_for` returns is not Send: drop it here.
-            _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => return,
-            _ = tx.closed() => return,
+            why = ends.reached() => {
+                finish(&mut out, why);
+                return;
+            }
+            _ = out.closed() => return,
             c = changed.changed() => match c {
                 Ok(()) => Wake::Index,
                 Err(_) => return,
@@ -172,33 +260,43 @@ pub async fn run(
             Some(()) = changed_rollouts(&mut rollouts_changed) => Wake::Rollouts,
             _ = bookmark_tick.tick() => Wake::Bookmark,
         };
-        let frames: Vec<Frame> = match wake {
+        let sent = match wake {
             // Level-based: whatever changed since the cursor.
             Wake::Index => {
                 let (snap, changes) =
                     hub.read(|ix| (ix.snapshot(), ix.changes_since(cursor.revision())));
-                let events = match changes {
-                    Some(changes) => cursor.changes(&snap, &changes),
-                    None => cursor.snapshot(&snap).collect(),
-                };
-                events.into_iter().map(|e| frame(e, &id)).collect()
+                match changes {
+                    Some(changes) => {
+                        // Built, then sent with the snapshot dropped: a
+                        // snapshot held across a slow reader makes the
+                        // index copy its map on its next write.
+                        let events = cursor.changes(&snap, &changes);
+                        drop(snap);
+                        put_events(&mut out, events, &id, &mut ends).await
+                    }
+                    // Fell behind the tombstones: start over, row by row.
+                    None => {
+                        let snap = snap.detached();
+                        put_events(&mut out, cursor.snapshot(&snap), &id, &mut ends).await
+                    }
+                }
             }
             // Leader, epoch and last seen change without a revision; a
             // cluster's reachability reaches its cells at once as an UPSERT.
-            Wake::Clusters => changed_frame("clusters", clusters(&hub), &mut sent_clusters)
-                .into_iter()
-                .collect(),
-            Wake::Rollouts => fleet_rollouts
-                .as_deref()
-                .and_then(|c| changed_frame("rollouts", rollouts(c), &mut sent_rollouts))
-                .into_iter()
-                .collect(),
-            Wake::Bookmark => vec![frame(cursor.bookmark(), &id)],
-        };
-        for f in frames {
-            if tx.send(f).await.is_err() {
-                return;
+            Wake::Clusters => {
+                let f = changed_frame("clusters", clusters(&hub), &mut sent_clusters);
+                put(&mut out, f, &mut ends).await
             }
+            Wake::Rollouts => {
+                let f = fleet_rollouts
+                    .as_deref()
+                    .and_then(|c| changed_frame("rollouts", rollouts(c), &mut sent_rollouts));
+                put(&mut out, f, &mut ends).await
+            }
+            Wake::Bookmark => put(&mut out, [frame(cursor.bookmark(), &id)], &mut ends).await,
+        };
+        if !sent {
+            return;
         }
     }
 }

@@ -6,6 +6,8 @@ pub mod assets;
 pub mod auth;
 pub mod events;
 pub mod json;
+pub mod limits;
+pub mod origin;
 pub mod server;
 pub mod warnings;
 

@@ -4,34 +4,43 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::IncomingStream;
 use futures::StreamExt;
 use serde_json::json;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tokio_rustls::server::TlsStream;
 
+use super::auth::{self, Access, Caller};
 use super::events::{self, Frame, StreamLimits};
+use super::limits::{ClientStreams, SignIns};
 use super::warnings::Warnings;
-use super::{UiError, assets, auth, json};
+use super::{UiError, assets, json, origin};
 use crate::api::auth::BearerToken;
+use crate::api::conns::{self, Conn, ConnLimits};
 use crate::api::server::RolloutSource;
-use crate::api::tls::{Rotating, TlsFiles};
+use crate::api::streams::{Revocation, Streams};
+use crate::api::tls::{Alpn, RELOAD_PERIOD, Rotating, TlsFiles};
 use crate::rollout::edits::{self, EditError};
 use crate::status::hub::Hub;
 
 #[derive(Debug, Clone)]
 pub struct UiOptions {
     pub addr: SocketAddr,
-    /// The page over TLS (the gRPC server's certificate, no client CA).
+    /// The page over TLS: the gRPC server's certificate and, when set, its
+    /// client CA (the page then asks browsers for a client certificate,
+    /// as gRPC asks its clients).
     pub tls: Option<TlsFiles>,
     /// Plaintext without a token, for local development only.
     pub insecure: bool,
@@ -40,12 +49,37 @@ pub struct UiOptions {
     /// The rollout API's write token: a session signed in with it may
     /// pause, resume and undo rollouts.
     pub write_token: Option<String>,
+    pub write_token_file: Option<PathBuf>,
     pub limits: StreamLimits,
     /// Open event streams at once; more are refused with 503.
     pub max_streams: usize,
+    /// Open event streams per session, token or (open page) peer address;
+    /// more are refused with 429.
+    pub max_streams_per_client: usize,
+    /// Host names an open (plaintext, no token) page answers to besides
+    /// loopback ones.
+    pub allowed_hosts: Vec<String>,
+    pub conns: ConnLimits,
 }
 
 impl UiOptions {
+    pub fn new(addr: SocketAddr) -> Self {
+        UiOptions {
+            addr,
+            tls: None,
+            insecure: false,
+            token: None,
+            token_file: None,
+            write_token: None,
+            write_token_file: None,
+            limits: StreamLimits::default(),
+            max_streams: 1000,
+            max_streams_per_client: 8,
+            allowed_hosts: Vec::new(),
+            conns: ConnLimits::default(),
+        }
+    }
+
     /// Plaintext without a token must be asked for, as for gRPC.
     pub fn validate(&self) -> Result<(), UiError> {
         if self.tls.is_none() && self.token.is_none() && !self.insecure {
@@ -55,6 +89,16 @@ impl UiOptions {
         }
         Ok(())
     }
+
+    /// Anyone who reaches the port reads the fleet: said at start-up.
+    fn open_to_all(&self) -> Option<&'static str> {
+        match (&self.tls, &self.token) {
+            (_, Some(_)) => None,
+            (Some(t), None) if t.client_ca.is_some() => None,
+            (Some(_), None) => Some("over TLS without a token or client certificates"),
+            (None, None) => Some("in plaintext without a token (--ui-insecure)"),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -62,12 +106,64 @@ struct Ctx {
     hub: Arc<Hub>,
     token: BearerToken,
     write: BearerToken,
+    tls: Option<Rotating>,
     secure: bool,
+    /// Plaintext with no token: answer only to loopback names.
+    open_page: bool,
+    allowed_hosts: Arc<Vec<String>>,
     warnings: Option<Arc<Warnings>>,
     fleet_rollouts: Option<RolloutSource>,
     limits: StreamLimits,
-    streams: Arc<tokio::sync::Semaphore>,
+    streams: Arc<Streams>,
+    per_client: Arc<ClientStreams>,
+    sign_ins: Arc<Mutex<SignIns>>,
     shutdown: watch::Receiver<bool>,
+}
+
+impl Ctx {
+    fn cookie_name(&self) -> &'static str {
+        if self.secure {
+            auth::TLS_COOKIE
+        } else {
+            auth::COOKIE
+        }
+    }
+
+    fn caller(&self, headers: &HeaderMap) -> Option<Caller> {
+        auth::caller(&self.token, &self.write, headers, self.cookie_name(), now())
+    }
+
+    /// Everything a stream was admitted under.
+    fn revocation(&self) -> Revocation {
+        let mut rxs = vec![self.token.subscribe(), self.write.subscribe()];
+        rxs.extend(self.tls.as_ref().map(|t| t.subscribe()));
+        Revocation::new(rxs)
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The peer, as the dashboard's listener accepted it.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+impl Connected<IncomingStream<'_, ConnListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, ConnListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
+/// The host a request was sent to: Host for HTTP/1, :authority for h2.
+fn host<'a>(headers: &'a HeaderMap, uri: &'a Uri) -> Option<&'a str> {
+    headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| uri.authority().map(|a| a.as_str()))
 }
 
 /// What every response carries: scripts only from here, no framing, no
@@ -100,29 +196,81 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 }
 
 fn unauthorized() -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::CONTENT_TYPE, "application/json")],
-        json!({"error": "sign in with the access token"}).to_string(),
-    )
-        .into_response()
+    refuse(StatusCode::UNAUTHORIZED, "sign in with the access token")
 }
 
 fn json_response(v: serde_json::Value) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
 }
 
-async fn session(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    if !auth::admitted(&ctx.token, &ctx.write, &headers) {
-        return unauthorized();
+fn refuse(code: StatusCode, error: impl Into<String>) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({"error": error.into()}).to_string(),
+    )
+        .into_response()
+}
+
+/// Writes (sign-in, sign-out, rollout edits) come from this page only,
+/// as JSON.
+fn refuse_write(ctx: &Ctx, headers: &HeaderMap, uri: &Uri) -> Option<Response> {
+    if let Some(why) = origin::cross_origin(headers, ctx.secure, host(headers, uri)) {
+        return Some(refuse(StatusCode::FORBIDDEN, why));
     }
+    (!origin::is_json(headers))
+        .then(|| refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, "send application/json"))
+}
+
+/// An open page answers only to the names it is reached by on this
+/// machine, so a rebound DNS name reads nothing.
+async fn host_check(State(ctx): State<Ctx>, req: Request, next: Next) -> Response {
+    if ctx.open_page && !origin::allowed_host(host(req.headers(), req.uri()), &ctx.allowed_hosts) {
+        return refuse(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this dashboard answers only to localhost, 127.0.0.1 and --ui-allowed-hosts",
+        );
+    }
+    next.run(req).await
+}
+
+async fn session(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
+    let Some(caller) = ctx.caller(&headers) else {
+        return unauthorized();
+    };
     json_response(json!({
-        "write": auth::may_write(&ctx.write, &headers),
+        "write": caller.access == Access::Write,
         "writeConfigured": ctx.write.configured() && ctx.fleet_rollouts.is_some(),
+        "signedIn": caller.id.is_some(),
     }))
 }
 
-async fn login(State(ctx): State<Ctx>, body: Bytes) -> Response {
+async fn login(
+    State(ctx): State<Ctx>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = refuse_write(&ctx, &headers, &uri) {
+        return refused;
+    }
+    let ip = peer.0.ip();
+    let wait = ctx
+        .sign_ins
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .wait(ip, std::time::Instant::now());
+    if let Some(wait) = wait {
+        let mut res = refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many refused sign-ins; wait",
+        );
+        if let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+            res.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return res;
+    }
     #[derive(serde::Deserialize)]
     struct Login {
         token: String,
@@ -130,27 +278,50 @@ async fn login(State(ctx): State<Ctx>, body: Bytes) -> Response {
     let Ok(Login { token }) = serde_json::from_slice::<Login>(&body) else {
         return (StatusCode::BAD_REQUEST, "expected {\"token\": \"...\"}\n").into_response();
     };
-    let value = if ctx.write.accepts(&token) {
-        auth::write_session_value(&ctx.write)
+    let access = if ctx.write.accepts(&token) {
+        Some(Access::Write)
     } else if ctx.token.accepts(&token) {
-        auth::session_value(&ctx.token)
+        Some(Access::Read)
     } else if !ctx.token.configured() && !ctx.write.configured() {
         return StatusCode::NO_CONTENT.into_response();
     } else {
         None
     };
-    match value {
-        Some(value) => (
-            StatusCode::NO_CONTENT,
-            [(header::SET_COOKIE, auth::set_cookie(&value, ctx.secure))],
-        )
-            .into_response(),
-        None => unauthorized(),
+    let mut sign_ins = ctx.sign_ins.lock().unwrap_or_else(|e| e.into_inner());
+    let id = auth::new_id();
+    match access.and_then(|a| auth::issue(&ctx.token, &ctx.write, a, now(), &id)) {
+        Some(value) => {
+            sign_ins.succeeded(ip);
+            tracing::info!(session = %id, peer = %peer.0, ?access, "dashboard sign-in");
+            (
+                StatusCode::NO_CONTENT,
+                [(header::SET_COOKIE, auth::set_cookie(&value, ctx.secure))],
+            )
+                .into_response()
+        }
+        None => {
+            sign_ins.failed(ip, std::time::Instant::now());
+            tracing::info!(peer = %peer.0, "dashboard sign-in refused");
+            unauthorized()
+        }
     }
 }
 
+/// Ends the session in this browser. A copied cookie stays valid until it
+/// expires or its token rotates: sessions are not stored anywhere.
+async fn logout(State(ctx): State<Ctx>, headers: HeaderMap, uri: Uri) -> Response {
+    if let Some(refused) = refuse_write(&ctx, &headers, &uri) {
+        return refused;
+    }
+    (
+        StatusCode::NO_CONTENT,
+        [(header::SET_COOKIE, auth::clear_cookie(ctx.secure))],
+    )
+        .into_response()
+}
+
 async fn clusters(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    if !auth::admitted(&ctx.token, &ctx.write, &headers) {
+    if ctx.caller(&headers).is_none() {
         return unauthorized();
     }
     let list = ctx.hub.read(|ix| {
@@ -167,17 +338,19 @@ async fn detail(
     headers: HeaderMap,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
-    if !auth::admitted(&ctx.token, &ctx.write, &headers) {
+    if ctx.caller(&headers).is_none() {
         return unauthorized();
+    }
+    // Names reach the members' apiservers: validated as gRPC does.
+    if let Err(e) = crate::api::request::key(&ns, &name) {
+        return refuse(StatusCode::BAD_REQUEST, e.to_string());
     }
     let key = (ns.clone(), name.clone());
     let Some(view) = ctx.hub.read(|ix| ix.view(&key, None)) else {
-        return (
+        return refuse(
             StatusCode::NOT_FOUND,
-            [(header::CONTENT_TYPE, "application/json")],
-            json!({"error": format!("{ns}/{name} is in no cluster")}).to_string(),
-        )
-            .into_response();
+            format!("{ns}/{name} is in no cluster"),
+        );
     };
     let mut body = json::detail(&view);
     if let Some(w) = &ctx.warnings {
@@ -192,7 +365,7 @@ async fn detail(
 }
 
 async fn rollouts(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    if !auth::admitted(&ctx.token, &ctx.write, &headers) {
+    if ctx.caller(&headers).is_none() {
         return unauthorized();
     }
     match &ctx.fleet_rollouts {
@@ -202,29 +375,33 @@ async fn rollouts(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
 }
 
 /// Pause, resume or undo: the same edits as the gRPC rollouts API, for a
-/// session signed in with its write token.
+/// session signed in with its write token, from this page.
 async fn edit(
     State(ctx): State<Ctx>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
     headers: HeaderMap,
+    uri: Uri,
     Path((ns, name, action)): Path<(String, String, String)>,
     body: Bytes,
 ) -> Response {
-    let refuse = |code: StatusCode, error: String| {
-        (
-            code,
-            [(header::CONTENT_TYPE, "application/json")],
-            json!({"error": error}).to_string(),
-        )
-            .into_response()
+    let caller = match ctx.caller(&headers) {
+        Some(c) if c.access == Access::Write => c,
+        _ => {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "changing rollouts needs the rollout API's write token",
+            );
+        }
     };
-    if !auth::may_write(&ctx.write, &headers) {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "changing rollouts needs the rollout API's write token".into(),
-        );
+    if let Some(refused) = refuse_write(&ctx, &headers, &uri) {
+        return refused;
+    }
+    // Names go into the home apiserver's URL unescaped: no `/`, `?`, `%`.
+    if let Err(e) = crate::api::request::key(&ns, &name) {
+        return refuse(StatusCode::BAD_REQUEST, e.to_string());
     }
     let Some(source) = &ctx.fleet_rollouts else {
-        return refuse(StatusCode::NOT_FOUND, "no rollouts here".into());
+        return refuse(StatusCode::NOT_FOUND, "no rollouts here");
     };
     let to = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
@@ -244,7 +421,13 @@ async fn edit(
     };
     match done {
         Ok(()) => {
-            tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), action, "rollout changed from the dashboard");
+            tracing::info!(
+                flotilla.fleet_microservice = %format!("{ns}/{name}"),
+                action,
+                session = caller.id.as_deref().unwrap_or("-"),
+                peer = %peer.0,
+                "rollout changed from the dashboard"
+            );
             StatusCode::NO_CONTENT.into_response()
         }
         Err(EditError::Undo(m)) => refuse(StatusCode::BAD_REQUEST, m),
@@ -264,15 +447,29 @@ fn sse(f: Frame) -> SseEvent {
     }
 }
 
-async fn stream(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    if !auth::admitted(&ctx.token, &ctx.write, &headers) {
+async fn stream(
+    State(ctx): State<Ctx>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(caller) = ctx.caller(&headers) else {
         return unauthorized();
-    }
+    };
     let resume = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|id| events::resume_from(id, &ctx.hub.index_id));
-    let Ok(slot) = ctx.streams.clone().try_acquire_owned() else {
+    // A share per session (or token); on an open page, per address.
+    let client = caller.id.unwrap_or_else(|| peer.0.ip().to_string());
+    let Some(share) = ctx.per_client.open(&client) else {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "5")],
+            "this client holds as many event streams as it may; close one\n",
+        )
+            .into_response();
+    };
+    let Ok(slot) = ctx.streams.open() else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "2")],
@@ -280,21 +477,30 @@ async fn stream(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
         )
             .into_response();
     };
-    let (tx, rx) = mpsc::channel(256);
+    let (out, inbox) = crate::api::streams::channel(slot, ctx.limits.stall);
     let feed = events::run(
         ctx.hub.clone(),
         ctx.fleet_rollouts.as_ref().map(|s| s.cache.clone()),
         resume,
-        tx,
+        out,
         ctx.limits,
         ctx.shutdown.clone(),
+        ctx.revocation(),
     );
     tokio::spawn(async move {
         feed.await;
-        drop(slot);
+        drop(share);
     });
-    let frames =
-        tokio_stream::wrappers::ReceiverStream::new(rx).map(|f| Ok::<_, Infallible>(sse(f)));
+    // An end (stall, age, revocation, shutdown) is the last event; the
+    // browser then reconnects with its last event id.
+    let frames = inbox.map(|item| {
+        Ok::<_, Infallible>(match item {
+            Ok(f) => sse(f),
+            Err(status) => SseEvent::default()
+                .event("end")
+                .data(json!({"reason": status.message()}).to_string()),
+        })
+    });
     Sse::new(frames)
         .keep_alive(KeepAlive::default())
         .into_response()
@@ -316,11 +522,16 @@ fn router(ctx: Ctx) -> Router {
         )
         .route("/api/session", get(session))
         .route("/api/login", post(login))
+        .route("/api/logout", post(logout))
         .route("/api/clusters", get(clusters))
         .route("/api/microservices/{ns}/{name}", get(detail))
         .route("/api/events", get(stream))
         .route("/api/rollouts", get(rollouts))
         .route("/api/rollouts/{ns}/{name}/{action}", post(edit))
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            host_check,
+        ))
         .with_state(ctx)
         .layer(axum::middleware::map_response(|r: Response| async move {
             secure_headers(r)
@@ -335,28 +546,24 @@ pub async fn bind(opts: &UiOptions) -> Result<TcpListener, UiError> {
         .map_err(|e| UiError::Config(format!("--ui-addr {}: {e}", opts.addr)))
 }
 
-/// TLS connections, as axum's listener.
-struct TlsListener {
-    conns: std::pin::Pin<
-        Box<dyn futures::Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send>,
-    >,
+/// Connections through `conns` (capped, deadlined, TLS when configured),
+/// as axum's listener.
+pub struct ConnListener {
+    conns: mpsc::Receiver<Conn>,
     addr: SocketAddr,
 }
 
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+impl axum::serve::Listener for ConnListener {
+    type Io = Conn;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.conns.next().await {
-                Some(Ok(tls)) => {
-                    let peer = tls.get_ref().0.peer_addr().unwrap_or(self.addr);
-                    return (tls, peer);
-                }
-                Some(Err(_)) => continue,
-                None => std::future::pending::<()>().await,
+        match self.conns.recv().await {
+            Some(conn) => {
+                let peer = conn.peer;
+                (conn, peer)
             }
+            None => std::future::pending().await,
         }
     }
 
@@ -364,6 +571,11 @@ impl axum::serve::Listener for TlsListener {
         Ok(self.addr)
     }
 }
+
+/// How long open connections may take to finish once shutdown began and
+/// every stream was told to end; a client that reads nothing would hold
+/// graceful shutdown open forever.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 pub async fn serve(
     hub: Arc<Hub>,
@@ -378,54 +590,67 @@ pub async fn serve(
     let tls = opts
         .tls
         .clone()
-        .map(|files| {
-            Rotating::load(TlsFiles {
-                client_ca: None,
-                ..files
-            })
-        })
+        .map(|files| Rotating::load(files, Alpn::H2OrHttp11))
         .transpose()
         .map_err(|e| UiError::Config(e.to_string()))?;
-    tokio::spawn(crate::api::tls::watch_files(
+    if let Some(how) = opts.open_to_all() {
+        tracing::warn!(addr = %opts.addr, "the dashboard is served {how}: anyone who reaches it reads the fleet");
+    }
+    let tokens = [(&opts.token_file, &token), (&opts.write_token_file, &write)]
+        .into_iter()
+        .filter_map(|(file, token)| Some((file.clone()?, token.clone())))
+        .collect();
+    let watcher = tokio::spawn(crate::api::tls::watch_files(
         tls.clone(),
-        opts.token_file.clone(),
-        token.clone(),
-        std::time::Duration::from_secs(10),
+        tokens,
+        RELOAD_PERIOD,
     ));
+    let addr = listener
+        .local_addr()
+        .map_err(|e| UiError::Serve(e.to_string()))?;
     let ctx = Ctx {
         hub,
+        open_page: tls.is_none() && opts.token.is_none(),
         token,
         write,
         secure: tls.is_some(),
+        tls: tls.clone(),
+        allowed_hosts: Arc::new(opts.allowed_hosts.clone()),
         warnings: warnings.map(Arc::new),
         fleet_rollouts,
         limits: opts.limits,
-        streams: Arc::new(tokio::sync::Semaphore::new(opts.max_streams)),
+        streams: Streams::new(opts.max_streams),
+        per_client: ClientStreams::new(opts.max_streams_per_client),
+        sign_ins: Arc::new(Mutex::new(SignIns::new(
+            10,
+            Duration::from_secs(60),
+            10_000,
+        ))),
         shutdown: shutdown.clone(),
     };
-    let app = router(ctx);
+    let app = router(ctx).into_make_service_with_connect_info::<Peer>();
     let mut stop = shutdown.clone();
     let stopped = async move {
         stop.wait_for(|s| *s).await.ok();
     };
-    let result = match tls {
-        Some(tls) => {
-            let addr = listener
-                .local_addr()
-                .map_err(|e| UiError::Serve(e.to_string()))?;
-            let tcp = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let conns = Box::pin(tls.accept(tcp));
-            axum::serve(TlsListener { conns, addr }, app)
-                .with_graceful_shutdown(stopped)
-                .await
-        }
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stopped)
-                .await
+    let listener = ConnListener {
+        conns: conns::incoming(listener, tls, opts.conns, "ui"),
+        addr,
+    };
+    let served = axum::serve(listener, app).with_graceful_shutdown(stopped);
+    let mut stop_flag = shutdown.clone();
+    let result = tokio::select! {
+        r = served => r.map_err(|e| UiError::Serve(e.to_string())),
+        _ = async {
+            crate::api::streams::shutting_down(&mut stop_flag).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!("dashboard connections still open {SHUTDOWN_GRACE:?} after shutdown began; closing them");
+            Ok(())
         }
     };
-    result.map_err(|e| UiError::Serve(e.to_string()))
+    watcher.abort();
+    result
 }
 
 #[cfg(test)]
@@ -433,16 +658,7 @@ mod tests {
     use super::*;
 
     fn opts() -> UiOptions {
-        UiOptions {
-            addr: "127.0.0.1:0".parse().unwrap(),
-            tls: None,
-            insecure: false,
-            token: None,
-            token_file: None,
-            write_token: None,
-            limits: StreamLimits::default(),
-            max_streams: 1,
-        }
+        UiOptions::new("127.0.0.1:0".parse().unwrap())
     }
 
     #[test]
@@ -465,6 +681,25 @@ mod tests {
             .validate()
             .is_ok()
         );
+    }
+
+    #[test]
+    fn a_page_open_to_anyone_is_named_at_start_up() {
+        let tls = |ca: bool| TlsFiles {
+            cert: "c".into(),
+            key: "k".into(),
+            client_ca: ca.then(|| "ca".into()),
+        };
+        let with = |tls: Option<TlsFiles>, token: Option<&str>| UiOptions {
+            tls,
+            token: token.map(String::from),
+            insecure: true,
+            ..opts()
+        };
+        assert!(with(Some(tls(true)), None).open_to_all().is_none(), "mTLS");
+        assert!(with(Some(tls(false)), Some("t")).open_to_all().is_none());
+        assert!(with(Some(tls(false)), None).open_to_all().is_some());
+        assert!(with(None, None).open_to_all().is_some());
     }
 
     #[test]

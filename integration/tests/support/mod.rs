@@ -840,3 +840,20 @@ pub fn kubeconfig_via(member: &str, port: u16) -> (String, String) {
     kc["clusters"][0]["cluster"]["server"] = format!("https://127.0.0.1:{port}").into();
     (serde_yaml::to_string(&kc).expect("yaml"), upstream)
 }
+
+/// Reads an HTTP/1.1 response's status line, byte by byte (nothing after
+/// it), and returns its code.
+pub async fn status_line(s: &mut tokio::net::TcpStream) -> u16 {
+    use tokio::io::AsyncReadExt;
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\r\n") {
+        s.read_exact(&mut byte).await.expect("a status line");
+        line.push(byte[0]);
+    }
+    String::from_utf8_lossy(&line)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code")
+}

@@ -521,6 +521,14 @@ async function login(e) {
   }
 }
 
+async function logout() {
+  await fetch("/api/logout", { method: "POST", headers: { "content-type": "application/json" }, body: "{}" }).catch(() => null);
+  if (source) source.close();
+  source = null;
+  session = { write: false, writeConfigured: false };
+  showLogin();
+}
+
 async function start() {
   let res;
   try {
@@ -532,6 +540,7 @@ async function start() {
   }
   if (res.status === 401) return showLogin();
   session = await res.json().catch(() => session);
+  $("logout").hidden = !session.signedIn;
   $("login").hidden = true;
   $("fleet").hidden = false;
   renderRollouts(lastRollouts);
@@ -552,6 +561,7 @@ document.addEventListener("DOMContentLoaded", () => {
     if (b) openDetail(b.dataset.open);
   });
   $("detail-close").addEventListener("click", closeDetail);
+  $("logout").addEventListener("click", logout);
   // The write token, asked for beside the fleet rather than instead of it.
   $("unlock").addEventListener("click", () => {
     $("login").hidden = false;
