@@ -365,3 +365,103 @@ async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// kubectl with a kubeconfig of the test's own (a ServiceAccount token).
+fn k_with(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .expect("kubectl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// A ControllerRevision manifest: with the fleet label and a controller
+/// ownerReference to a FleetMicroservice, or as anyone else's.
+fn revision(name: &str, ns: &str, fleets: bool, owned: bool) -> serde_json::Value {
+    let mut metadata = serde_json::json!({"name": name, "namespace": ns});
+    if fleets {
+        metadata["labels"] = serde_json::json!({"platform.example.io/fleet-microservice": "web"});
+    }
+    if owned {
+        metadata["ownerReferences"] = serde_json::json!([{
+            "apiVersion": "platform.example.io/v1alpha1", "kind": "FleetMicroservice",
+            "name": "web", "uid": "00000000-0000-0000-0000-000000000001", "controller": true,
+        }]);
+    }
+    serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "ControllerRevision",
+        "metadata": metadata, "revision": 1, "data": {"spec": {"template": {}}},
+    })
+}
+
+/// #30 M5: RBAC grants ControllerRevisions cluster-wide, and they are also
+/// StatefulSet and DaemonSet history; the shipped admission policy holds
+/// the operator's ServiceAccount to its own. Server-side dry runs, so
+/// nothing is written.
+#[tokio::test]
+async fn the_operator_writes_only_the_controller_revisions_of_its_fleet_microservices() {
+    apply("home", "home");
+    let ns = TestNamespace::create(&client("home").await, "home", "deploy-cr").await;
+    let dir = fleet_dir()
+        .join("test-kubeconfigs")
+        .join(format!("deploy-cr-{}", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sa = token_kubeconfig("home", &dir);
+    let file = |name: &str, v: serde_json::Value| {
+        let p = dir.join(format!("{name}.json"));
+        std::fs::write(&p, v.to_string()).unwrap();
+        p.display().to_string()
+    };
+    // Someone else's revision, as a StatefulSet's history would be.
+    let theirs = file("theirs", revision("sts-history", &ns.name, false, false));
+    let (ok, out) = k("home", &["create", "-f", &theirs]);
+    assert!(ok, "{out}");
+    let attempt = |args: Vec<String>| {
+        let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+        all.push("--dry-run=server");
+        k_with(&sa, &all)
+    };
+    let create = |path: &str| attempt(vec!["create".into(), "-f".into(), path.into()]);
+    let injected = file(
+        "injected",
+        revision("injected", "kube-system", false, false),
+    );
+    // The policy takes a moment to be in force after it is created.
+    let refused = support::eventually("the policy in force", Duration::from_secs(30), || {
+        let (ok, out) = create(&injected);
+        async move { (!ok && out.contains("flotilla may write only")).then_some(out) }
+    })
+    .await;
+    assert!(
+        refused.contains("Forbidden") || refused.contains("denied"),
+        "{refused}"
+    );
+    // Labelled but not owned, and owned but not labelled: refused too.
+    for (name, fleets, owned) in [("label-only", true, false), ("owner-only", false, true)] {
+        let (ok, out) = create(&file(name, revision(name, &ns.name, fleets, owned)));
+        assert!(
+            !ok && out.contains("flotilla may write only"),
+            "{name}: {out}"
+        );
+    }
+    // Deleting someone else's history: refused.
+    let (ok, out) = attempt(vec![
+        "delete".into(),
+        "controllerrevision".into(),
+        "sts-history".into(),
+        "-n".into(),
+        ns.name.clone(),
+    ]);
+    assert!(!ok && out.contains("flotilla may write only"), "{out}");
+    // Its own kind of revision: admitted.
+    let (ok, out) = create(&file("ours", revision("ours", &ns.name, true, true)));
+    assert!(ok, "the operator's own revision refused: {out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
