@@ -865,3 +865,218 @@ async fn a_replica_with_an_unreachable_registry_is_ready_and_says_so_in_metrics(
     let _op = Operator::start(&c3, settings("member-3", &ns), Hooks::default());
     delete_and_wait(&api, "api").await;
 }
+
+/// #30 L2: etcd is outside the kube wire fence, so the registration code
+/// checks the term itself. A leader deposed between a reconcile's start
+/// and its registry delete (a stale backlog) removes nothing: the records
+/// stay for the new leader, and once this replica leads again the
+/// deletion completes. With the check removed, the record is gone.
+#[tokio::test]
+async fn a_leader_deposed_mid_reconcile_deletes_no_record() {
+    use flotilla::fleet::elector::Leadership;
+    use futures::FutureExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _up = ETCD_UP.read().await;
+    let c = client("member-3").await;
+    ensure_crd(&c).await;
+    let ns = TestNamespace::create(&c, "member-3", "reg-fence").await;
+    let Registration::Ready(registry) = registration().await else {
+        panic!("the test bed's registry config is valid");
+    };
+    let leading = || Leadership::Leading {
+        epoch: 4,
+        since: tokio::time::Instant::now(),
+        until: tokio::time::Instant::now() + Duration::from_secs(3600),
+    };
+    let (tx, rx) = tokio::sync::watch::channel(leading());
+    let tx = Arc::new(tx);
+    let depose = Arc::new(AtomicBool::new(false));
+    let mut s = settings("member-3", &ns.name);
+    s.registry = Some(registration().await);
+    s.registry_sweep = Duration::from_secs(3600);
+    s.leadership = Some(rx);
+    s.writer.epoch = Some(4);
+    let hooks = Hooks {
+        before_reconcile: Some(Arc::new({
+            let (tx, depose) = (tx.clone(), depose.clone());
+            move |_| {
+                if depose.load(Ordering::SeqCst) {
+                    tx.send_replace(Leadership::Following {
+                        holder: Some("the-successor".into()),
+                        epoch: Some(5),
+                        since: tokio::time::Instant::now(),
+                    });
+                }
+                async {}.boxed()
+            }
+        })),
+        ..Default::default()
+    };
+    let op = Operator::start(&c, s, hooks);
+    let api = ns.api::<Microservice>();
+    api.create(
+        &PostParams::default(),
+        &microservice("api", "ghcr.io/acme/api:1", 8080, Some(1)),
+    )
+    .await
+    .unwrap();
+    wait_condition(&api, "api", "Registered", "True", None).await;
+    let keys = entry("member-3", &ns.name, "api")
+        .keys(registry.zone())
+        .unwrap();
+    let held = |existing: &[Existing]| existing.iter().filter(|e| e.record.is_some()).count();
+    assert_eq!(held(&registry.read(&keys).await.unwrap()), 2);
+
+    // The next reconcile starts as leader and is deposed at once.
+    depose.store(true, Ordering::SeqCst);
+    api.delete("api", &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        held(&registry.read(&keys).await.unwrap()),
+        2,
+        "a deposed leader deleted registry records"
+    );
+    assert!(
+        api.get_opt("api").await.unwrap().is_some(),
+        "the finalizer stays"
+    );
+
+    // Leading again: the deletion completes, records first.
+    depose.store(false, Ordering::SeqCst);
+    tx.send_replace(leading());
+    eventually("the deletion completed by the leader", WAIT, || {
+        let api = api.clone();
+        async move { api.get_opt("api").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    assert_eq!(held(&registry.read(&keys).await.unwrap()), 0);
+    op.stop().await;
+}
+
+/// An etcd of this test's own, over TLS with client certificates required.
+struct TlsEtcd {
+    child: std::process::Child,
+    endpoint: String,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for TlsEtcd {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+impl TlsEtcd {
+    fn start(pki: &std::path::Path) -> TlsEtcd {
+        let bin = std::fs::read_to_string(support::fleet_dir().join("bindir"))
+            .expect("the fleet's bindir");
+        let (client, peer) = (
+            support::replicas::free_port(),
+            support::replicas::free_port(),
+        );
+        let dir = pki.join("etcd-data");
+        let p = |f: &str| pki.join(f).display().to_string();
+        let log = std::fs::File::create(pki.join("etcd.log")).unwrap();
+        let child = std::process::Command::new(format!("{}/etcd", bin.trim()))
+            .args(["--name", "tls", "--data-dir", &dir.display().to_string()])
+            .args([
+                "--listen-client-urls",
+                &format!("https://127.0.0.1:{client}"),
+            ])
+            .args([
+                "--advertise-client-urls",
+                &format!("https://127.0.0.1:{client}"),
+            ])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+            ])
+            .args(["--initial-cluster", &format!("tls=http://127.0.0.1:{peer}")])
+            .args([
+                "--cert-file",
+                &p("server.crt"),
+                "--key-file",
+                &p("server.key"),
+            ])
+            .args(["--client-cert-auth", "--trusted-ca-file", &p("ca.crt")])
+            .args(["--unsafe-no-fsync", "--log-level", "warn"])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        TlsEtcd {
+            child,
+            endpoint: format!("https://127.0.0.1:{client}"),
+            dir,
+        }
+    }
+}
+
+/// #30 L1: the registry's client certificate rotates without a restart.
+/// A replica starts with a certificate etcd does not trust (another CA's)
+/// and cannot read; the files are replaced in place with a trusted one,
+/// and within the reload period it reads and writes. Its client identity
+/// is never dropped for want of a CA (a unit test covers the refusals).
+#[tokio::test]
+async fn a_rotated_etcd_client_certificate_applies_without_a_restart() {
+    let pki = support::fleet_dir().join(format!("etcd-tls-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&pki).unwrap();
+    support::certificates(&pki);
+    std::fs::copy(pki.join("stranger.crt"), pki.join("live.crt")).unwrap();
+    std::fs::copy(pki.join("stranger.key"), pki.join("live.key")).unwrap();
+    let etcd = TlsEtcd::start(&pki);
+    let Registration::Ready(registry) = Registration::connect(&RegistryConfig {
+        endpoints: vec![etcd.endpoint.clone()],
+        ca: Some(pki.join("ca.crt")),
+        cert: Some(pki.join("live.crt")),
+        key: Some(pki.join("live.key")),
+        insecure: false,
+        ..support::registry::config()
+    })
+    .await
+    else {
+        panic!("a complete TLS configuration is valid");
+    };
+    let e = entry("member-1", "rotated", "api");
+    let keys = e.keys(registry.zone()).unwrap();
+    // etcd is up (its port answers), and refuses the stranger.
+    let port = etcd.endpoint.rsplit_once(':').unwrap().1.to_string();
+    eventually("etcd listening", WAIT, || {
+        let port = port.clone();
+        async move {
+            tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
+                .await
+                .ok()
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        registry.read(&keys).await.is_err(),
+        "etcd served another CA's certificate"
+    );
+    // Rotated in place, as cert-manager does.
+    for f in ["crt", "key"] {
+        let tmp = pki.join(format!(".live.{f}.new"));
+        std::fs::copy(pki.join(format!("client.{f}")), &tmp).unwrap();
+        std::fs::rename(&tmp, pki.join(format!("live.{f}"))).unwrap();
+    }
+    let t0 = Instant::now();
+    eventually("the rotated certificate in force", WAIT, || async {
+        registry.read(&keys).await.ok()
+    })
+    .await;
+    println!(
+        "figure: registry client certificate rotated in {:?}",
+        t0.elapsed()
+    );
+    put(&registry, &e, "10.96.0.40", 1)
+        .await
+        .expect("a write with the new certificate");
+    drop(etcd);
+    std::fs::remove_dir_all(&pki).ok();
+}

@@ -24,7 +24,11 @@ pub enum Registration {
 impl Registration {
     pub async fn connect(config: &RegistryConfig) -> Registration {
         match Registry::connect(config).await {
-            Ok(r) => Registration::Ready(Box::new(r)),
+            Ok(r) => {
+                // Certificates rotate in place, as the gRPC server's do.
+                r.watch_files(crate::api::tls::RELOAD_PERIOD);
+                Registration::Ready(Box::new(r))
+            }
             Err(e) => {
                 tracing::error!(error = %e, "the service registry is misconfigured; Microservices will show Registered=False");
                 Registration::Broken(e.to_string())

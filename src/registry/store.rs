@@ -4,6 +4,7 @@
 //! changes nothing.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use etcd_client::{
@@ -24,6 +25,9 @@ pub struct RegistryConfig {
     pub ca: Option<PathBuf>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
+    /// Plaintext etcd, asked for (`--registry-insecure`): records steer
+    /// traffic, so writing them unauthenticated is never a default.
+    pub insecure: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +66,27 @@ impl RegistryError {
 
 pub type Result<T, E = RegistryError> = std::result::Result<T, E>;
 
+/// TLS is complete or plaintext is asked for: a client certificate without
+/// the CA that checks the server used to be dropped without a word.
+fn check_transport(config: &RegistryConfig) -> Result<()> {
+    let plaintext = config.endpoints.iter().any(|e| !e.starts_with("https://"));
+    match (&config.ca, config.insecure) {
+        (None, _) if config.cert.is_some() || config.key.is_some() => Err(RegistryError::Config(
+            "--registry-cert and --registry-key need --registry-ca, the CA that signs etcd's certificate".into(),
+        )),
+        (None, false) => Err(RegistryError::Config(
+            "the registry's etcd needs TLS (--registry-ca and https:// endpoints), or --registry-insecure for plaintext".into(),
+        )),
+        (Some(_), true) => Err(RegistryError::Config(
+            "--registry-insecure and --registry-ca exclude each other".into(),
+        )),
+        (Some(_), false) if plaintext => Err(RegistryError::Config(
+            "with --registry-ca every endpoint must be https://".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// etcd's errors carry the gRPC status; keep its code and message, short.
 fn unavailable(e: etcd_client::Error) -> RegistryError {
     let text = match &e {
@@ -73,13 +98,61 @@ fn unavailable(e: etcd_client::Error) -> RegistryError {
 
 #[derive(Clone)]
 pub struct Registry {
-    client: Client,
+    inner: Arc<Inner>,
     zone: Zone,
+}
+
+struct Inner {
+    /// Replaced when the TLS files change; each call clones the current one.
+    client: RwLock<Client>,
+    config: RegistryConfig,
+    /// The TLS files' bytes the client was built from.
+    material: Mutex<Vec<u8>>,
 }
 
 fn read_file(what: &str, path: &PathBuf) -> Result<Vec<u8>> {
     std::fs::read(path)
         .map_err(|e| RegistryError::Config(format!("{what} {}: {e}", path.display())))
+}
+
+/// The connection options for `config`, and the bytes of the TLS files
+/// they were read from (empty in plaintext).
+fn options(config: &RegistryConfig) -> Result<(ConnectOptions, Vec<u8>)> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5));
+    let mut material = Vec::new();
+    if let Some(ca) = &config.ca {
+        let ca = read_file("CA", ca)?;
+        material.extend_from_slice(&ca);
+        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+        match (&config.cert, &config.key) {
+            (Some(cert), Some(key)) => {
+                let (cert, key) = (read_file("certificate", cert)?, read_file("key", key)?);
+                material.extend_from_slice(&cert);
+                material.extend_from_slice(&key);
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(RegistryError::Config(
+                    "a client certificate needs both --registry-cert and --registry-key".into(),
+                ));
+            }
+        }
+        options = options.with_tls(tls);
+    }
+    Ok((options, material))
+}
+
+async fn client(config: &RegistryConfig, options: ConnectOptions) -> Result<Client> {
+    Client::connect(&config.endpoints, Some(options))
+        .await
+        .map_err(|e| match e {
+            etcd_client::Error::InvalidArgs(m) => RegistryError::Config(m),
+            etcd_client::Error::InvalidUri(e) => RegistryError::Config(e.to_string()),
+            other => unavailable(other),
+        })
 }
 
 impl Registry {
@@ -99,36 +172,91 @@ impl Registry {
                 "credentials in an endpoint URL are refused; use TLS client certificates".into(),
             ));
         }
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(5));
-        if let Some(ca) = &config.ca {
-            let mut tls =
-                TlsOptions::new().ca_certificate(Certificate::from_pem(read_file("CA", ca)?));
-            match (&config.cert, &config.key) {
-                (Some(cert), Some(key)) => {
-                    tls = tls.identity(Identity::from_pem(
-                        read_file("certificate", cert)?,
-                        read_file("key", key)?,
-                    ));
-                }
-                (None, None) => {}
-                _ => {
-                    return Err(RegistryError::Config(
-                        "a client certificate needs both --registry-cert and --registry-key".into(),
-                    ));
-                }
-            }
-            options = options.with_tls(tls);
+        check_transport(config)?;
+        let (opts, material) = options(config)?;
+        let client = client(config, opts).await?;
+        Ok(Registry {
+            inner: Arc::new(Inner {
+                client: RwLock::new(client),
+                config: config.clone(),
+                material: Mutex::new(material),
+            }),
+            zone,
+        })
+    }
+
+    fn client(&self) -> Client {
+        self.inner
+            .client
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Reads the TLS files again; when their bytes changed and they load,
+    /// later calls use a client built from them (cert-manager rotates the
+    /// client certificate in place). Files that do not load keep the old
+    /// client, counted in `flotilla_tls_reload_errors_total`.
+    pub async fn reload(&self) -> bool {
+        let config = &self.inner.config;
+        if config.ca.is_none() {
+            return false;
         }
-        let client = Client::connect(&config.endpoints, Some(options))
-            .await
-            .map_err(|e| match e {
-                etcd_client::Error::InvalidArgs(m) => RegistryError::Config(m),
-                etcd_client::Error::InvalidUri(e) => RegistryError::Config(e.to_string()),
-                other => unavailable(other),
-            })?;
-        Ok(Registry { client, zone })
+        let built = match options(config) {
+            Ok((opts, material)) => {
+                if *self
+                    .inner
+                    .material
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    == material
+                {
+                    return false;
+                }
+                client(config, opts).await.map(|c| (c, material))
+            }
+            Err(e) => Err(e),
+        };
+        match built {
+            Ok((client, material)) => {
+                *self.inner.client.write().unwrap_or_else(|e| e.into_inner()) = client;
+                *self
+                    .inner
+                    .material
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = material;
+                tracing::info!("registry TLS files changed; new calls use them");
+                true
+            }
+            Err(e) => {
+                crate::telemetry::metrics::METRICS
+                    .tls_reload_errors_total
+                    .inc(&[]);
+                tracing::warn!(error = %e, "registry TLS files changed but do not load; keeping the previous ones");
+                false
+            }
+        }
+    }
+
+    /// Reloads every `period` for as long as any clone of this registry lives.
+    pub fn watch_files(&self, period: Duration) {
+        if self.inner.config.ca.is_none() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let zone = self.zone.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(inner) = weak.upgrade() else { return };
+                Registry {
+                    inner,
+                    zone: zone.clone(),
+                }
+                .reload()
+                .await;
+            }
+        });
     }
 
     pub fn zone(&self) -> &Zone {
@@ -139,8 +267,7 @@ impl Registry {
     pub async fn read(&self, keys: &[String]) -> Result<Vec<Existing>> {
         let gets: Vec<TxnOp> = keys.iter().map(|k| TxnOp::get(k.as_str(), None)).collect();
         let response = self
-            .client
-            .clone()
+            .client()
             .txn(Txn::new().and_then(gets))
             .await
             .map_err(unavailable)?;
@@ -159,8 +286,7 @@ impl Registry {
     /// Every record of the zone (the sweeps).
     pub async fn read_zone(&self) -> Result<Vec<Existing>> {
         let response = self
-            .client
-            .clone()
+            .client()
             .get(
                 self.zone.key_prefix(),
                 Some(GetOptions::new().with_prefix()),
@@ -212,8 +338,7 @@ impl Registry {
             }
         }
         let response = self
-            .client
-            .clone()
+            .client()
             .txn(Txn::new().when(compares).and_then(writes))
             .await
             .map_err(unavailable)?;
@@ -222,5 +347,64 @@ impl Registry {
         } else {
             Err(RegistryError::Conflict)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> RegistryConfig {
+        RegistryConfig {
+            endpoints: vec!["https://127.0.0.1:2379".into()],
+            zone: "fleet.example".into(),
+            path: "/skydns".into(),
+            ca: Some("ca.pem".into()),
+            cert: None,
+            key: None,
+            insecure: false,
+        }
+    }
+
+    fn refused(c: RegistryConfig) -> String {
+        match check_transport(&c) {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("accepted: {c:?}"),
+        }
+    }
+
+    #[test]
+    fn tls_is_complete_or_plaintext_is_asked_for() {
+        check_transport(&config()).unwrap();
+        let identity_without_ca = RegistryConfig {
+            ca: None,
+            cert: Some("c.pem".into()),
+            key: Some("k.pem".into()),
+            ..config()
+        };
+        assert!(refused(identity_without_ca).contains("--registry-ca"));
+        let plain = RegistryConfig {
+            ca: None,
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            ..config()
+        };
+        assert!(refused(plain.clone()).contains("--registry-insecure"));
+        check_transport(&RegistryConfig {
+            insecure: true,
+            ..plain
+        })
+        .unwrap();
+        let mixed = RegistryConfig {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            ..config()
+        };
+        assert!(refused(mixed).contains("https://"));
+        assert!(
+            refused(RegistryConfig {
+                insecure: true,
+                ..config()
+            })
+            .contains("exclude")
+        );
     }
 }

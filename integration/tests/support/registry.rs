@@ -32,6 +32,8 @@ pub fn config() -> RegistryConfig {
         ca: None,
         cert: None,
         key: None,
+        // The test bed's etcd is plaintext on loopback.
+        insecure: true,
     }
 }
 
