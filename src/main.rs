@@ -184,6 +184,11 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     };
     let options = FleetOptions {
         home,
+        member_secrets_namespace: if args.member_secrets_namespace.is_empty() {
+            args.home_namespace.clone()
+        } else {
+            args.member_secrets_namespace
+        },
         home_namespace: args.home_namespace,
         kubeconfig_dir: dir,
         allow_exec_kubeconfigs: args.allow_exec_kubeconfigs,
@@ -320,7 +325,10 @@ fn ui_options(args: &RunArgs, grpc: &ServerOptions) -> Option<flotilla::ui::serv
     o.allowed_hosts = args.ui_allowed_hosts.clone();
     o.limits.stall = grpc.stream_stall;
     o.limits.max_age = grpc.max_stream_age;
-    o.conns = grpc.conns;
+    o.conns = flotilla::api::conns::ConnLimits {
+        send_buffer: Some(flotilla::ui::server::SEND_BUFFER),
+        ..grpc.conns
+    };
     Some(o)
 }
 

@@ -1223,3 +1223,121 @@ async fn event_streams_over_the_cap_are_refused_until_one_closes() {
         .unwrap()
         .unwrap();
 }
+
+/// #30 H1 on a real replica: ten event streams that never read (each from
+/// its own loopback address, 4 KiB receive window) while 500 Microservices
+/// change. The streams are cut within the stall limit, the replica's RSS
+/// stays under 128 MiB, and SIGTERM exits within its grace with them still
+/// connected.
+#[tokio::test]
+async fn stalled_event_streams_on_a_real_replica_are_cut_and_do_not_hold_its_memory_or_shutdown() {
+    use futures::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    const N: usize = 500;
+    // Long image names make rows of about 1 KB, as busy fleets have.
+    let image = |tag: usize| format!("ghcr.io/acme/{}:{tag}", "s".repeat(200));
+    let _up = MEMBERS_UP.read().await;
+    let (ns, _guards, mut replicas, port, c3) =
+        member3_replica("ui-stall", &["--ui-insecure"]).await;
+    replicas.start("stall");
+    let api = Api::<Microservice>::namespaced(c3.clone(), &ns);
+    futures::stream::iter(0..N)
+        .for_each_concurrent(16, |i| {
+            let api = api.clone();
+            async move {
+                let ms = microservice(&format!("svc-{i:03}"), &image(1), 8080, Some(1));
+                api.create(&PostParams::default(), &ms)
+                    .await
+                    .expect("create");
+            }
+        })
+        .await;
+    let base = format!("http://127.0.0.1:{port}/");
+    eventually("the dashboard answering", WAIT, || async {
+        support::http_get(&base).await.filter(|(c, _)| *c == 200)
+    })
+    .await;
+    let mut held = Vec::new();
+    for i in 0..10u8 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        socket
+            .bind(format!("127.0.2.{}:0", i + 1).parse().unwrap())
+            .unwrap();
+        let mut s = socket
+            .connect(format!("127.0.0.1:{port}").parse().unwrap())
+            .await
+            .unwrap();
+        s.write_all(
+            format!("GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(support::status_line(&mut s).await, 200);
+        held.push(s);
+    }
+    // Changes while they stall: every Microservice's image, twice.
+    let t0 = std::time::Instant::now();
+    for round in 2..4 {
+        futures::stream::iter(0..N)
+            .for_each_concurrent(16, |i| {
+                let api = api.clone();
+                async move { set_image(&api, &format!("svc-{i:03}"), &image(round)).await }
+            })
+            .await;
+    }
+    let pid = replicas.pids()[0];
+    let stalled = "flotilla_ui_streams_ended_total{reason=\"stalled\"}";
+    let metrics = replicas.metrics_url("stall");
+    let cut = eventually("ten streams cut as stalled", WAIT, || {
+        let metrics = metrics.clone();
+        async move {
+            let (_, body) = support::http_get(&format!("{metrics}/metrics")).await?;
+            let n: f64 = body
+                .lines()
+                .find_map(|l| l.strip_prefix(stalled)?.trim().parse().ok())?;
+            (n >= 10.0).then_some(n)
+        }
+    })
+    .await;
+    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmRSS:")?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap()
+        / 1024.0;
+    println!(
+        "figure: {cut} stalled streams cut {:?} after the changes began; replica RSS {rss:.1} MiB",
+        t0.elapsed()
+    );
+    assert!(
+        rss < 128.0,
+        "replica RSS {rss:.1} MiB with ten stalled streams"
+    );
+    // SIGTERM with the ten still connected: the replica exits, cleanly,
+    // within its grace (the dashboard drops what is left after 5 s).
+    let t1 = std::time::Instant::now();
+    let mut child = replicas.sigterm("stall");
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(30),
+            "still running 30 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    println!(
+        "figure: exited {:?} after SIGTERM with ten stalled streams",
+        t1.elapsed()
+    );
+    drop(held);
+}

@@ -35,6 +35,11 @@ pub struct ConnLimits {
     /// No byte read or written for this long closes the connection. Keep
     /// it above every keep-alive the server sends (SSE 15 s, h2 pings 30 s).
     pub idle: Duration,
+    /// The kernel's send buffer per connection, when set. Linux grows it to
+    /// 4 MiB for a client that does not read, charged to the pod's memory;
+    /// the dashboard caps it, so a stalled browser is found stalled (and
+    /// cut) after kilobytes, not megabytes.
+    pub send_buffer: Option<usize>,
 }
 
 impl Default for ConnLimits {
@@ -45,6 +50,7 @@ impl Default for ConnLimits {
             handshake: Duration::from_secs(10),
             first_byte: Duration::from_secs(10),
             idle: Duration::from_secs(60),
+            send_buffer: None,
         }
     }
 }
@@ -301,6 +307,11 @@ async fn accept_loop<A: Accept>(
             }
         };
         tcp.set_nodelay(true).ok();
+        if let Some(bytes) = limits.send_buffer {
+            socket2::SockRef::from(&tcp)
+                .set_send_buffer_size(bytes)
+                .ok();
+        }
         // Dead peers are noticed even on connections with nothing to say.
         let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
         socket2::SockRef::from(&tcp)

@@ -240,6 +240,12 @@ pub struct RunArgs {
         default_value = "flotilla-system"
     )]
     pub home_namespace: String,
+    /// Fleet mode: where labelled member Secrets are read in the home
+    /// cluster; empty: --home-namespace. Give them a namespace of their own
+    /// (the manifests use flotilla-members), so the operator's right to list
+    /// them reaches no other Secret.
+    #[arg(long, env = "FLOTILLA_MEMBER_SECRETS_NAMESPACE", default_value = "")]
+    pub member_secrets_namespace: String,
     /// Fleet mode: names the per-cluster Lease `flotilla-<fleet-name>`.
     #[arg(long, env = "FLOTILLA_FLEET_NAME", default_value = "default")]
     pub fleet_name: String,
@@ -393,7 +399,7 @@ pub struct RegistryArgs {
         value_delimiter = ','
     )]
     pub endpoints: Vec<String>,
-    /// The DNS zone the registry serves: names are NAME.NAMESPACE.CLUSTER.ZONE
+    /// The DNS zone the registry serves: names are NAME.NAMESPACE.CLUSTER.cluster.ZONE
     /// and NAME.NAMESPACE.ZONE.
     #[arg(
         long = "registry-zone",
@@ -423,6 +429,11 @@ pub struct RegistryArgs {
     /// How often the sweep removes records whose Microservice is gone.
     #[arg(long = "registry-sweep-period", env = "FLOTILLA_REGISTRY_SWEEP_PERIOD", default_value = "60s", value_parser = parse_duration)]
     pub sweep_period: Duration,
+    /// Reach the registry's etcd in plaintext, unauthenticated (local
+    /// development only); without it, --registry-ca and https:// endpoints
+    /// are required.
+    #[arg(long = "registry-insecure", env = "FLOTILLA_REGISTRY_INSECURE")]
+    pub insecure: bool,
 }
 
 impl RegistryArgs {
@@ -435,6 +446,7 @@ impl RegistryArgs {
             ca: self.ca.clone(),
             cert: self.cert.clone(),
             key: self.key.clone(),
+            insecure: self.insecure,
         })
     }
 }

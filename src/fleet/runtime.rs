@@ -35,8 +35,12 @@ pub struct Credentials {
 pub struct FleetOptions {
     pub home: Client,
     pub home_namespace: String,
-    /// A directory of member kubeconfigs; labelled Secrets in the home
-    /// namespace are always read too.
+    /// Where labelled member Secrets are read: a namespace of their own, so
+    /// the right to list them reaches no other Secret (the operator's own
+    /// TLS key and tokens included).
+    pub member_secrets_namespace: String,
+    /// A directory of member kubeconfigs; labelled Secrets in
+    /// `member_secrets_namespace` are always read too.
     pub kubeconfig_dir: Option<PathBuf>,
     /// Let kubeconfig files (never Secrets) run exec credential plugins.
     pub allow_exec_kubeconfigs: bool,
@@ -142,7 +146,8 @@ pub async fn run(
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut live_rx = live_rx;
-    let secrets_api: Api<Secret> = Api::namespaced(opts.home.clone(), &opts.home_namespace);
+    let secrets_api: Api<Secret> =
+        Api::namespaced(opts.home.clone(), &opts.member_secrets_namespace);
     let mut running_from_secrets: BTreeMap<String, registry::Found> = BTreeMap::new();
     let mut running_from_files: BTreeMap<String, registry::Found> = BTreeMap::new();
     let mut failure: Option<String> = None;

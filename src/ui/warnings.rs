@@ -18,6 +18,8 @@ use crate::fleet::runtime::Credentials;
 
 /// At most this many, newest first.
 const SHOWN: usize = 20;
+/// At most this many read from one member (one page, no continuation).
+const LISTED: u32 = 100;
 const TIMEOUT: Duration = Duration::from_secs(3);
 
 pub struct Warnings {
@@ -50,7 +52,9 @@ impl Warnings {
         for cluster in clusters {
             let listed = async {
                 let client = self.clients.get(cluster).await?;
-                let lp = ListParams::default().fields(&selector);
+                // Bounded: a hostile or broken member must not hand the
+                // replica hundreds of MB for one detail view.
+                let lp = ListParams::default().fields(&selector).limit(LISTED);
                 let list =
                     tokio::time::timeout(TIMEOUT, Api::<Event>::namespaced(client, ns).list(&lp))
                         .await
