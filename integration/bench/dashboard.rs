@@ -168,28 +168,13 @@ async fn main() {
 /// index keeps changing: this process's RSS (the server and the index)
 /// before, at its peak, and after; and how many streams were cut.
 async fn stalled_streams(hub: &std::sync::Arc<Hub>, port: u16, n: usize) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let me = std::process::id();
     let before = common::rss_mib(me);
     let mut held = Vec::new();
+    let addr = format!("127.0.0.1:{port}");
     for i in 0..50u8 {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        socket
-            .bind(format!("127.0.1.{}:0", i + 1).parse().unwrap())
-            .unwrap();
-        let mut s = socket
-            .connect(format!("127.0.0.1:{port}").parse().unwrap())
-            .await
-            .unwrap();
-        s.write_all(
-            format!("GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut head = [0u8; 12];
-        s.read_exact(&mut head).await.unwrap();
-        assert!(head.ends_with(b"200"), "{}", String::from_utf8_lossy(&head));
+        let (code, s) = support::stalled_event_stream(&addr, [127, 0, 1, i + 1].into()).await;
+        assert_eq!(code, 200);
         held.push(s);
     }
     let mut peak = before;

@@ -1232,7 +1232,6 @@ async fn event_streams_over_the_cap_are_refused_until_one_closes() {
 #[tokio::test]
 async fn stalled_event_streams_on_a_real_replica_are_cut_and_do_not_hold_its_memory_or_shutdown() {
     use futures::StreamExt;
-    use tokio::io::AsyncWriteExt;
     const N: usize = 500;
     // Long image names make rows of about 1 KB, as busy fleets have.
     let image = |tag: usize| format!("ghcr.io/acme/{}:{tag}", "s".repeat(200));
@@ -1258,22 +1257,10 @@ async fn stalled_event_streams_on_a_real_replica_are_cut_and_do_not_hold_its_mem
     })
     .await;
     let mut held = Vec::new();
+    let addr = format!("127.0.0.1:{port}");
     for i in 0..10u8 {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        socket
-            .bind(format!("127.0.2.{}:0", i + 1).parse().unwrap())
-            .unwrap();
-        let mut s = socket
-            .connect(format!("127.0.0.1:{port}").parse().unwrap())
-            .await
-            .unwrap();
-        s.write_all(
-            format!("GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(support::status_line(&mut s).await, 200);
+        let (code, s) = support::stalled_event_stream(&addr, [127, 0, 2, i + 1].into()).await;
+        assert_eq!(code, 200);
         held.push(s);
     }
     // Changes while they stall: every Microservice's image, twice.

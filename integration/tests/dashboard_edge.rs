@@ -146,18 +146,9 @@ async fn sign_in(addr: &str, token: &str) -> String {
     set.split(';').next().unwrap().to_string()
 }
 
-/// An event stream whose client reads nothing, with a small receive
-/// window so the server's buffers fill. Returns the status code.
+/// An event stream whose client reads nothing (from 127.0.0.1, one client).
 async fn stalled_stream(addr: &str) -> (u16, TcpStream) {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
-    s.write_all(format!("GET /api/events HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    // Only the status line; nothing after it is ever read.
-    let code = support::status_line(&mut s).await;
-    (code, s)
+    support::stalled_event_stream(addr, [127, 0, 0, 1].into()).await
 }
 
 /// H1: streams that never read are cut at the stall limit (their slots

@@ -857,3 +857,28 @@ pub async fn status_line(s: &mut tokio::net::TcpStream) -> u16 {
         .and_then(|c| c.parse().ok())
         .expect("a status code")
 }
+
+/// An event stream of the dashboard at `addr` whose client reads nothing
+/// after the status line: a 4 KiB receive window, from `source` (a
+/// loopback address of its own, so per-client shares do not refuse it).
+/// Returns the status code and the connection, held open.
+pub async fn stalled_event_stream(
+    addr: &str,
+    source: std::net::IpAddr,
+) -> (u16, tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("receive window");
+    socket
+        .bind(std::net::SocketAddr::new(source, 0))
+        .expect("bind the source address");
+    let mut s = socket
+        .connect(addr.parse().expect("an address"))
+        .await
+        .expect("connect");
+    s.write_all(format!("GET /api/events HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let code = status_line(&mut s).await;
+    (code, s)
+}
