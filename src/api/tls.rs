@@ -61,12 +61,20 @@ pub enum Alpn {
 /// A rustls server configuration from PEM bytes. Errors name the file's
 /// role, never its contents.
 fn server_config(m: &Material, alpn: Alpn) -> Result<Arc<ServerConfig>, ApiError> {
+    server_config_at(m, alpn, jiff::Timestamp::now().as_second())
+}
+
+/// `server_config` as of `now` (Unix seconds).
+fn server_config_at(m: &Material, alpn: Alpn, now: i64) -> Result<Arc<ServerConfig>, ApiError> {
     let bad = |what: &str| ApiError::Config(format!("{what} is not valid PEM"));
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&m.cert)
         .collect::<Result<_, _>>()
         .map_err(|_| bad("the TLS certificate"))?;
     if certs.is_empty() {
         return Err(bad("the TLS certificate"));
+    }
+    if let Some(why) = out_of_date(&certs[0], now) {
+        return Err(ApiError::Config(format!("the TLS certificate {why}")));
     }
     let key = PrivateKeyDer::from_pem_slice(&m.key).map_err(|_| bad("the TLS key"))?;
     let provider = Arc::new(crypto::ring::default_provider());
@@ -96,6 +104,82 @@ fn server_config(m: &Material, alpn: Alpn) -> Result<Arc<ServerConfig>, ApiError
         Alpn::H2OrHttp11 => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
     };
     Ok(Arc::new(config))
+}
+
+/// One DER element: its tag, its content, and what follows it.
+fn der(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |a, b| (a << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+/// An X.509 time (UTCTime or GeneralizedTime, in UTC) as Unix seconds.
+fn x509_time(tag: u8, value: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(value).ok()?.strip_suffix('Z')?;
+    let (year, rest) = match tag {
+        0x17 => {
+            let yy: i16 = text.get(..2)?.parse().ok()?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, text.get(2..)?)
+        }
+        0x18 => (text.get(..4)?.parse().ok()?, text.get(4..)?),
+        _ => return None,
+    };
+    let two = |i: usize| rest.get(i..i + 2)?.parse::<i8>().ok();
+    let at =
+        jiff::civil::DateTime::new(year, two(0)?, two(2)?, two(4)?, two(6)?, two(8)?, 0).ok()?;
+    Some(
+        at.to_zoned(jiff::tz::TimeZone::UTC)
+            .ok()?
+            .timestamp()
+            .as_second(),
+    )
+}
+
+/// The certificate's notBefore and notAfter, as Unix seconds.
+fn validity(cert: &[u8]) -> Option<(i64, i64)> {
+    let (0x30, cert, _) = der(cert)? else {
+        return None;
+    };
+    let (0x30, tbs, _) = der(cert)? else {
+        return None;
+    };
+    let mut rest = tbs;
+    // [0] version, when present; then serial, signature and issuer.
+    if rest.first() == Some(&0xa0) {
+        rest = der(rest)?.2;
+    }
+    for _ in 0..3 {
+        rest = der(rest)?.2;
+    }
+    let (0x30, times, _) = der(rest)? else {
+        return None;
+    };
+    let (t1, not_before, rest) = der(times)?;
+    let (t2, not_after, _) = der(rest)?;
+    Some((x509_time(t1, not_before)?, x509_time(t2, not_after)?))
+}
+
+/// Why a certificate cannot serve at `now`, if it cannot: rotated files
+/// that hold an expired or not-yet-valid certificate keep the previous one.
+fn out_of_date(cert: &[u8], now: i64) -> Option<&'static str> {
+    match validity(cert) {
+        None => Some("has no validity period that parses"),
+        Some((from, _)) if now < from => Some("is not valid yet"),
+        Some((_, until)) if now > until => Some("has expired"),
+        Some(_) => None,
+    }
 }
 
 /// The configuration new connections get, replaced when the files change.
@@ -224,6 +308,86 @@ pub async fn watch_files(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A self-signed P-256 certificate valid 2026-12-01T22:34:53Z to
+    /// 2036-11-28T22:34:53Z, and its key.
+    const CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIBhTCCASugAwIBAgIUDXG1cy6jE8nE/Nves3MhlBILuIwwCgYIKoZIzj0EAwIw\nGDEWMBQGA1UEAwwNZmxvdGlsbGEtdGVzdDAeFw0yNjEyMDEyMjM0NTNaFw0zNjEx\nMjgyMjM0NTNaMBgxFjAUBgNVBAMMDWZsb3RpbGxhLXRlc3QwWTATBgcqhkjOPQIB\nBggqhkjOPQMBBwNCAAQC0guYC7owq0E+/BFu0LMpe6I+zAB3LE2b6R/eq49hpl03\nmGmJkEJXD98mVMWHXxDa1dG4BcVZcenz1CUJEnobo1MwUTAdBgNVHQ4EFgQUq8et\nxfWP8jr99JUQHnBNUvSdxuEwHwYDVR0jBBgwFoAUq8etxfWP8jr99JUQHnBNUvSd\nxuEwDwYDVR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiEA2WRpxx2WSEs5\nYgqPg08+Ta1827z2EvAknePkUtp3kjcCIDrMESQLkzijK9sw/ShZoY4R1PHhivV9\n51a1+XKV/yzD\n-----END CERTIFICATE-----\n";
+    const KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgzPziP1N/YcqHOU+Y\n+lDh44ysSKH0QbgKH8jwz0hsRBKhRANCAAQC0guYC7owq0E+/BFu0LMpe6I+zAB3\nLE2b6R/eq49hpl03mGmJkEJXD98mVMWHXxDa1dG4BcVZcenz1CUJEnob\n-----END PRIVATE KEY-----\n";
+
+    #[test]
+    fn a_certificate_serves_only_inside_its_validity_period() {
+        let der = CertificateDer::pem_slice_iter(CERT.as_bytes())
+            .next()
+            .unwrap()
+            .unwrap();
+        let (from, until) = validity(&der).unwrap();
+        let at = |t: &str| t.parse::<jiff::Timestamp>().unwrap().as_second();
+        assert_eq!(
+            (from, until),
+            (at("2026-12-01T22:34:53Z"), at("2036-11-28T22:34:53Z"))
+        );
+        assert_eq!(out_of_date(&der, from + 1), None);
+        assert_eq!(out_of_date(&der, until + 1), Some("has expired"));
+        assert_eq!(out_of_date(&der, from - 1), Some("is not valid yet"));
+        assert_eq!(
+            out_of_date(b"not der", from),
+            Some("has no validity period that parses")
+        );
+        // In force now: the whole configuration builds.
+        let m = Material {
+            cert: CERT.as_bytes().to_vec(),
+            key: KEY.as_bytes().to_vec(),
+            client_ca: None,
+        };
+        let expired = server_config_at(&m, Alpn::H2, until + 1).err().unwrap();
+        assert!(expired.to_string().contains("has expired"), "{expired}");
+        let page = server_config(&m, Alpn::H2OrHttp11).unwrap();
+        assert_eq!(page.alpn_protocols, [b"h2".to_vec(), b"http/1.1".to_vec()]);
+        assert_eq!(
+            server_config(&m, Alpn::H2).unwrap().alpn_protocols,
+            [b"h2".to_vec()]
+        );
+    }
+
+    #[test]
+    fn changed_files_that_do_not_load_keep_the_old_ones_and_are_counted_once() {
+        let dir = std::env::temp_dir().join(format!("flotilla-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = TlsFiles {
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+            client_ca: None,
+        };
+        std::fs::write(&files.cert, CERT).unwrap();
+        std::fs::write(&files.key, KEY).unwrap();
+        let tls = Rotating::load(files.clone(), Alpn::H2).unwrap();
+        let before = tls.config();
+        let errors = || {
+            METRICS
+                .encode()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("flotilla_tls_reload_errors_total ")?
+                        .parse::<f64>()
+                        .ok()
+                })
+                .unwrap_or(0.0)
+        };
+        let counted = errors();
+        std::fs::write(
+            &files.cert,
+            "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        assert!(!tls.reload());
+        assert!(!tls.reload(), "the same bad files again");
+        assert!(
+            Arc::ptr_eq(&before, &tls.config()),
+            "the old configuration stays"
+        );
+        assert_eq!(errors(), counted + 1.0);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[tokio::test(start_paused = true)]
     async fn read_and_write_tokens_rotate_within_the_period_even_if_changed_before_the_watch() {
