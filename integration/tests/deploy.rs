@@ -458,6 +458,25 @@ fn k_with(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// A test namespace in `cluster`, and a directory with a kubeconfig for
+/// the operator's ServiceAccount there.
+async fn as_operator(cluster: &str, prefix: &str) -> (TestNamespace, PathBuf, PathBuf) {
+    let ns = TestNamespace::create(&client(cluster).await, cluster, prefix).await;
+    let dir = fleet_dir()
+        .join("test-kubeconfigs")
+        .join(format!("{prefix}-{}", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sa = token_kubeconfig(cluster, &dir);
+    (ns, dir, sa)
+}
+
+/// Writes `v` as `dir/name.json`; its path.
+fn manifest(dir: &Path, name: &str, v: serde_json::Value) -> String {
+    let p = dir.join(format!("{name}.json"));
+    std::fs::write(&p, v.to_string()).unwrap();
+    p.display().to_string()
+}
+
 /// A ControllerRevision manifest: with the fleet label and a controller
 /// ownerReference to a FleetMicroservice, or as anyone else's.
 fn revision(name: &str, ns: &str, fleets: bool, owned: bool) -> serde_json::Value {
@@ -484,17 +503,8 @@ fn revision(name: &str, ns: &str, fleets: bool, owned: bool) -> serde_json::Valu
 #[tokio::test]
 async fn the_operator_writes_only_the_controller_revisions_of_its_fleet_microservices() {
     apply("home", "home");
-    let ns = TestNamespace::create(&client("home").await, "home", "deploy-cr").await;
-    let dir = fleet_dir()
-        .join("test-kubeconfigs")
-        .join(format!("deploy-cr-{}", ns.name));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sa = token_kubeconfig("home", &dir);
-    let file = |name: &str, v: serde_json::Value| {
-        let p = dir.join(format!("{name}.json"));
-        std::fs::write(&p, v.to_string()).unwrap();
-        p.display().to_string()
-    };
+    let (ns, dir, sa) = as_operator("home", "deploy-cr").await;
+    let file = |name: &str, v: serde_json::Value| manifest(&dir, name, v);
     // Someone else's revision, as a StatefulSet's history would be.
     let theirs = file("theirs", revision("sts-history", &ns.name, false, false));
     let (ok, out) = k("home", &["create", "-f", &theirs]);
@@ -565,18 +575,11 @@ fn deployment(name: &str, ns: &str, pod: serde_json::Value) -> serde_json::Value
 #[tokio::test]
 async fn a_leaked_member_credential_cannot_place_a_workload_that_owns_the_member() {
     apply("member-1", "member");
-    let ns = TestNamespace::create(&client("member-1").await, "member-1", "deploy-guard").await;
-    let dir = fleet_dir()
-        .join("test-kubeconfigs")
-        .join(format!("deploy-guard-{}", ns.name));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sa = token_kubeconfig("member-1", &dir);
+    let (ns, dir, sa) = as_operator("member-1", "deploy-guard").await;
     let create = |name: &str, v: serde_json::Value| {
-        let p = dir.join(format!("{name}.json"));
-        std::fs::write(&p, v.to_string()).unwrap();
         k_with(
             &sa,
-            &["create", "-f", &p.display().to_string(), "--dry-run=server"],
+            &["create", "-f", &manifest(&dir, name, v), "--dry-run=server"],
         )
     };
     let refused = |out: &str| {

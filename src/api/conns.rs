@@ -70,6 +70,9 @@ pub struct Conn {
     deadline: Pin<Box<Sleep>>,
     idle: Duration,
     heard: bool,
+    /// The last byte either way once heard. The timer is moved only when
+    /// it fires, not on every read and write (the gRPC hot path).
+    active_at: Instant,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -90,6 +93,7 @@ impl Conn {
             deadline: Box::pin(tokio::time::sleep(limits.first_byte)),
             idle: limits.idle,
             heard: false,
+            active_at: Instant::now(),
             _permit: permit,
         }
     }
@@ -98,24 +102,29 @@ impl Conn {
         self.heard |= read;
         // Until the client has said something, writing does not extend it.
         if self.heard {
-            let at = Instant::now() + self.idle;
-            self.deadline.as_mut().reset(at);
+            self.active_at = Instant::now();
         }
     }
 
     /// Pending, or an error once the deadline passed.
     fn expired<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
-        match self.deadline.as_mut().poll(cx) {
-            Poll::Ready(()) => {
-                let reason = if self.heard { "idle" } else { "silent" };
-                METRICS.connections_cut_total.inc(&[self.port, reason]);
-                Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("connection {reason} past its limit"),
-                )))
+        loop {
+            if self.deadline.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
             }
-            Poll::Pending => Poll::Pending,
+            // Fired: a connection active since has until its idle limit.
+            let until = self.active_at + self.idle;
+            if !self.heard || until <= Instant::now() {
+                break;
+            }
+            self.deadline.as_mut().reset(until);
         }
+        let reason = if self.heard { "idle" } else { "silent" };
+        METRICS.connections_cut_total.inc(&[self.port, reason]);
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("connection {reason} past its limit"),
+        )))
     }
 }
 
@@ -455,5 +464,33 @@ mod tests {
         client.write_all(b"again").await.unwrap();
         conn.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"again");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_falls_silent_is_cut_at_its_idle_limit() {
+        let (l, addr) = listener().await;
+        let limits = ConnLimits {
+            first_byte: Duration::from_millis(100),
+            idle: Duration::from_millis(400),
+            ..ConnLimits::default()
+        };
+        let mut rx = incoming(l, None, limits, "test");
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let mut conn = rx.recv().await.unwrap();
+        client.write_all(b"hi").await.unwrap();
+        let mut buf = [0u8; 2];
+        conn.read_exact(&mut buf).await.unwrap();
+        let t0 = std::time::Instant::now();
+        let err = tokio::time::timeout(Duration::from_secs(3), conn.read(&mut buf))
+            .await
+            .expect("cut")
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        // Past the first-byte deadline, at the idle limit after the last byte.
+        assert!(
+            t0.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            t0.elapsed()
+        );
     }
 }

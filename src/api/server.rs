@@ -189,8 +189,7 @@ pub async fn serve(
         .transpose()?;
     let token = BearerToken::new(opts.token.as_deref());
     let write = BearerToken::new(opts.write_token.as_deref());
-    let mut credentials = vec![token.subscribe(), write.subscribe()];
-    credentials.extend(tls.as_ref().map(|t| t.subscribe()));
+    let credentials = super::tls::changes(&[&token, &write], tls.as_ref());
     let streams = Streams::new(opts.max_streams);
     let watch_limits = WatchLimits {
         bookmark_every: opts.bookmark_every,
@@ -230,10 +229,8 @@ pub async fn serve(
             },
         )
     });
-    let tokens = [(&opts.token_file, &token), (&opts.write_token_file, &write)]
-        .into_iter()
-        .filter_map(|(file, token)| Some((file.clone()?, token.clone())))
-        .collect();
+    let tokens =
+        super::tls::token_files([(&opts.token_file, &token), (&opts.write_token_file, &write)]);
     let watcher = tokio::spawn(watch_files(tls.clone(), tokens, opts.reload_period));
 
     let reflection = if opts.reflection {

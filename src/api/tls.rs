@@ -284,6 +284,23 @@ pub fn apply_token_file(path: &Path, token: &BearerToken) -> bool {
     }
 }
 
+/// The token files to watch, each with the token it feeds (unset ones
+/// are skipped).
+pub fn token_files(pairs: [(&Option<PathBuf>, &BearerToken); 2]) -> Vec<(PathBuf, BearerToken)> {
+    pairs
+        .into_iter()
+        .filter_map(|(file, token)| Some((file.clone()?, token.clone())))
+        .collect()
+}
+
+/// What a stream is admitted under, as change signals: the tokens and
+/// the TLS files (`streams::Revocation`).
+pub fn changes(tokens: &[&BearerToken], tls: Option<&Rotating>) -> Vec<watch::Receiver<u64>> {
+    let mut out: Vec<_> = tokens.iter().map(|t| t.subscribe()).collect();
+    out.extend(tls.map(Rotating::subscribe));
+    out
+}
+
 /// How often files are read again: rotations take effect within this.
 pub const RELOAD_PERIOD: Duration = Duration::from_secs(2);
 

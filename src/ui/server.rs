@@ -142,9 +142,10 @@ impl Ctx {
 
     /// Everything a stream was admitted under.
     fn revocation(&self) -> Revocation {
-        let mut rxs = vec![self.token.subscribe(), self.write.subscribe()];
-        rxs.extend(self.tls.as_ref().map(|t| t.subscribe()));
-        Revocation::new(rxs)
+        Revocation::new(crate::api::tls::changes(
+            &[&self.token, &self.write],
+            self.tls.as_ref(),
+        ))
     }
 }
 
@@ -611,10 +612,10 @@ pub async fn serve(
     if let Some(how) = opts.open_to_all() {
         tracing::warn!(addr = %opts.addr, "the dashboard is served {how}: anyone who reaches it reads the fleet");
     }
-    let tokens = [(&opts.token_file, &token), (&opts.write_token_file, &write)]
-        .into_iter()
-        .filter_map(|(file, token)| Some((file.clone()?, token.clone())))
-        .collect();
+    let tokens = crate::api::tls::token_files([
+        (&opts.token_file, &token),
+        (&opts.write_token_file, &write),
+    ]);
     let watcher = tokio::spawn(crate::api::tls::watch_files(
         tls.clone(),
         tokens,
