@@ -20,6 +20,7 @@ use tracing::Instrument;
 use super::cache::RolloutCache;
 use super::error::{Result, RolloutError};
 use super::events;
+use super::fold;
 use super::home::{self, Home};
 use super::members::{Members, Written};
 use super::observe;
@@ -95,6 +96,9 @@ pub async fn run(
         members: Members::new(fence.clone(), &opts.replica_id, opts.credentials.clone())?,
         hub: opts.hub.clone(),
         written: std::sync::Mutex::new(BTreeMap::new()),
+        held: std::sync::Mutex::new(BTreeMap::new()),
+        numbered: std::sync::Mutex::new(BTreeMap::new()),
+        ahead: std::sync::atomic::AtomicI64::new(0),
         writes: std::sync::Mutex::new(WriteLog::default()),
         write_done: tokio::sync::Notify::new(),
         cache: opts.cache.clone(),
@@ -146,6 +150,15 @@ struct Ctx {
     /// every resourceVersion its writes replaced: while the watch cache
     /// still shows one of those, the written copy is the fresher one.
     written: std::sync::Mutex<BTreeMap<String, (BTreeSet<String>, FleetMicroservice)>>,
+    /// Per FleetMicroservice uid, a planned status whose changes are all
+    /// observations (`fold`): the written status it departs from, itself,
+    /// and since when it is held. Only this term's plans, and only while
+    /// the written status is still that one.
+    held: std::sync::Mutex<BTreeMap<String, Held>>,
+    /// The most a stamp read this pass was ahead of this replica's clock.
+    ahead: std::sync::atomic::AtomicI64,
+    /// The highest revision number this replica gave, per uid.
+    numbered: std::sync::Mutex<BTreeMap<String, i64>>,
     /// What the last member writes found, per FleetMicroservice uid.
     writes: std::sync::Mutex<WriteLog>,
     /// Told when a member write ends.
@@ -162,6 +175,30 @@ impl Ctx {
             },
             _ => cached.clone(),
         }
+    }
+
+    /// The held plan departing from `written`, and since when it is held.
+    fn held(
+        &self,
+        uid: &str,
+        written: &FleetMicroserviceStatus,
+    ) -> Option<(FleetMicroserviceStatus, tokio::time::Instant)> {
+        let mut held = lock(&self.held);
+        match held.get(uid) {
+            Some((base, planned, since)) if base == written => Some((planned.clone(), *since)),
+            // Someone else wrote the status, or ours landed: start again from it.
+            Some(_) => {
+                held.remove(uid);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn numbered(&self, uid: &str, number: i64) {
+        let mut all = lock(&self.numbered);
+        let n = all.entry(uid.to_string()).or_default();
+        *n = (*n).max(number);
     }
 
     fn write_log(&self) -> std::sync::MutexGuard<'_, WriteLog> {
@@ -197,6 +234,8 @@ async fn work(ctx: Arc<Ctx>) {
     // Stamps older than this may be on another replica's clock.
     let term_started = jiff::Timestamp::now();
     ctx.write_log().new_term();
+    // A plan held in an earlier term may rest on another leader's writes.
+    lock(&ctx.held).clear();
     loop {
         let mut next = RESYNC;
         // Until the registry is read, the cluster set is unknown, not empty.
@@ -206,6 +245,8 @@ async fn work(ctx: Arc<Ctx>) {
         let alive: BTreeSet<String> = all.iter().filter_map(|f| f.uid()).collect();
         ctx.write_log().retain(&alive);
         lock(&ctx.written).retain(|uid, _| alive.contains(uid));
+        lock(&ctx.held).retain(|uid, _| alive.contains(uid));
+        lock(&ctx.numbered).retain(|uid, _| alive.contains(uid));
         // Several objects at once, so one whose home writes are slow holds
         // up only its own slot (review M3); each object still has one round
         // at a time.
@@ -238,6 +279,8 @@ async fn work(ctx: Arc<Ctx>) {
             .buffer_unordered(ROUNDS_AT_ONCE)
             .fold(next, |a, b| async move { a.min(b) })
             .await;
+        let ahead = ctx.ahead.swap(0, std::sync::atomic::Ordering::Relaxed);
+        METRICS.rollout_clock_ahead.set(&[], ahead as f64);
         tokio::select! {
             _ = changed.changed() => {}
             _ = index.changed() => {}
@@ -250,6 +293,14 @@ async fn work(ctx: Arc<Ctx>) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A planned status left unwritten: the written one it departs from, the
+/// plan, and since when.
+type Held = (
+    FleetMicroserviceStatus,
+    FleetMicroserviceStatus,
+    tokio::time::Instant,
+);
 
 /// One FleetMicroservice, one round. Returns when to plan again at the latest.
 async fn round(
@@ -276,33 +327,44 @@ async fn round(
     let stored = revisions.state();
     let owned = home::revisions_of(fms, stored.iter().map(|r| r.as_ref()));
     let existing: Vec<_> = owned.iter().map(|(r, _)| r.clone()).collect();
-    // Numbers continue past what the status last named, even if the
-    // cache has not shown that revision yet.
+    // Numbers continue past what the status last named, and past what this
+    // term gave a revision, even if the cache has not shown it yet: two
+    // quick edits get two numbers (review L2).
+    let uid = fms.uid().unwrap_or_default();
     let floor = fms
         .status
         .as_ref()
         .and_then(|s| s.update_revision_number)
-        .unwrap_or(0);
+        .unwrap_or(0)
+        .max(lock(&ctx.numbered).get(&uid).copied().unwrap_or(0));
     let step = revision::update_revision(&name, &existing, &RevisionData::of(&fms.spec), floor)
         .map_err(RolloutError::Revision)?;
     match &step {
         Step::Current(_) => {}
         Step::Create(r) => {
             ctx.home.create_revision(fms, r).await?;
+            ctx.numbered(&uid, r.number);
             return Ok(Some(Duration::ZERO));
         }
         Step::Renumber(r) => {
             if let Some((_, cr)) = owned.iter().find(|(o, _)| o.name == r.name) {
                 ctx.home.renumber(cr, r.number).await?;
+                ctx.numbered(&uid, r.number);
             }
             return Ok(Some(Duration::ZERO));
         }
     }
     let update = step.revision();
 
-    let previous = fms.status.clone().unwrap_or_default();
+    let written = fms.status.clone().unwrap_or_default();
+    ctx.ahead.fetch_max(
+        super::gate::ahead(&written, jiff::Timestamp::now()),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    // What this term planned last, when only observations were left unwritten.
+    let held = ctx.held(&uid, &written);
+    let previous = held.as_ref().map_or(&written, |(s, _)| s).clone();
     let now = jiff::Timestamp::now();
-    let uid = fms.uid().unwrap_or_default();
     let troubles = ctx.write_log().troubles(&uid);
     let plan = plan::plan_guarded(&Inputs {
         name: &name,
@@ -318,15 +380,29 @@ async fn round(
     });
     tracing::Span::current().record("flotilla.revision", update.number);
 
-    // The decisions first, so that a successor reads them.
-    if fms.status.as_ref() != Some(&plan.status) {
-        let written = ctx.home.write_status(fms, &plan.status).await?;
-        ctx.remember(fms, written);
-        for note in events::changes(&previous, &plan.status) {
+    if previous != plan.status {
+        gate_spans(&previous, &plan.status, &namespace, &name);
+    }
+    // The decisions first, so that a successor reads them; observations
+    // wait for the next decision, or `OBSERVATIONS_EVERY`.
+    let held_for = held.map(|(_, since)| since.elapsed());
+    let mut flush = None;
+    if fold::write_now(&written, &plan.status, held_for) {
+        let stored = ctx.home.write_status(fms, &plan.status).await?;
+        ctx.remember(fms, stored);
+        lock(&ctx.held).remove(&uid);
+        for note in events::changes(&written, &plan.status) {
             ctx.home.publish(fms, &note);
         }
-        record_metrics(&previous, &plan.status);
-        gate_spans(&previous, &plan.status, &namespace, &name);
+        record_metrics(&written, &plan.status);
+    } else if written != plan.status {
+        let since = held_for.map_or_else(tokio::time::Instant::now, |d| {
+            tokio::time::Instant::now() - d
+        });
+        lock(&ctx.held).insert(uid.clone(), (written.clone(), plan.status.clone(), since));
+        flush = Some(fold::OBSERVATIONS_EVERY.saturating_sub(since.elapsed()));
+    } else {
+        lock(&ctx.held).remove(&uid);
     }
 
     let labels: BTreeMap<&str, _> = clusters
@@ -395,7 +471,11 @@ async fn round(
         // Look again soon: the writes change what the index shows.
         Some(Duration::from_millis(500))
     };
-    Ok(again)
+    // Held observations are written by a round at the latest this soon.
+    Ok(match (again, flush) {
+        (Some(a), Some(f)) => Some(a.min(f)),
+        (a, f) => a.or(f),
+    })
 }
 
 /// One member write, run beside the rounds; its outcome goes to the write log.

@@ -124,6 +124,29 @@ pub fn trusted(since: &Time, span: Duration, term_started: Timestamp) -> Time {
     Time(since.0.max(floor))
 }
 
+/// How far the newest stamp in `s` is ahead of `now`, in whole seconds (0
+/// when none is): the clock of the replica that wrote it runs ahead of this
+/// one's by at least that much. Exported, so skew is seen before it shows
+/// as a long bake (review M5).
+pub fn ahead(s: &super::spec::FleetMicroserviceStatus, now: Timestamp) -> i64 {
+    let clusters = s
+        .clusters
+        .iter()
+        .flat_map(|c| std::iter::once(&c.since).chain(c.targeted.as_ref()));
+    let waves = s
+        .waves
+        .iter()
+        .flat_map(|w| w.started.iter().chain(w.finished.iter()));
+    let conditions = s.conditions.iter().map(|c| &c.last_transition_time);
+    clusters
+        .chain(waves)
+        .chain(conditions)
+        .map(|t| t.0.as_second() - now.as_second())
+        .max()
+        .unwrap_or(0)
+        .max(0)
+}
+
 /// `now` in whole seconds, as a status stamp.
 pub fn stamp(now: Timestamp) -> Time {
     Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
@@ -217,6 +240,26 @@ mod tests {
         // A stamp of this term is its own.
         let own = Time(at("2026-01-01T00:05:10Z"));
         assert_eq!(trusted(&own, bake, term), own);
+    }
+
+    #[test]
+    fn ahead_is_the_newest_stamp_past_now() {
+        use crate::rollout::spec::{FleetMicroserviceStatus, WaveState, WaveStatus};
+        let mut s = FleetMicroserviceStatus::default();
+        assert_eq!(ahead(&s, at(T0)), 0, "no stamp");
+        s.waves.push(WaveStatus {
+            name: "canary".into(),
+            clusters: vec![],
+            state: WaveState::Done,
+            started: Some(Time(at("2025-12-31T23:59:00Z"))),
+            finished: Some(Time(at("2026-01-01T00:01:30Z"))),
+        });
+        assert_eq!(ahead(&s, at(T0)), 90);
+        assert_eq!(
+            ahead(&s, at("2026-01-01T00:05:00Z")),
+            0,
+            "behind is not skew"
+        );
     }
 
     /// Review H2: a span or stamp at the edge of the range saturates.

@@ -167,6 +167,7 @@ pub struct Metrics {
     pub rollout_wave_duration: Family,
     pub rollout_home_writes_total: Family,
     pub rollout_member_writes_total: Family,
+    pub rollout_clock_ahead: Family,
     pub registry_up: Family,
     pub registry_writes_total: Family,
     pub watch_errors_total: Family,
@@ -272,6 +273,12 @@ impl Metrics {
                 Counter,
                 &["cluster", "verb"],
             ),
+            rollout_clock_ahead: Family::new(
+                "flotilla_rollout_clock_ahead_seconds",
+                "On the rollout leader, how far the newest stamp in the FleetMicroservice statuses it planned with in its last pass is ahead of its own clock: another replica's clock running ahead. Bakes and deadlines trust an inherited stamp for at most 30 s.",
+                Gauge,
+                &[],
+            ),
             registry_up: Family::new(
                 "flotilla_registry_up",
                 "1 while the service registry's etcd answered the last call of this cluster's leader.",
@@ -323,7 +330,7 @@ impl Metrics {
         m
     }
 
-    fn families(&self) -> [&Family; 22] {
+    fn families(&self) -> [&Family; 23] {
         [
             &self.reconcile_total,
             &self.reconcile_duration,
@@ -340,6 +347,7 @@ impl Metrics {
             &self.rollout_wave_duration,
             &self.rollout_home_writes_total,
             &self.rollout_member_writes_total,
+            &self.rollout_clock_ahead,
             &self.registry_up,
             &self.registry_writes_total,
             &self.watch_errors_total,

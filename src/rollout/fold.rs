@@ -1,0 +1,226 @@
+//! Which status changes must be written before the round acts, and which
+//! may wait: decisions are written at once, so that a successor reads
+//! them; observations are folded into the next decision, or written after
+//! at most `OBSERVATIONS_EVERY` (#29: one status write per decision, not
+//! one per cluster step). Pure.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::spec::{ClusterState, FleetMicroserviceStatus};
+use crate::domain::conditions::AVAILABLE;
+
+/// How stale the written observations may be while nothing is decided.
+pub const OBSERVATIONS_EVERY: Duration = Duration::from_secs(5);
+
+/// Whether `planned` decides something `written` does not say: a phase, a
+/// generation, a revision, a wave, a cluster's target, a failure, a cluster
+/// leaving or reached. Those are written before any member write.
+pub fn urgent(written: &FleetMicroserviceStatus, planned: &FleetMicroserviceStatus) -> bool {
+    decisions(written) != decisions(planned)
+}
+
+/// Whether to write now: a decision, or observations held long enough.
+pub fn write_now(
+    written: &FleetMicroserviceStatus,
+    planned: &FleetMicroserviceStatus,
+    held_for: Option<Duration>,
+) -> bool {
+    written != planned
+        && (urgent(written, planned) || held_for.is_some_and(|d| d >= OBSERVATIONS_EVERY))
+}
+
+/// The status with its observations left out.
+fn decisions(s: &FleetMicroserviceStatus) -> FleetMicroserviceStatus {
+    let mut d = s.clone();
+    // Counts and the revision every cluster runs follow from the clusters.
+    d.current_revision = None;
+    d.updated = None;
+    d.available = None;
+    for c in &mut d.clusters {
+        // A step towards the target is an observation; the target, when it
+        // was chosen, a failure and a departure are decisions.
+        c.revision = None;
+        if !matches!(c.state, ClusterState::Failed | ClusterState::Removing) {
+            c.state = ClusterState::Updating;
+        }
+        c.reason.clear();
+        c.message.clear();
+        c.since = epoch();
+    }
+    // Availability is observed; the other conditions change with the
+    // decisions, and their messages carry counts.
+    d.conditions.retain(|c| c.type_ != AVAILABLE);
+    for c in &mut d.conditions {
+        c.message.clear();
+        c.last_transition_time = epoch();
+    }
+    d
+}
+
+fn epoch() -> Time {
+    Time(jiff::Timestamp::UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::spec::{ClusterStatus, RolloutPhase, WaveState, WaveStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+    fn at(s: &str) -> Time {
+        Time(s.parse().unwrap())
+    }
+
+    fn condition(type_: &str, status: &str, reason: &str, message: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation: Some(2),
+            last_transition_time: at("2026-01-01T00:00:00Z"),
+        }
+    }
+
+    fn cluster(name: &str, target: &str, state: ClusterState) -> ClusterStatus {
+        ClusterStatus {
+            name: name.into(),
+            revision: Some("api-1".into()),
+            target: Some(target.into()),
+            state,
+            reason: "Writing".into(),
+            message: String::new(),
+            since: at("2026-01-01T00:00:00Z"),
+            targeted: Some(at("2026-01-01T00:00:00Z")),
+        }
+    }
+
+    /// The canary wave open, m1 being given api-2, m2 pending.
+    fn opened() -> FleetMicroserviceStatus {
+        FleetMicroserviceStatus {
+            observed_generation: Some(2),
+            update_revision: Some("api-2".into()),
+            phase: Some(RolloutPhase::Progressing),
+            wave: Some("canary".into()),
+            updated: Some("0/2".into()),
+            available: Some("2/2".into()),
+            reached_clusters: vec!["m1".into(), "m2".into()],
+            waves: vec![WaveStatus {
+                name: "canary".into(),
+                clusters: vec!["m1".into()],
+                state: WaveState::Progressing,
+                started: Some(at("2026-01-01T00:00:00Z")),
+                finished: None,
+            }],
+            clusters: vec![
+                cluster("m1", "api-2", ClusterState::Updating),
+                cluster("m2", "api-1", ClusterState::Pending),
+            ],
+            conditions: vec![
+                condition(
+                    "Progressing",
+                    "True",
+                    "RolloutInProgress",
+                    "wave canary: 0/2",
+                ),
+                condition(
+                    "Available",
+                    "True",
+                    "AllClustersAvailable",
+                    "available in 2/2",
+                ),
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_cluster_step_and_its_counts_wait() {
+        let written = opened();
+        let mut planned = written.clone();
+        planned.clusters[0].state = ClusterState::Done;
+        planned.clusters[0].revision = Some("api-2".into());
+        planned.clusters[0].reason = "Available".into();
+        planned.clusters[0].since = at("2026-01-01T00:00:03Z");
+        planned.updated = Some("1/2".into());
+        planned.current_revision = None;
+        planned.conditions[0].message = "wave canary: 1/2".into();
+        planned.conditions[1] = condition("Available", "False", "ClustersNotAvailable", "1/2");
+        assert!(!urgent(&written, &planned));
+        assert!(!write_now(&written, &planned, None));
+        assert!(!write_now(&written, &planned, Some(Duration::from_secs(4))));
+        assert!(write_now(&written, &planned, Some(OBSERVATIONS_EVERY)));
+    }
+
+    type Change = Box<dyn Fn(&mut FleetMicroserviceStatus)>;
+
+    #[test]
+    fn every_decision_is_written_at_once() {
+        let written = opened();
+        let changes: Vec<(&str, Change)> = vec![
+            (
+                "phase",
+                Box::new(|s| s.phase = Some(RolloutPhase::Complete)),
+            ),
+            ("generation", Box::new(|s| s.observed_generation = Some(3))),
+            (
+                "update revision",
+                Box::new(|s| s.update_revision = Some("api-3".into())),
+            ),
+            (
+                "last good",
+                Box::new(|s| s.last_good_revision = Some("api-2".into())),
+            ),
+            (
+                "failed clusters",
+                Box::new(|s| s.failed_clusters = vec!["m1".into()]),
+            ),
+            (
+                "reached",
+                Box::new(|s| s.reached_clusters.push("m3".into())),
+            ),
+            ("current wave", Box::new(|s| s.wave = Some("rest".into()))),
+            (
+                "wave state",
+                Box::new(|s| s.waves[0].state = WaveState::Done),
+            ),
+            (
+                "a target",
+                Box::new(|s| s.clusters[1].target = Some("api-2".into())),
+            ),
+            (
+                "a failure",
+                Box::new(|s| s.clusters[0].state = ClusterState::Failed),
+            ),
+            (
+                "a departure",
+                Box::new(|s| s.clusters[1].state = ClusterState::Removing),
+            ),
+            (
+                "a new cluster",
+                Box::new(|s| {
+                    s.clusters
+                        .push(cluster("m3", "api-1", ClusterState::Pending))
+                }),
+            ),
+            (
+                "the progressing reason",
+                Box::new(|s| s.conditions[0].reason = "WaitingForCanary".into()),
+            ),
+        ];
+        for (what, change) in changes {
+            let mut planned = written.clone();
+            change(&mut planned);
+            assert!(urgent(&written, &planned), "{what} must be written at once");
+            assert!(write_now(&written, &planned, None), "{what}");
+        }
+    }
+
+    #[test]
+    fn nothing_changed_is_never_written() {
+        let s = opened();
+        assert!(!write_now(&s, &s, Some(Duration::from_secs(3600))));
+    }
+}
