@@ -261,7 +261,9 @@ fn changes(
                 WatchEventType::Upsert,
                 *rev,
                 id,
-                Some(rollout(&f, &[], false)),
+                // With its revisions' numbers, as Get, List and the
+                // snapshot give them (review L6).
+                Some(rollout(&f, &cache.history(&f), false)),
             ),
             None => event(WatchEventType::Delete, *rev, id, Some(deleted(n, name))),
         })

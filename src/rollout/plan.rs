@@ -367,9 +367,7 @@ pub fn plan(i: &Inputs) -> Plan {
             }
             // The member refuses the write, or cannot hold what is written:
             // failed now, not at the deadline (review M1, M2).
-            if let Some(t) = trouble(r, update).filter(|t| t.permanent())
-                && !is_good
-            {
+            if let Some(t) = trouble(r, update).filter(|t| t.permanent()) {
                 failures.insert(&r.c.name, (t.reason().into(), t.message()));
                 continue;
             }
@@ -384,12 +382,15 @@ pub fn plan(i: &Inputs) -> Plan {
                         "ProgressDeadlineExceeded" | "ClusterUnreachable"
                     )
             });
-            if let Some(p) = missed.filter(|_| !r.done_at_update && !is_good) {
+            if let Some(p) = missed.filter(|_| !r.done_at_update) {
                 failures.insert(&r.c.name, (p.reason.clone(), p.message.clone()));
                 continue;
             }
             let targeted = r.prev_target() == Some(update) || r.at == Some(update);
-            if is_good || !targeted || r.done_at_update || finished {
+            // Once the revision completed, a cluster that joins has the same
+            // deadline (review L5): it fails there, and the phase says
+            // Degraded; nothing rolls back a revision good elsewhere.
+            if !targeted || r.done_at_update || (finished && !is_good) {
                 continue;
             }
             // Paused, the clock stops; the round that resumes restarts it.
@@ -706,6 +707,34 @@ pub fn plan(i: &Inputs) -> Plan {
             } else {
                 (ClusterState::Updating, "Writing".to_string(), String::new())
             };
+        // After a rollback, a cluster the failed revision reached says which
+        // one failed, at every step of going back, not only where it is now.
+        let name = r.c.name.as_str();
+        let here = failures.contains_key(name)
+            || (failed_before && prev.failed_clusters.iter().any(|f| f == name));
+        let (reason, message) = match &mode {
+            Mode::RollBack(good)
+                if state != ClusterState::Failed
+                    && (here
+                        || r.at == Some(update)
+                        || r.prev_target() == Some(update)
+                        || r.prev.is_some_and(|p| p.reason == ROLLED_BACK)) =>
+            {
+                (
+                    ROLLED_BACK.to_string(),
+                    format!(
+                        "revision {update} failed{}; {} {good}",
+                        if here { " here" } else { "" },
+                        if state == ClusterState::Done {
+                            "back on"
+                        } else {
+                            "going back to"
+                        }
+                    ),
+                )
+            }
+            _ => (reason, message),
+        };
         let carried = r.prev.filter(|p| p.target == target);
         clusters.push(ClusterStatus {
             name: r.c.name.clone(),
@@ -951,10 +980,13 @@ pub fn plan(i: &Inputs) -> Plan {
         _ => Verdict::new(ROLLED_BACK, Status::False, "NotRolledBack", ""),
     });
     let reached = reached(prev, i.clusters, &targets);
-    let uniform = rows
+    // The revision our clusters agree on; an object in the way is not
+    // ours and says nothing about it (review L10).
+    let ours: Vec<&Row> = rows.iter().filter(|r| !r.foreign).collect();
+    let uniform = ours
         .first()
         .and_then(|r| r.at.filter(|_| r.in_sync))
-        .filter(|first| rows.iter().all(|r| r.at_is(first)));
+        .filter(|first| ours.iter().all(|r| r.at_is(first)));
     let status = FleetMicroserviceStatus {
         observed_generation: Some(i.generation),
         current_revision: uniform

@@ -46,6 +46,18 @@ fn spec(image: &str) -> FleetMicroserviceSpec {
     }
 }
 
+/// A Microservice someone else made, done.
+fn foreign() -> Member {
+    Member {
+        ours: false,
+        revision: None,
+        digest: 0,
+        state: EntryState::Done,
+        reason: String::new(),
+        message: String::new(),
+    }
+}
+
 /// A fleet that does what it is told: the test decides when members turn done.
 struct World {
     spec: FleetMicroserviceSpec,
@@ -377,6 +389,16 @@ fn a_failed_canary_is_rolled_back_and_the_rest_never_see_the_release() {
     assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
     assert_eq!(w.state("m1"), ClusterState::Done);
     assert_eq!(w.written(&bad), vec!["m1"], "m2 and m3 never see it");
+    // Its row says which revision failed there, not only where it is now.
+    let m1 = w.status.clusters.iter().find(|c| c.name == "m1").unwrap();
+    assert_eq!(m1.reason, "RolledBack", "{m1:?}");
+    assert!(
+        m1.message.contains(&bad) && m1.message.contains(&good),
+        "{}",
+        m1.message
+    );
+    let m2 = w.status.clusters.iter().find(|c| c.name == "m2").unwrap();
+    assert_ne!(m2.reason, "RolledBack", "m2 never had it: {m2:?}");
 }
 
 #[test]
@@ -593,14 +615,7 @@ fn placement_overrides_conflicts_and_unknown_labels() {
     // A foreign object is never written, and fails the cluster.
     let mut w = World::three();
     w.spec.rollout.max_failed_clusters = 1;
-    w.clusters[1].member = Some(Member {
-        ours: false,
-        revision: None,
-        digest: 0,
-        state: EntryState::Done,
-        reason: String::new(),
-        message: String::new(),
-    });
+    w.clusters[1].member = Some(foreign());
     w.settle(RolloutPhase::Degraded);
     let m2 = w.status.clusters.iter().find(|c| c.name == "m2").unwrap();
     assert_eq!(
@@ -1682,4 +1697,61 @@ fn a_rollback_gives_a_cluster_on_an_unknown_revision_the_good_one() {
         .and_then(|c| c.target.clone());
     assert_eq!(target.as_deref(), Some(good.as_str()));
     assert!(gave_good, "m2 was never given the good revision");
+}
+
+/// Review L10: a foreign object in the first placed cluster kept
+/// `currentRevision` at its old value (or none) for good; it is the
+/// revision our clusters agree on.
+#[test]
+fn current_revision_ignores_a_foreign_object() {
+    let mut w = World::three();
+    w.spec.rollout.waves = vec![];
+    w.spec.rollout.max_failed_clusters = 1;
+    w.clusters[0].member = Some(foreign());
+    w.settle(RolloutPhase::Degraded);
+    let first = w.update().name;
+    assert_eq!(w.status.current_revision.as_deref(), Some(first.as_str()));
+    w.spec.template.image = "app:2".into();
+    w.settle(RolloutPhase::Degraded);
+    let second = w.update().name;
+    assert_ne!(first, second);
+    assert_eq!(w.status.current_revision.as_deref(), Some(second.as_str()));
+}
+
+/// Review L5: once a revision completed, a cluster that joins the
+/// placement and never becomes done was `Progressing` for ever; the
+/// progress deadline holds there too. It is failed (no rollback: the
+/// revision is good elsewhere), the phase is `Degraded`, and it is
+/// `Complete` again once the cluster is done.
+#[test]
+fn a_cluster_joining_a_completed_revision_has_a_deadline_too() {
+    let mut w = World::three();
+    w.spec.rollout.waves = vec![];
+    w.spec.rollout.max_failed_clusters = 1;
+    w.settle(RolloutPhase::Complete);
+    let good = w.update().name;
+    w.clusters.push(Cluster {
+        name: "m4".into(),
+        labels: Some(BTreeMap::new()),
+        reachable: true,
+        synced: true,
+        member: None,
+    });
+    w.step();
+    assert_eq!(w.written(&good).iter().filter(|c| **c == "m4").count(), 1);
+    assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+    w.wait(61);
+    w.step();
+    let m4 = w.status.clusters.iter().find(|c| c.name == "m4").unwrap();
+    assert_eq!(
+        (m4.state, m4.reason.as_str()),
+        (ClusterState::Failed, "ProgressDeadlineExceeded"),
+        "{m4:?}"
+    );
+    assert_eq!(w.status.phase, Some(RolloutPhase::Degraded));
+    assert_eq!(w.status.last_good_revision.as_deref(), Some(good.as_str()));
+    assert!(w.deletes.is_empty());
+    w.done("m4");
+    w.step();
+    assert_eq!(w.status.phase, Some(RolloutPhase::Complete));
 }
