@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -164,6 +165,12 @@ async fn run(n: usize, k: usize) -> serde_json::Value {
     ensure_fleet_crd(&home).await;
     let (ns, _guards) = namespaces(&clients, "bench-rollouts").await;
     let mut replicas = Replicas::new(&ns, &refs);
+    // Lease timings as installed (15 s, 10 s, 2 s): the tests' 2 s Leases
+    // are renewed every 300 ms, 150 requests a second per replica at 50
+    // members, and miss their 1.5 s deadline on a loaded machine.
+    if std::env::var("FLOTILLA_BENCH_FAST_ELECTION").is_err() {
+        replicas.election = Vec::new();
+    }
     std::fs::write(replicas.dir.join("member-1.labels"), "ring: canary\n").expect("labels");
     for m in &refs[1..n / 2] {
         std::fs::write(replicas.dir.join(format!("{m}.labels")), "ring: early\n").expect("labels");
@@ -184,6 +191,20 @@ async fn run(n: usize, k: usize) -> serde_json::Value {
     })
     .await;
     let api: Api<FleetMicroservice> = Api::namespaced(home.clone(), &ns);
+    let leases: Api<Lease> = Api::namespaced(home.clone(), &ns);
+    let rollout_lease = format!("flotilla-{}-rollouts", replicas.fleet);
+    let handovers = || {
+        let (leases, name) = (leases.clone(), rollout_lease.clone());
+        async move {
+            leases
+                .get_opt(&name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|l| l.spec?.lease_transitions)
+                .unwrap_or(0)
+        }
+    };
     let last = names.last().expect("a member").clone();
     let measured: Vec<String> = (0..k).map(|i| format!("svc-{i}")).collect();
 
@@ -205,15 +226,19 @@ async fn run(n: usize, k: usize) -> serde_json::Value {
         .buffer_unordered(16)
         .collect()
         .await;
+    let handed = handovers().await;
     let mut first = until_complete(&api, &created, Duration::from_secs(1800)).await;
+    let first_handovers = handovers().await - handed;
     let first_all = started.elapsed().as_secs_f64();
     eprintln!("first release: {k} rollouts Complete in {first_all:.1} s");
 
     // Clean: every image at once.
     let before = controller_writes(&replicas).await;
+    let handed = handovers().await;
     let edited = release(&api, &measured, "ghcr.io/acme/svc:2").await;
     let mut clean = until_complete(&api, &edited, Duration::from_secs(1800)).await;
     let clean_writes = writes_per_rollout(&replicas, &before, k).await;
+    let clean_handovers = handovers().await - handed;
     eprintln!("clean: {}", figures(&mut clean));
 
     // One member black-holed, ten objects placed on it too.
@@ -239,9 +264,11 @@ async fn run(n: usize, k: usize) -> serde_json::Value {
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before = controller_writes(&replicas).await;
+    let handed = handovers().await;
     let edited = release(&api, &measured, "ghcr.io/acme/svc:3").await;
     let blackholed = until_complete(&api, &edited, Duration::from_secs(1800)).await;
     let blackholed_writes = writes_per_rollout(&replicas, &before, k).await;
+    let blackholed_handovers = handovers().await - handed;
     signal("CONT");
     let mut blackholed = blackholed;
     let result = json!({
@@ -250,11 +277,31 @@ async fn run(n: usize, k: usize) -> serde_json::Value {
         "waves": ["canary (1)", format!("early ({})", n / 2 - 1), format!("remaining ({})", n - n / 2)],
         "first_release": figures(&mut first),
         "first_release_all_s": first_all,
+        "election": if replicas.election.is_empty() { "as installed (15 s / 10 s / 2 s)" } else { "tests' (2 s / 1.5 s / 300 ms)" },
+        "rollout_lease_handovers": {"first": first_handovers, "clean": clean_handovers, "black_holed": blackholed_handovers},
         "clean": figures(&mut clean),
         "clean_writes": clean_writes,
         "one_member_black_holed": figures(&mut blackholed),
         "black_holed_writes": blackholed_writes,
     });
+    // Deleted while the replicas run, so their finalizers are taken off
+    // and the namespace can go.
+    api.delete_collection(&Default::default(), &ListParams::default())
+        .await
+        .expect("delete FleetMicroservices");
+    let gone = tokio::time::timeout(Duration::from_secs(180), async {
+        while !api
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+        {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+    .await;
+    if gone.is_err() {
+        eprintln!("some FleetMicroservices were not deleted within 180 s");
+    }
     drop(replicas);
     result
 }

@@ -212,6 +212,15 @@ async fn a_release_reaches_the_rest_only_after_the_canary_was_done_for_the_bake(
         after.1 - before.1
     );
     assert_eq!(after.1 - before.1, 3.0, "one member write per member");
+    // One status write per decision (#29): the canary opens, bakes and is
+    // done with the rest opened, the rest bakes, Complete; at most one
+    // write of observations held 5 s. A write per cluster step was 8-9.
+    let status = after.0.get("status").copied().unwrap_or(0.0)
+        - before.0.get("status").copied().unwrap_or(0.0);
+    assert!(
+        status <= 6.0,
+        "status writes for one rollout: {status}, not one per decision"
+    );
     let first = |member: &str| {
         let writes: Vec<FleetWrite> = fleet_writes(member, &fleet.namespace)
             .into_iter()
@@ -298,6 +307,38 @@ async fn a_release_that_never_becomes_ready_is_rolled_back_on_the_canary_only() 
     println!(
         "figure: failure detected to every cluster back on the last good revision and Available: {:?}",
         detected.elapsed()
+    );
+    // Back on the good revision, the canary's row still names the revision
+    // that failed there, in the status and in `rollout status`.
+    let api = fleet.api();
+    let row = eventually(
+        "member-1's row says RolledBack",
+        Duration::from_secs(20),
+        || {
+            let api = api.clone();
+            async move {
+                let st = api.get("api").await.ok()?.status?;
+                let m1 = st.clusters.into_iter().find(|c| c.name == "member-1")?;
+                (m1.reason == "RolledBack" && m1.state == ClusterState::Done).then_some(m1)
+            }
+        },
+    )
+    .await;
+    assert!(
+        row.message.contains(&format!("revision {bad} failed here")) && row.message.contains(&good),
+        "{row:?}"
+    );
+    let status = std::process::Command::new("timeout")
+        .arg("30")
+        .arg(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["rollout", "status", &key, "--server", &server])
+        .output()
+        .expect("rollout status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("member-1 ") && l.contains("RolledBack")),
+        "{text}"
     );
     for member in ["member-2", "member-3"] {
         let bad_writes: Vec<_> = fleet_writes(member, &fleet.namespace)
@@ -952,6 +993,12 @@ async fn watch_rollouts_snapshots_streams_changes_and_resumes() {
     let e = resumed.message().await.unwrap().expect("event");
     assert_eq!(kind(&e), pb::WatchEventType::Upsert, "{e:?}");
     assert_eq!(e.rollout.as_ref().unwrap().image, "ghcr.io/acme/api:2");
+    // Revisions carry their numbers, as Get and List give them (review L6).
+    let update = e.rollout.as_ref().unwrap().update_revision.clone();
+    assert!(
+        update.as_ref().is_some_and(|r| r.number > 0),
+        "an UPSERT names its revisions with their numbers: {update:?}"
+    );
     // Another replica's (or a restarted replica's) index starts over with RESET.
     let mut other = grpc
         .watch_rollouts(watch(synced, "elsewhere".into()))

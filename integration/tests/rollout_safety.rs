@@ -253,6 +253,21 @@ fn attempts(member: &str, ns: &str, name: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// Releases `api` over every member with a generous deadline, and waits
+/// for it to fail: a failure that comes from a member's answer, not the clock.
+async fn released_until_failed(fleet: &RolloutFleet) -> FleetMicroservice {
+    fleet
+        .create(fleet_microservice(
+            "api",
+            "ghcr.io/acme/api:1",
+            json!({"progressDeadline": "10m"}),
+        ))
+        .await;
+    fleet
+        .wait_phase("api", RolloutPhase::Failed, Duration::from_secs(60))
+        .await
+}
+
 /// Review M2: a member that refuses the write (here an admission policy,
 /// a real 403) shows it in the cluster's state within a round, is not
 /// asked again every round, and the release fails there at once instead of
@@ -291,16 +306,7 @@ async fn a_member_that_refuses_the_write_shows_why_at_once_and_is_not_hammered()
     .await;
 
     let started = std::time::Instant::now();
-    fleet
-        .create(fleet_microservice(
-            "api",
-            "ghcr.io/acme/api:1",
-            json!({"progressDeadline": "10m"}),
-        ))
-        .await;
-    let f = fleet
-        .wait_phase("api", RolloutPhase::Failed, Duration::from_secs(60))
-        .await;
+    let f = released_until_failed(&fleet).await;
     println!(
         "figure: a refused member write to a Failed rollout: {:?} (progress deadline 10m)",
         started.elapsed()
@@ -581,4 +587,126 @@ async fn member_writes_are_refused_outside_the_home_term() {
     let inside = api.get("inside").await.expect("still there");
     assert_eq!(inside.spec.image, "a:1");
     assert!(api.get_opt("late").await.unwrap().is_none());
+}
+
+/// Review M2: a member that stores another spec than the one written (here
+/// a real MutatingAdmissionPolicy; an old CRD or a mutating webhook does
+/// the same) is `SpecRejected` after one retry, and is not rewritten every
+/// round.
+#[tokio::test]
+async fn a_member_that_alters_the_spec_is_spec_rejected_and_not_rewritten() {
+    let fleet = rollout_fleet("fms-altered", &[]).await;
+    let ns = fleet.namespace.clone();
+    let _mutation =
+        support::policy::Mutation::apply("member-3", &ns, "Object{spec: Object.spec{port: 9090}}");
+    // In force once a create by hand is stored altered.
+    let probe: flotilla::crd::Microservice =
+        support::microservice("probe", "ghcr.io/acme/probe:1", 8080, Some(1));
+    eventually("the mutation applies", Duration::from_secs(30), || {
+        let api = fleet.member_api("member-3");
+        let probe = probe.clone();
+        async move {
+            let stored = api.create(&Default::default(), &probe).await.ok()?;
+            api.delete("probe", &Default::default()).await.ok();
+            (stored.spec.port == 9090).then_some(())
+        }
+    })
+    .await;
+
+    let f = released_until_failed(&fleet).await;
+    let st = f.status.unwrap();
+    let m3 = st.clusters.iter().find(|c| c.name == "member-3").unwrap();
+    assert_eq!(m3.reason, "SpecRejected", "{m3:?}");
+    assert_eq!(st.failed_clusters, vec!["member-3"]);
+    for m in ["member-1", "member-2"] {
+        let c = st.clusters.iter().find(|c| c.name == m).unwrap();
+        assert_ne!(c.reason, "SpecRejected", "{c:?}");
+    }
+    // Written, tried once more, and then left alone.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let tries = attempts("member-3", &ns, "api");
+    assert!(
+        (1..=3).contains(&tries.len()),
+        "a write and one retry, not one every round: {tries:?}"
+    );
+    assert!(tries.iter().all(|(_, code)| *code < 300), "{tries:?}");
+}
+
+/// Review M3: one member that stops answering (its apiserver behind a
+/// proxy that holds every byte) holds up only the rollouts placed on it.
+/// Another FleetMicroservice completes a release while that member's
+/// writes hang, well inside one member call's 10 s bound, which a round
+/// that waited on the hung write would have to sit out.
+#[tokio::test]
+async fn one_hung_member_stalls_no_other_rollout() {
+    let upstream = support::kubeconfig_via("member-3", 0).1;
+    let gate = support::gate::Gate::start(upstream).await;
+    let (kubeconfig, _) = support::kubeconfig_via("member-3", gate.port);
+    let fleet = rollout_fleet_prepared("fms-hung", &[], |replicas| {
+        std::fs::write(replicas.dir.join("member-3.yaml"), &kubeconfig).expect("kubeconfig");
+    })
+    .await;
+    let placed = |name: &str, image: &str, operator: &str| {
+        let mut m = fleet_microservice(name, image, json!({"maxParallel": 2}));
+        m["spec"]["placement"] = json!({"clusterSelector": {"matchExpressions": [{
+            "key": "platform.example.io/cluster-name", "operator": operator, "values": ["member-3"],
+        }]}});
+        m
+    };
+    fleet
+        .create(placed("hung", "ghcr.io/acme/hung:1", "In"))
+        .await;
+    fleet
+        .create(placed("free", "ghcr.io/acme/free:1", "NotIn"))
+        .await;
+    for name in ["hung", "free"] {
+        fleet
+            .wait_phase(name, RolloutPhase::Complete, Duration::from_secs(60))
+            .await;
+    }
+
+    gate.hold();
+    fleet.set_image("hung", "ghcr.io/acme/hung:2").await;
+    // The hung member is given the release (the decision is written
+    // before the member write starts): its write is under way from here.
+    let api = fleet.api();
+    eventually(
+        "member-3 given hung's release",
+        Duration::from_secs(20),
+        || {
+            let api = api.clone();
+            async move {
+                let st = api.get("hung").await.ok()?.status?;
+                let update = st.update_revision.clone()?;
+                let m3 = st.clusters.iter().find(|c| c.name == "member-3")?;
+                (st.update_revision_number == Some(2) && m3.target.as_deref() == Some(&update))
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let write_started = std::time::Instant::now();
+    let edited = std::time::Instant::now();
+    fleet.set_image("free", "ghcr.io/acme/free:2").await;
+    fleet
+        .wait_phase("free", RolloutPhase::Complete, Duration::from_secs(60))
+        .await;
+    let took = edited.elapsed();
+    println!("figure: a release beside a hung member's write, edit to Complete: {took:?}");
+    assert!(gate.holding(), "the member was held throughout");
+    let hung = fleet.api().get("hung").await.expect("hung");
+    assert_ne!(
+        hung.status.and_then(|s| s.phase),
+        Some(RolloutPhase::Complete),
+        "nothing reached the hung member"
+    );
+    // A round that waited on the hung write would sit out its 10 s bound.
+    assert!(
+        write_started.elapsed() < Duration::from_secs(10),
+        "the free release waited on the hung member's write: {took:?}"
+    );
+    gate.release();
+    fleet
+        .wait_phase("hung", RolloutPhase::Complete, Duration::from_secs(90))
+        .await;
 }

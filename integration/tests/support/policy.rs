@@ -77,16 +77,102 @@ impl Policy {
 
 impl Drop for Policy {
     fn drop(&mut self) {
-        let _ = std::process::Command::new(super::kubectl())
+        delete(
+            &self.cluster,
+            "validatingadmissionpolicybinding,validatingadmissionpolicy",
+            &self.name,
+        );
+    }
+}
+
+/// Deletes a policy and its binding (`kinds`), bounded by `timeout`.
+fn delete(cluster: &str, kinds: &str, name: &str) {
+    let _ = std::process::Command::new("timeout")
+        .arg("30")
+        .arg(super::kubectl())
+        .arg("--kubeconfig")
+        .arg(super::kubeconfig_path(cluster))
+        .args(["delete", kinds, name, "--ignore-not-found", "--wait=false"])
+        .output();
+}
+
+/// A MutatingAdmissionPolicy (and its binding) for one test namespace,
+/// removed on drop: the member stores something other than what was
+/// written, as an old CRD or a mutating webhook would make it.
+pub struct Mutation {
+    cluster: String,
+    name: String,
+}
+
+impl Mutation {
+    /// Applies `apply_configuration` (a CEL `Object{...}` expression) to
+    /// every create and update of Microservices in `ns`, except the
+    /// cluster's own controllers' writes.
+    pub fn apply(cluster: &str, ns: &str, apply_configuration: &str) -> Self {
+        let name = format!("{ns}-mutate");
+        let manifest = json!({"apiVersion": "v1", "kind": "List", "items": [
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "reinvocationPolicy": "Never",
+                    "matchConstraints": {
+                        "resourceRules": [{
+                            "apiGroups": ["platform.example.io"], "apiVersions": ["*"],
+                            "operations": ["CREATE", "UPDATE"], "resources": ["microservices"],
+                        }],
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    },
+                    "matchConditions": [{
+                        "name": "not-the-cluster",
+                        "expression": "!request.userInfo.username.startsWith('system:')",
+                    }],
+                    "mutations": [{
+                        "patchType": "ApplyConfiguration",
+                        "applyConfiguration": {"expression": apply_configuration},
+                    }],
+                },
+            },
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {"policyName": name},
+            },
+        ]});
+        let file = std::env::temp_dir().join(format!("{name}.json"));
+        std::fs::write(&file, manifest.to_string()).expect("manifest");
+        // `timeout`: the wait on kubectl is bounded.
+        let out = std::process::Command::new("timeout")
+            .arg("30")
+            .arg(super::kubectl())
             .arg("--kubeconfig")
-            .arg(super::kubeconfig_path(&self.cluster))
-            .args([
-                "delete",
-                "validatingadmissionpolicybinding,validatingadmissionpolicy",
-                &self.name,
-                "--ignore-not-found",
-                "--wait=false",
-            ])
-            .output();
+            .arg(super::kubeconfig_path(cluster))
+            .args(["apply", "-f"])
+            .arg(&file)
+            .output()
+            .expect("kubectl");
+        std::fs::remove_file(&file).ok();
+        assert!(
+            out.status.success(),
+            "kubectl apply: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Mutation {
+            cluster: cluster.to_string(),
+            name,
+        }
+    }
+}
+
+impl Drop for Mutation {
+    fn drop(&mut self) {
+        delete(
+            &self.cluster,
+            "mutatingadmissionpolicybinding,mutatingadmissionpolicy",
+            &self.name,
+        );
     }
 }

@@ -45,15 +45,28 @@ pub async fn rollout_fleet_env(
     grpc_args: &[String],
     env: &[(&str, &str)],
 ) -> RolloutFleet {
+    rollout_fleet_prepared(prefix, labels, |replicas| {
+        replicas.grpc_args.extend(grpc_args.iter().cloned());
+        replicas
+            .env
+            .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    })
+    .await
+}
+
+/// The same, with the replicas' setup changed before they start (e.g. a
+/// member reached through a proxy).
+pub async fn rollout_fleet_prepared(
+    prefix: &str,
+    labels: &[(&str, &str)],
+    prepare: impl FnOnce(&mut Replicas),
+) -> RolloutFleet {
     let members = member_clients().await;
     let home = client("home").await;
     ensure_fleet_crd(&home).await;
     let (namespace, guards) = namespaces(&members, prefix).await;
     let mut replicas = Replicas::new(&namespace, &MEMBERS);
-    replicas.grpc_args.extend(grpc_args.iter().cloned());
-    replicas
-        .env
-        .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    prepare(&mut replicas);
     for (member, yaml) in labels {
         std::fs::write(replicas.dir.join(format!("{member}.labels")), yaml).expect("labels file");
     }
