@@ -367,7 +367,9 @@ pub fn plan(i: &Inputs) -> Plan {
             }
             // The member refuses the write, or cannot hold what is written:
             // failed now, not at the deadline (review M1, M2).
-            if let Some(t) = trouble(r, update).filter(|t| t.permanent()) {
+            if let Some(t) = trouble(r, update).filter(|t| t.permanent())
+                && !is_good
+            {
                 failures.insert(&r.c.name, (t.reason().into(), t.message()));
                 continue;
             }
@@ -382,15 +384,12 @@ pub fn plan(i: &Inputs) -> Plan {
                         "ProgressDeadlineExceeded" | "ClusterUnreachable"
                     )
             });
-            if let Some(p) = missed.filter(|_| !r.done_at_update) {
+            if let Some(p) = missed.filter(|_| !r.done_at_update && !is_good) {
                 failures.insert(&r.c.name, (p.reason.clone(), p.message.clone()));
                 continue;
             }
             let targeted = r.prev_target() == Some(update) || r.at == Some(update);
-            // Once the revision completed, a cluster that joins has the same
-            // deadline (review L5): it fails there, and the phase says
-            // Degraded; nothing rolls back a revision good elsewhere.
-            if !targeted || r.done_at_update || (finished && !is_good) {
+            if is_good || !targeted || r.done_at_update || finished {
                 continue;
             }
             // Paused, the clock stops; the round that resumes restarts it.

@@ -108,58 +108,66 @@ impl Mutation {
     /// Applies `apply_configuration` (a CEL `Object{...}` expression) to
     /// every create and update of Microservices in `ns`, except the
     /// cluster's own controllers' writes.
-    pub fn apply(cluster: &str, ns: &str, apply_configuration: &str) -> Self {
+    pub async fn apply(
+        client: &kube::Client,
+        cluster: &str,
+        ns: &str,
+        apply_configuration: &str,
+    ) -> Self {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
         let name = format!("{ns}-mutate");
-        let manifest = json!({"apiVersion": "v1", "kind": "List", "items": [
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "MutatingAdmissionPolicy",
-                "metadata": {"name": name},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "reinvocationPolicy": "Never",
-                    "matchConstraints": {
-                        "resourceRules": [{
-                            "apiGroups": ["platform.example.io"], "apiVersions": ["*"],
-                            "operations": ["CREATE", "UPDATE"], "resources": ["microservices"],
-                        }],
-                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                    },
-                    "matchConditions": [{
-                        "name": "not-the-cluster",
-                        "expression": "!request.userInfo.username.startsWith('system:')",
+        let policy = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never",
+                "matchConstraints": {
+                    "resourceRules": [{
+                        "apiGroups": ["platform.example.io"], "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"], "resources": ["microservices"],
                     }],
-                    "mutations": [{
-                        "patchType": "ApplyConfiguration",
-                        "applyConfiguration": {"expression": apply_configuration},
-                    }],
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
                 },
+                "matchConditions": [{
+                    "name": "not-the-cluster",
+                    "expression": "!request.userInfo.username.startsWith('system:')",
+                }],
+                "mutations": [{
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {"expression": apply_configuration},
+                }],
             },
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "MutatingAdmissionPolicyBinding",
-                "metadata": {"name": name},
-                "spec": {"policyName": name},
-            },
-        ]});
-        let file = std::env::temp_dir().join(format!("{name}.json"));
-        std::fs::write(&file, manifest.to_string()).expect("manifest");
-        // `timeout`: the wait on kubectl is bounded.
-        let out = std::process::Command::new("timeout")
-            .arg("30")
-            .arg(super::kubectl())
-            .arg("--kubeconfig")
-            .arg(super::kubeconfig_path(cluster))
-            .args(["apply", "-f"])
-            .arg(&file)
-            .output()
-            .expect("kubectl");
-        std::fs::remove_file(&file).ok();
-        assert!(
-            out.status.success(),
-            "kubectl apply: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        });
+        let binding = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name},
+        });
+        for (kind, plural, object) in [
+            (
+                "MutatingAdmissionPolicy",
+                "mutatingadmissionpolicies",
+                policy,
+            ),
+            (
+                "MutatingAdmissionPolicyBinding",
+                "mutatingadmissionpolicybindings",
+                binding,
+            ),
+        ] {
+            let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+            let api: Api<DynamicObject> = Api::all_with(
+                client.clone(),
+                &ApiResource::from_gvk_with_plural(&gvk, plural),
+            );
+            let obj: DynamicObject = super::from_json(object);
+            api.create(&PostParams::default(), &obj)
+                .await
+                .unwrap_or_else(|e| panic!("create {kind}: {e}"));
+        }
         Mutation {
             cluster: cluster.to_string(),
             name,
