@@ -145,6 +145,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         hub: hub.clone(),
         credentials: credentials_rx,
         cache: rollout_cache.clone(),
+        write_timeout: args.member_write_timeout,
     };
     let rollout_source = flotilla::api::server::RolloutSource {
         cache: rollout_cache,

@@ -7,7 +7,7 @@
 //! - clean: every image edited at once; per object, edit to `Complete`
 //!   (p50, p90, max), and home and member writes per rollout;
 //! - black hole: the last member's apiserver stopped (SIGSTOP: it accepts
-//!   connections and answers nothing), ten more objects placed on it, and
+//!   connections and answers nothing), ten more objects placed on it alone, and
 //!   every measured image edited again. The measured objects are placed on
 //!   every member but that one, so their p90 shows whether one hung member
 //!   slows the others.
@@ -252,12 +252,15 @@ async fn run(n: usize, k: usize) -> serde_json::Value {
         assert!(ok, "kill -{s} {pid}");
     };
     signal("STOP");
+    // Placed on the black-holed member alone: they add writes that hang
+    // and no work on the other members, so the measured objects' p90
+    // shows the hung member's effect, not ten more rollouts' load.
     for i in 0..10 {
-        let obj: FleetMicroservice = from_json(manifest(
-            &format!("stuck-{i}"),
-            "ghcr.io/acme/stuck:1",
-            None,
-        ));
+        let mut m = manifest(&format!("stuck-{i}"), "ghcr.io/acme/stuck:1", None);
+        m["spec"]["placement"] = json!({"clusterSelector": {"matchExpressions": [{
+            "key": "platform.example.io/cluster-name", "operator": "In", "values": [last],
+        }]}});
+        let obj: FleetMicroservice = from_json(m);
         api.create(&PostParams::default(), &obj)
             .await
             .expect("create");

@@ -347,13 +347,16 @@ async fn a_release_that_never_becomes_ready_is_rolled_back_on_the_canary_only() 
             .collect();
         assert!(bad_writes.is_empty(), "{member} saw {bad}: {bad_writes:#?}");
     }
-    let canary_writes: Vec<Option<String>> = fleet_writes("member-1", &fleet.namespace)
-        .into_iter()
-        .map(|w| w.revision)
-        .collect();
+    let canary_writes = || -> Vec<Option<String>> {
+        fleet_writes("member-1", &fleet.namespace)
+            .into_iter()
+            .map(|w| w.revision)
+            .collect()
+    };
+    let expected = vec![Some(good.clone()), Some(bad.clone()), Some(good.clone())];
     assert_eq!(
-        canary_writes,
-        vec![Some(good.clone()), Some(bad.clone()), Some(good.clone())],
+        canary_writes(),
+        expected,
         "created, given the bad revision once, and put back"
     );
     // A Warning Event says so.
@@ -381,7 +384,49 @@ async fn a_release_that_never_becomes_ready_is_rolled_back_on_the_canary_only() 
     // It stays rolled back.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let f = fleet.api().get("api").await.unwrap();
+    let number = f.status.as_ref().and_then(|s| s.failed_revision_number);
     assert_eq!(f.status.unwrap().phase, Some(RolloutPhase::RolledBack));
+
+    // Review L13: the status is lost (a restore without status). The
+    // failed revision remembers its failure, so it is not tried again.
+    let revisions: Api<k8s_openapi::api::apps::v1::ControllerRevision> =
+        Api::namespaced(fleet.home.clone(), &fleet.namespace);
+    let marked = revisions.get(&bad).await.expect("the bad revision");
+    assert_eq!(
+        marked
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get("platform.example.io/failed-number"),
+        number.map(|n| n.to_string()).as_ref(),
+        "the revision is marked failed at its number"
+    );
+    fleet
+        .api()
+        .patch_status(
+            "api",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": null})),
+        )
+        .await
+        .expect("status wiped");
+    let api = fleet.api();
+    let st = eventually("the status rebuilt", Duration::from_secs(30), || {
+        let api = api.clone();
+        async move {
+            let st = api.get("api").await.ok()?.status?;
+            st.observed_generation.is_some().then_some(st)
+        }
+    })
+    .await;
+    assert_eq!(st.phase, Some(RolloutPhase::RolledBack), "{st:?}");
+    assert_eq!(st.last_good_revision.as_deref(), Some(good.as_str()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        canary_writes(),
+        expected,
+        "after the status was lost, the failed revision was not written again"
+    );
 }
 
 #[tokio::test]

@@ -644,3 +644,102 @@ async fn a_member_that_alters_the_spec_is_spec_rejected_and_not_rewritten() {
     );
     assert!(tries.iter().all(|(_, code)| *code < 300), "{tries:?}");
 }
+
+/// Review M3: one member that stops answering (its apiserver behind a
+/// proxy that holds every byte) holds up only the rollouts placed on it.
+/// The replicas give a member call 10 minutes (`--member-write-timeout`),
+/// so the hung write stays pending for the whole test: another
+/// FleetMicroservice must complete a release while it is still pending.
+/// A round that waited on member writes could not, however fast the
+/// machine; nothing here depends on a margin of time.
+#[tokio::test]
+async fn one_hung_member_stalls_no_other_rollout() {
+    let upstream = support::kubeconfig_via("member-3", 0).1;
+    let gate = support::gate::Gate::start(upstream).await;
+    let (kubeconfig, _) = support::kubeconfig_via("member-3", gate.port);
+    let fleet = rollout_fleet_prepared("fms-hung", &[], |replicas| {
+        std::fs::write(replicas.dir.join("member-3.yaml"), &kubeconfig).expect("kubeconfig");
+        replicas
+            .extra_args
+            .extend(["--member-write-timeout".into(), "10m".into()]);
+    })
+    .await;
+    let placed = |name: &str, image: &str, operator: &str| {
+        let mut m = fleet_microservice(name, image, json!({"maxParallel": 2}));
+        m["spec"]["placement"] = json!({"clusterSelector": {"matchExpressions": [{
+            "key": "platform.example.io/cluster-name", "operator": operator, "values": ["member-3"],
+        }]}});
+        m
+    };
+    fleet
+        .create(placed("hung", "ghcr.io/acme/hung:1", "In"))
+        .await;
+    fleet
+        .create(placed("free", "ghcr.io/acme/free:1", "NotIn"))
+        .await;
+    for name in ["hung", "free"] {
+        fleet
+            .wait_phase(name, RolloutPhase::Complete, Duration::from_secs(90))
+            .await;
+    }
+
+    gate.hold();
+    fleet.set_image("hung", "ghcr.io/acme/hung:2").await;
+    // The hung member is given the release (the decision is written
+    // before the member write starts), and the write reaches the proxy.
+    let api = fleet.api();
+    eventually(
+        "member-3 given hung's release, its write held",
+        Duration::from_secs(30),
+        || {
+            let api = api.clone();
+            let waiting = gate.waiting();
+            async move {
+                let st = api.get("hung").await.ok()?.status?;
+                let update = st.update_revision.clone()?;
+                let m3 = st.clusters.iter().find(|c| c.name == "member-3")?;
+                (st.update_revision_number == Some(2)
+                    && m3.target.as_deref() == Some(&update)
+                    && waiting > 0)
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let edited = std::time::Instant::now();
+    fleet.set_image("free", "ghcr.io/acme/free:2").await;
+    fleet
+        .wait_phase("free", RolloutPhase::Complete, Duration::from_secs(90))
+        .await;
+    println!(
+        "figure: a release beside a hung member's write, edit to Complete: {:?}",
+        edited.elapsed()
+    );
+    assert!(gate.holding(), "the member was held throughout");
+    // The hung write has not ended: it neither reached member-3 nor
+    // failed (its bound is 10 minutes away).
+    let hung = fleet.api().get("hung").await.expect("hung");
+    let st = hung.status.expect("hung has a status");
+    let m3 = st
+        .clusters
+        .iter()
+        .find(|c| c.name == "member-3")
+        .expect("member-3 row");
+    assert_ne!(st.phase, Some(RolloutPhase::Complete), "{st:?}");
+    assert_ne!(m3.reason, "WriteFailed", "the hung write ended: {m3:?}");
+    for id in REPLICA_IDS {
+        let ended = fleet
+            .replicas
+            .log(id)
+            .lines()
+            .any(|l| l.contains("member write failed") && l.contains("member-3"));
+        assert!(
+            !ended,
+            "{id}: the hung write ended before the other release"
+        );
+    }
+    gate.release();
+    fleet
+        .wait_phase("hung", RolloutPhase::Complete, Duration::from_secs(90))
+        .await;
+}

@@ -265,6 +265,11 @@ pub struct RunArgs {
     /// A replica that does not own a cluster contests it once its Lease has been free this long.
     #[arg(long, env = "FLOTILLA_TAKEOVER_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub takeover_grace: Duration,
+    /// Fleet rollouts: the longest one member call of the rollout writer may
+    /// take (a read before a write included); a member that does not answer
+    /// fails that write, and only its own rollouts wait on it.
+    #[arg(long, env = "FLOTILLA_MEMBER_WRITE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub member_write_timeout: Duration,
     /// Single-cluster mode: kubeconfig of the cluster to reconcile; in-cluster or $KUBECONFIG when omitted.
     #[arg(long, env = "FLOTILLA_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,

@@ -52,6 +52,8 @@ pub struct Options {
     pub credentials: watch::Receiver<BTreeMap<String, Credentials>>,
     /// The FleetMicroservices and revisions every replica caches.
     pub cache: Arc<RolloutCache>,
+    /// How long one member call of a write may take.
+    pub write_timeout: Duration,
 }
 
 /// Plan again at least this often: cluster labels change without a
@@ -59,8 +61,6 @@ pub struct Options {
 const RESYNC: Duration = Duration::from_secs(5);
 /// FleetMicroservices planned at once.
 const ROUNDS_AT_ONCE: usize = 8;
-/// How long one member write may take.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn client(config: &Config, fence: Option<&Fence>) -> Result<Client, String> {
     let builder = kube::client::ClientBuilder::try_from(config.clone())
@@ -102,6 +102,7 @@ pub async fn run(
         writes: std::sync::Mutex::new(WriteLog::default()),
         write_done: tokio::sync::Notify::new(),
         cache: opts.cache.clone(),
+        write_timeout: opts.write_timeout,
     });
     let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
     let elector_task = tokio::spawn(elector.run(async move {
@@ -163,6 +164,8 @@ struct Ctx {
     writes: std::sync::Mutex<WriteLog>,
     /// Told when a member write ends.
     write_done: tokio::sync::Notify,
+    /// How long one member call of a write may take.
+    write_timeout: Duration,
 }
 
 impl Ctx {
@@ -185,7 +188,7 @@ impl Ctx {
     ) -> Option<(FleetMicroserviceStatus, tokio::time::Instant)> {
         let mut held = lock(&self.held);
         match held.get(uid) {
-            Some((base, planned, since)) if base == written => Some((planned.clone(), *since)),
+            Some(h) if &h.written == written => Some((h.planned.clone(), h.since)),
             // Someone else wrote the status, or ours landed: start again from it.
             Some(_) => {
                 held.remove(uid);
@@ -294,13 +297,14 @@ async fn work(ctx: Arc<Ctx>) {
     }
 }
 
-/// A planned status left unwritten: the written one it departs from, the
-/// plan, and since when.
-type Held = (
-    FleetMicroserviceStatus,
-    FleetMicroserviceStatus,
-    tokio::time::Instant,
-);
+/// A planned status left unwritten because all it changes are observations.
+struct Held {
+    /// The written status it departs from.
+    written: FleetMicroserviceStatus,
+    planned: FleetMicroserviceStatus,
+    /// When the first unwritten plan since `written` was made.
+    since: tokio::time::Instant,
+}
 
 /// One FleetMicroservice, one round. Returns when to plan again at the latest.
 async fn round(
@@ -342,7 +346,13 @@ async fn round(
     match &step {
         Step::Current(_) => {}
         Step::Create(r) => {
-            ctx.home.create_revision(fms, r).await?;
+            // What a failure of this revision goes back to, kept with it.
+            let mut r = r.clone();
+            r.memory.good_before = fms
+                .status
+                .as_ref()
+                .and_then(|s| s.last_good_revision.clone());
+            ctx.home.create_revision(fms, &r).await?;
             ctx.numbered(&uid, r.number);
             return Ok(Some(Duration::ZERO));
         }
@@ -385,9 +395,9 @@ async fn round(
     }
     // The decisions first, so that a successor reads them; observations
     // wait for the next decision, or `OBSERVATIONS_EVERY`.
-    let held_for = held.map(|(_, since)| since.elapsed());
+    let held_since = held.map(|(_, since)| since);
     let mut flush = None;
-    if fold::write_now(&written, &plan.status, held_for) {
+    if fold::write_now(&written, &plan.status, held_since.map(|s| s.elapsed())) {
         let stored = ctx.home.write_status(fms, &plan.status).await?;
         ctx.remember(fms, stored);
         lock(&ctx.held).remove(&uid);
@@ -396,13 +406,24 @@ async fn round(
         }
         record_metrics(&written, &plan.status);
     } else if written != plan.status {
-        let since = held_for.map_or_else(tokio::time::Instant::now, |d| {
-            tokio::time::Instant::now() - d
-        });
-        lock(&ctx.held).insert(uid.clone(), (written.clone(), plan.status.clone(), since));
+        let since = held_since.unwrap_or_else(tokio::time::Instant::now);
+        let held = Held {
+            written: written.clone(),
+            planned: plan.status.clone(),
+            since,
+        };
+        lock(&ctx.held).insert(uid.clone(), held);
         flush = Some(fold::OBSERVATIONS_EVERY.saturating_sub(since.elapsed()));
     } else {
         lock(&ctx.held).remove(&uid);
+    }
+
+    // The revision remembers its failure, for a status that is lost.
+    if plan.status.failed_revision_number == Some(update.number)
+        && !update.failed()
+        && let Some((_, cr)) = owned.iter().find(|(r, _)| r.name == update.name)
+    {
+        ctx.home.mark_failed(cr, update.number).await?;
     }
 
     let labels: BTreeMap<&str, _> = clusters
@@ -532,7 +553,7 @@ impl Write {
                     .map(|_| Written::Unchanged),
             }
         };
-        let result = bounded(&cluster, work.instrument(span)).await;
+        let result = bounded(ctx.write_timeout, &cluster, work.instrument(span)).await;
         if let Err(e) = &result {
             tracing::warn!(k8s.cluster.name = %cluster, error = %e, category = e.category(), "member write failed");
         }
@@ -560,17 +581,19 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A member call, cut after `WRITE_TIMEOUT`: one hung member holds up
-/// only itself.
-async fn bounded<T>(cluster: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
-    tokio::time::timeout(WRITE_TIMEOUT, call)
-        .await
-        .unwrap_or_else(|_| {
-            Err(RolloutError::NoClient {
-                cluster: cluster.to_string(),
-                reason: format!("no answer within {WRITE_TIMEOUT:?}"),
-            })
+/// A member call, cut after `limit` (`--member-write-timeout`): one hung
+/// member holds up only itself.
+async fn bounded<T>(
+    limit: Duration,
+    cluster: &str,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(RolloutError::NoClient {
+            cluster: cluster.to_string(),
+            reason: format!("no answer within {limit:?}"),
         })
+    })
 }
 
 fn action_cluster(a: &Action) -> &str {
@@ -652,10 +675,12 @@ async fn cleanup(
     // Read live, not from the index: it may not have seen a create yet.
     // Each call is bounded, so one hung member holds up only itself.
     let (ns, n) = (&namespace, &name);
-    let deletes = todo
-        .delete
-        .iter()
-        .map(|c| async move { (c.clone(), bounded(c, ctx.members.delete(c, ns, n, n)).await) });
+    let deletes = todo.delete.iter().map(|c| async move {
+        (
+            c.clone(),
+            bounded(ctx.write_timeout, c, ctx.members.delete(c, ns, n, n)).await,
+        )
+    });
     let mut pending = false;
     for (c, r) in futures::future::join_all(deletes).await {
         match r {

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use super::spec::{ClusterState, FleetMicroserviceStatus};
+use super::spec::{ClusterState, ClusterStatus, FleetMicroserviceStatus};
 use crate::domain::conditions::AVAILABLE;
 
 /// How stale the written observations may be while nothing is decided.
@@ -18,7 +18,7 @@ pub const OBSERVATIONS_EVERY: Duration = Duration::from_secs(5);
 /// generation, a revision, a wave, a cluster's target, a failure, a cluster
 /// leaving or reached. Those are written before any member write.
 pub fn urgent(written: &FleetMicroserviceStatus, planned: &FleetMicroserviceStatus) -> bool {
-    decisions(written) != decisions(planned)
+    !same_decisions(written, planned)
 }
 
 /// Whether to write now: a decision, or observations held long enough.
@@ -31,43 +31,84 @@ pub fn write_now(
         && (urgent(written, planned) || held_for.is_some_and(|d| d >= OBSERVATIONS_EVERY))
 }
 
-/// The status with its observations left out.
-fn decisions(s: &FleetMicroserviceStatus) -> FleetMicroserviceStatus {
-    let mut d = s.clone();
-    // Counts and the revision every cluster runs follow from the clusters.
-    d.current_revision = None;
-    d.updated = None;
-    d.available = None;
-    for c in &mut d.clusters {
-        // A step towards the target is an observation; the target, when it
-        // was chosen, a failure and a departure are decisions.
-        c.revision = None;
-        if !matches!(c.state, ClusterState::Failed | ClusterState::Removing) {
-            c.state = ClusterState::Updating;
-        }
-        c.reason.clear();
-        c.message.clear();
-        c.since = epoch();
-    }
-    // Availability is observed; the other conditions change with the
-    // decisions, and their messages carry counts.
-    d.conditions.retain(|c| c.type_ != AVAILABLE);
-    for c in &mut d.conditions {
-        c.message.clear();
-        c.last_transition_time = epoch();
-    }
-    d
+/// The two statuses agree once their observations are left out. Compared
+/// field by field, without copies (this runs every round of every object);
+/// the patterns name every field, so a new one must be sorted here.
+fn same_decisions(a: &FleetMicroserviceStatus, b: &FleetMicroserviceStatus) -> bool {
+    let FleetMicroserviceStatus {
+        observed_generation,
+        // Counts and the revision every cluster runs follow from the clusters.
+        current_revision: _,
+        updated: _,
+        available: _,
+        update_revision,
+        update_revision_number,
+        last_good_revision,
+        failed_revision_number,
+        failed_clusters,
+        reached_clusters,
+        phase,
+        wave,
+        waves,
+        clusters,
+        conditions,
+    } = a;
+    *observed_generation == b.observed_generation
+        && *update_revision == b.update_revision
+        && *update_revision_number == b.update_revision_number
+        && *last_good_revision == b.last_good_revision
+        && *failed_revision_number == b.failed_revision_number
+        && *failed_clusters == b.failed_clusters
+        && *reached_clusters == b.reached_clusters
+        && *phase == b.phase
+        && *wave == b.wave
+        && *waves == b.waves
+        && clusters.len() == b.clusters.len()
+        && clusters
+            .iter()
+            .zip(&b.clusters)
+            .all(|(x, y)| cluster_decisions(x) == cluster_decisions(y))
+        && decided_conditions(conditions).eq(decided_conditions(&b.conditions))
 }
 
-fn epoch() -> Time {
-    Time(jiff::Timestamp::UNIX_EPOCH)
+/// A step towards the target is an observation; the target, when it was
+/// chosen, a failure and a departure are decisions.
+fn cluster_decisions(c: &ClusterStatus) -> impl PartialEq + '_ {
+    let ClusterStatus {
+        name,
+        target,
+        targeted,
+        state,
+        revision: _,
+        reason: _,
+        message: _,
+        since: _,
+    } = c;
+    let decided = matches!(state, ClusterState::Failed | ClusterState::Removing).then_some(*state);
+    (name, target, targeted, decided)
+}
+
+/// Availability is observed; the other conditions change with the
+/// decisions, and their messages carry counts.
+fn decided_conditions(all: &[Condition]) -> impl Iterator<Item = impl PartialEq + '_> {
+    all.iter().filter(|c| c.type_ != AVAILABLE).map(|c| {
+        let Condition {
+            type_,
+            status,
+            reason,
+            observed_generation,
+            message: _,
+            last_transition_time: _,
+        } = c;
+        (type_, status, reason, observed_generation)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::spec::{ClusterStatus, RolloutPhase, WaveState, WaveStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use crate::rollout::spec::{RolloutPhase, WaveState, WaveStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn at(s: &str) -> Time {
         Time(s.parse().unwrap())
@@ -208,6 +249,29 @@ mod tests {
             (
                 "the progressing reason",
                 Box::new(|s| s.conditions[0].reason = "WaitingForCanary".into()),
+            ),
+            (
+                "the progressing status",
+                Box::new(|s| s.conditions[0].status = "False".into()),
+            ),
+            (
+                "a rollback",
+                Box::new(|s| {
+                    s.conditions
+                        .push(condition("RolledBack", "True", "CanaryFailed", ""))
+                }),
+            ),
+            (
+                "when a target was chosen",
+                Box::new(|s| s.clusters[0].targeted = Some(at("2026-01-01T00:00:09Z"))),
+            ),
+            (
+                "the revision number",
+                Box::new(|s| s.update_revision_number = Some(3)),
+            ),
+            (
+                "the failed revision",
+                Box::new(|s| s.failed_revision_number = Some(2)),
             ),
         ];
         for (what, change) in changes {

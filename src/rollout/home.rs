@@ -12,8 +12,11 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use super::error::{Result, RolloutError};
 use super::events::Note;
-use super::revision::{Revision, RevisionData};
-use super::spec::{FINALIZER, FLEET_LABEL, FleetMicroservice, FleetMicroserviceStatus};
+use super::revision::{Memory, Revision, RevisionData};
+use super::spec::{
+    FAILED_ANNOTATION, FINALIZER, FLEET_LABEL, FleetMicroservice, FleetMicroserviceStatus,
+    GOOD_BEFORE_ANNOTATION,
+};
 use crate::telemetry::metrics::METRICS;
 
 pub struct Home {
@@ -164,6 +167,26 @@ impl Home {
         Ok(())
     }
 
+    /// Marks a revision failed at its number (review L13): one write, on
+    /// the failure path only, conditional on the resourceVersion read.
+    pub async fn mark_failed(&self, stored: &ControllerRevision, number: i64) -> Result<()> {
+        let mut next = stored.clone();
+        next.annotations_mut()
+            .insert(FAILED_ANNOTATION.into(), number.to_string());
+        match self
+            .revisions_api(&stored.namespace().unwrap_or_default())
+            .replace(&stored.name_any(), &PostParams::default(), &next)
+            .await
+        {
+            Ok(_) => counted("revision"),
+            // Changed since it was read (this mark, not yet in the cache):
+            // the next round reads it again.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(RolloutError::home("replace", "ControllerRevision", e)),
+        }
+        Ok(())
+    }
+
     /// Deletes an old revision, on the uid and resourceVersion this round
     /// planned with (review L3): one an undo just brought back is kept.
     pub async fn delete_revision(&self, namespace: &str, cr: &ControllerRevision) -> Result<()> {
@@ -198,6 +221,11 @@ fn revision_object(
             name: Some(r.name.clone()),
             namespace: fms.namespace(),
             labels: Some([(FLEET_LABEL.to_string(), fms.name_any())].into()),
+            annotations: r
+                .memory
+                .good_before
+                .clone()
+                .map(|g| [(GOOD_BEFORE_ANNOTATION.to_string(), g)].into()),
             owner_references: Some(vec![owner]),
             ..Default::default()
         },
@@ -233,6 +261,13 @@ pub fn revisions_of<'a>(
                     name: cr.name_any(),
                     number: cr.revision,
                     data,
+                    memory: Memory {
+                        good_before: cr.annotations().get(GOOD_BEFORE_ANNOTATION).cloned(),
+                        failed_number: cr
+                            .annotations()
+                            .get(FAILED_ANNOTATION)
+                            .and_then(|n| n.parse().ok()),
+                    },
                 },
                 cr,
             ))

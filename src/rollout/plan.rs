@@ -328,9 +328,12 @@ pub fn plan(i: &Inputs) -> Plan {
     let wave_finished_before = |name: &str| prev_wave(name).and_then(|w| w.finished.clone());
 
     // Failures of the update revision.
+    // The status remembers; its revisions do too, for a status that was
+    // lost (review L13).
     let last_good = prev
         .last_good_revision
         .clone()
+        .or_else(|| i.update.memory.good_before.clone())
         .filter(|n| revisions.contains_key(n.as_str()));
     let is_good = last_good.as_deref() == Some(update);
     let resumed = !i.spec.paused
@@ -338,7 +341,7 @@ pub fn plan(i: &Inputs) -> Plan {
             .conditions
             .iter()
             .any(|c| c.type_ == PROGRESSING && c.reason == "Paused");
-    let failed_before = prev.failed_revision_number == Some(i.update.number);
+    let failed_before = prev.failed_revision_number == Some(i.update.number) || i.update.failed();
     let mut failures: BTreeMap<&str, (String, String)> = BTreeMap::new();
     let mut requeue: Option<Duration> = None;
     let mut soon = |d: Duration| requeue = Some(requeue.map_or(d, |r: Duration| r.min(d)));
@@ -384,19 +387,29 @@ pub fn plan(i: &Inputs) -> Plan {
                         "ProgressDeadlineExceeded" | "ClusterUnreachable"
                     )
             });
-            if let Some(p) = missed.filter(|_| !r.done_at_update && !is_good) {
+            if let Some(p) = missed.filter(|_| !r.done_at_update) {
                 failures.insert(&r.c.name, (p.reason.clone(), p.message.clone()));
                 continue;
             }
             let targeted = r.prev_target() == Some(update) || r.at == Some(update);
-            if is_good || !targeted || r.done_at_update || finished {
+            // Once good, a cluster that joins, or stops being done, still
+            // owes it within the deadline (review L5): counted from when it
+            // stopped being done (`targeted` restarts then, below), so a
+            // blip is not a failure. It degrades the rollout; it never
+            // rolls back a revision that completed.
+            if !targeted || r.done_at_update || (finished && !is_good) {
                 continue;
             }
             // Paused, the clock stops; the round that resumes restarts it.
             if i.spec.paused {
                 continue;
             }
-            if resumed {
+            // Done until this round: its deadline starts now (the row's
+            // `targeted` restarts below).
+            let was_done = r.prev.is_some_and(|p| {
+                same_update && p.state == ClusterState::Done && p.target.as_deref() == Some(update)
+            });
+            if resumed || was_done {
                 soon(settings.deadline + Duration::from_secs(1));
                 continue;
             }
@@ -735,17 +748,24 @@ pub fn plan(i: &Inputs) -> Plan {
             _ => (reason, message),
         };
         let carried = r.prev.filter(|p| p.target == target);
+        let done = state == ClusterState::Done;
+        // A done cluster whose member's reason changes is still done since
+        // then: its bake goes on (review L11).
+        let since = carried
+            .filter(|p| p.state == state && (done || p.reason == reason))
+            .map_or_else(|| now.clone(), |p| p.since.clone());
+        // The deadline counts from the target's choice, and again from when
+        // a done cluster stops being done (review L5); resuming restarts
+        // it for what is not done yet.
+        let restart = !done && (resumed || carried.is_some_and(|p| p.state == ClusterState::Done));
         clusters.push(ClusterStatus {
             name: r.c.name.clone(),
             revision: r.at.map(str::to_string),
-            since: carried
-                .filter(|p| p.state == state && p.reason == reason)
-                .map_or_else(|| now.clone(), |p| p.since.clone()),
-            // Resuming restarts the deadline of what is not done yet.
+            since,
             targeted: target.as_ref().map(|_| {
                 carried
                     .and_then(|p| p.targeted.clone())
-                    .filter(|_| !(resumed && state != ClusterState::Done))
+                    .filter(|_| !restart)
                     .unwrap_or_else(|| now.clone())
             }),
             target,

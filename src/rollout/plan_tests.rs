@@ -112,7 +112,11 @@ impl World {
         let data = RevisionData::of(&self.spec);
         let step =
             crate::rollout::revision::update_revision("api", &self.revisions, &data, 0).unwrap();
-        let r = step.revision().clone();
+        let mut r = step.revision().clone();
+        // As the edge does: a new revision keeps the last good one.
+        if matches!(step, crate::rollout::revision::Step::Create(_)) {
+            r.memory.good_before = self.status.last_good_revision.clone();
+        }
         self.revisions.retain(|x| x.name != r.name);
         self.revisions.push(r.clone());
         r
@@ -138,6 +142,12 @@ impl World {
     fn step(&mut self) -> Plan {
         let p = self.plan();
         self.status = p.status.clone();
+        // As the edge does: a failed revision is marked with its number.
+        if let Some(n) = p.status.failed_revision_number
+            && let Some(r) = self.revisions.iter_mut().find(|r| r.number == n)
+        {
+            r.memory.failed_number = Some(n);
+        }
         for a in &p.actions {
             match a {
                 Action::Apply { cluster, revision } => {
@@ -1716,4 +1726,173 @@ fn current_revision_ignores_a_foreign_object() {
     let second = w.update().name;
     assert_ne!(first, second);
     assert_eq!(w.status.current_revision.as_deref(), Some(second.as_str()));
+}
+
+fn row<'a>(w: &'a World, cluster: &str) -> &'a crate::rollout::spec::ClusterStatus {
+    w.status
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster)
+        .unwrap()
+}
+
+/// Review L5: once a revision completed, a cluster that joins the
+/// placement and never becomes done was `Progressing` for ever; the
+/// progress deadline holds there too. It is failed (no rollback: the
+/// revision is good elsewhere), the phase is `Degraded`, and it is
+/// `Complete` again once the cluster is done.
+#[test]
+fn a_cluster_joining_a_completed_revision_has_a_deadline_too() {
+    let mut w = World::three();
+    w.spec.rollout.waves = vec![];
+    w.spec.rollout.max_failed_clusters = 1;
+    w.settle(RolloutPhase::Complete);
+    let good = w.update().name;
+    w.clusters.push(Cluster {
+        name: "m4".into(),
+        labels: Some(BTreeMap::new()),
+        reachable: true,
+        synced: true,
+        member: None,
+    });
+    w.step();
+    assert_eq!(w.written(&good).iter().filter(|c| **c == "m4").count(), 1);
+    assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+    w.wait(61);
+    w.step();
+    let m4 = row(&w, "m4");
+    assert_eq!(
+        (m4.state, m4.reason.as_str()),
+        (ClusterState::Failed, "ProgressDeadlineExceeded"),
+        "{m4:?}"
+    );
+    assert_eq!(w.status.phase, Some(RolloutPhase::Degraded));
+    assert_eq!(w.status.last_good_revision.as_deref(), Some(good.as_str()));
+    assert_eq!(w.status.failed_revision_number, None, "nothing rolls back");
+    assert!(w.deletes.is_empty());
+    w.done("m4");
+    w.step();
+    assert_eq!(w.status.phase, Some(RolloutPhase::Complete));
+}
+
+/// Review L5, the other half: the deadline of a cluster that was done
+/// counts from when it stopped being done, not from its target's choice
+/// long ago. A feed that is lost for a moment is not a failure, in a
+/// completed rollout or in a canary's bake; one that stays lost is.
+#[test]
+fn a_done_cluster_that_blips_has_a_fresh_deadline() {
+    let mut w = World::three();
+    w.spec.rollout.waves = vec![];
+    w.settle(RolloutPhase::Complete);
+    w.wait(3600);
+    w.set("m2", EntryState::Unknown, "FeedLost");
+    w.step();
+    assert_eq!(w.state("m2"), ClusterState::Unknown);
+    assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+    assert_eq!(row(&w, "m2").targeted, Some(Time(w.now)), "restarted");
+    w.wait(30);
+    w.step();
+    w.done("m2");
+    w.step();
+    assert_eq!(w.status.phase, Some(RolloutPhase::Complete));
+    // Lost for longer than the deadline: failed, degraded, not rolled back.
+    w.wait(3600);
+    w.set("m2", EntryState::Unknown, "FeedLost");
+    w.step();
+    w.wait(61);
+    w.step();
+    assert_eq!(
+        (w.state("m2"), row(&w, "m2").reason.as_str()),
+        (ClusterState::Failed, "ClusterUnreachable")
+    );
+    assert_eq!(w.status.phase, Some(RolloutPhase::Degraded));
+
+    // In a canary's bake (longer than the deadline), a blip restarts the
+    // bake and does not fail the canary.
+    let mut w = World::three();
+    w.spec.rollout.bake = Some("1h".into());
+    w.step();
+    w.done("m1");
+    w.step();
+    w.wait(1800);
+    w.set("m1", EntryState::Unknown, "FeedLost");
+    w.step();
+    w.wait(5);
+    w.done("m1");
+    w.step();
+    assert_eq!(w.state("m1"), ClusterState::Done);
+    assert_eq!(w.status.phase, Some(RolloutPhase::Progressing));
+    assert_eq!(w.status.failed_revision_number, None, "{:?}", w.status);
+}
+
+/// Review L11: a done cluster whose member changes its reason (still
+/// done) keeps its bake; only leaving done restarts it.
+#[test]
+fn a_reason_change_of_a_done_canary_keeps_its_bake() {
+    let mut w = World::three();
+    w.step();
+    w.done("m1");
+    w.step();
+    let since = row(&w, "m1").since.clone();
+    w.wait(20);
+    w.set("m1", EntryState::Done, "NewReplicaSetAvailable");
+    w.step();
+    assert_eq!(row(&w, "m1").since, since, "the bake goes on");
+    w.wait(11);
+    w.step();
+    assert!(
+        w.status.waves[0].state == crate::rollout::spec::WaveState::Done,
+        "the canary baked 31 s across the reason change: {:?}",
+        w.status.waves
+    );
+}
+
+/// Review L13: the status is lost (a restore without status, a wipe).
+/// The revisions remember: a failed release is not tried again from the
+/// canary, and a release that fails after the loss still goes back to the
+/// last good revision instead of being `Failed` with nowhere to go.
+#[test]
+fn a_lost_status_forgets_neither_the_failure_nor_the_last_good() {
+    let mut w = World::three();
+    w.complete();
+    let good = w.update().name;
+    w.spec = spec("app:2");
+    w.step();
+    w.set("m1", EntryState::Failed, "ProgressDeadlineExceeded");
+    w.step();
+    assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
+    let failed = w.update();
+    assert!(failed.failed(), "{failed:?}");
+
+    w.status = Default::default();
+    let writes = w.writes.len();
+    w.step();
+    assert_eq!(
+        w.status.phase,
+        Some(RolloutPhase::RolledBack),
+        "{:?}",
+        w.status
+    );
+    assert!(
+        w.writes[writes..].iter().all(|(_, r)| *r == good),
+        "nothing but the good revision is written: {:?}",
+        &w.writes[writes..]
+    );
+
+    // A new release; the status is lost before it fails.
+    let mut w = World::three();
+    w.complete();
+    let good = w.update().name;
+    w.spec = spec("app:3");
+    w.step();
+    w.status = Default::default();
+    w.set("m1", EntryState::Failed, "ProgressDeadlineExceeded");
+    w.step();
+    assert_eq!(
+        w.status.phase,
+        Some(RolloutPhase::RolledBack),
+        "{:?}",
+        w.status
+    );
+    assert_eq!(w.status.last_good_revision.as_deref(), Some(good.as_str()));
 }

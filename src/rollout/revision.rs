@@ -33,6 +33,28 @@ pub struct Revision {
     pub name: String,
     pub number: i64,
     pub data: RevisionData,
+    pub memory: Memory,
+}
+
+/// What a revision's ControllerRevision remembers of the rollouts, so
+/// that a status that is lost (a restore without status, a wipe) does not
+/// take the fleet's memory with it (review L13), as a Deployment keeps
+/// its history in its ReplicaSets.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Memory {
+    /// The last good revision when this one was created: what a failure
+    /// of this one goes back to. Written with the create, so it costs no write.
+    pub good_before: Option<String>,
+    /// The number this revision had when it failed. A revision re-applied
+    /// later gets a new number, and is a fresh attempt.
+    pub failed_number: Option<i64>,
+}
+
+impl Revision {
+    /// Failed as it is numbered now.
+    pub fn failed(&self) -> bool {
+        self.memory.failed_number == Some(self.number)
+    }
 }
 
 /// `<fleet-microservice>-<hash>`, short enough for any object name.
@@ -88,12 +110,15 @@ pub fn update_revision(
             name,
             number: newest + 1,
             data: data.clone(),
+            memory: Memory::default(),
         })),
     }
 }
 
 /// The revision an undo goes back to: number `to`, or with 0 the last good
-/// revision, or (when that is the update revision) the newest before it.
+/// revision, or (when that is the update revision) the newest before it
+/// that did not fail (review L7: going back to a known failure is never
+/// the default; name its number to try it again).
 pub fn undo_target<'a>(
     stored: &'a [Revision],
     update: Option<&str>,
@@ -120,11 +145,17 @@ pub fn undo_target<'a>(
         .iter()
         .find(|r| Some(r.name.as_str()) == update)
         .map_or(i64::MAX, |r| r.number);
-    stored
-        .iter()
-        .filter(|r| r.number < current)
+    let earlier = || stored.iter().filter(|r| r.number < current);
+    earlier()
+        .filter(|r| !r.failed())
         .max_by_key(|r| r.number)
-        .ok_or_else(|| "there is no earlier revision to go back to".to_string())
+        .ok_or_else(|| match earlier().count() {
+            0 => "there is no earlier revision to go back to".to_string(),
+            _ => format!(
+                "every earlier revision failed; name one to try it again (stored: {})",
+                numbers()
+            ),
+        })
 }
 
 /// Revisions to delete: the oldest beyond `limit`, never one in `keep`
@@ -174,6 +205,7 @@ mod tests {
             name: name_for("api", &data("a:2")),
             number: 2,
             data: data("a:2"),
+            memory: Memory::default(),
         };
         let existing = vec![first.clone(), second.clone()];
         assert_eq!(
@@ -201,20 +233,27 @@ mod tests {
             name: name_for("api", &data("a:1")),
             number: 1,
             data: data("a:1"),
+            memory: Memory::default(),
         };
         r.data = data("a:9");
         assert!(update_revision("api", &[r], &data("a:1"), 0).is_err());
     }
 
-    #[test]
-    fn undo_goes_to_a_number_the_last_good_or_the_one_before() {
-        let revs: Vec<Revision> = (1..=3)
+    /// Revisions r1..=rN, numbered 1..=N.
+    fn numbered(n: i64) -> Vec<Revision> {
+        (1..=n)
             .map(|n| Revision {
                 name: format!("r{n}"),
                 number: n,
                 data: data(&format!("a:{n}")),
+                memory: Memory::default(),
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn undo_goes_to_a_number_the_last_good_or_the_one_before() {
+        let revs = numbered(3);
         assert_eq!(
             undo_target(&revs, Some("r3"), Some("r1"), 2).unwrap().name,
             "r2"
@@ -235,15 +274,31 @@ mod tests {
         assert!(undo_target(&revs[..1], Some("r1"), Some("r1"), 0).is_err());
     }
 
+    /// Review L7: with r3 good and r2 failed, an undo without a number
+    /// goes to r1, not to r2; r2 is still there by its number.
+    #[test]
+    fn undo_skips_a_revision_that_failed() {
+        let mut revs = numbered(3);
+        revs[1].memory.failed_number = Some(2);
+        assert_eq!(
+            undo_target(&revs, Some("r3"), Some("r3"), 0).unwrap().name,
+            "r1"
+        );
+        assert_eq!(
+            undo_target(&revs, Some("r3"), Some("r3"), 2).unwrap().name,
+            "r2"
+        );
+        // Failed under an older number, it was re-applied since: not failed.
+        revs[1].number = 4;
+        assert!(!revs[1].failed());
+        revs[0].memory.failed_number = Some(1);
+        let err = undo_target(&revs[..1], Some("r9"), None, 0).unwrap_err();
+        assert!(err.contains("every earlier revision failed"), "{err}");
+    }
+
     #[test]
     fn pruning_keeps_the_newest_and_what_is_in_use() {
-        let revs: Vec<Revision> = (1..=5)
-            .map(|n| Revision {
-                name: format!("r{n}"),
-                number: n,
-                data: data(&format!("a:{n}")),
-            })
-            .collect();
+        let revs = numbered(5);
         let keep = BTreeSet::from(["r1".to_string()]);
         assert_eq!(prune(&revs, 2, &keep), vec!["r3", "r2"]);
         assert!(prune(&revs, 10, &keep).is_empty());

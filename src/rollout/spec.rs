@@ -17,6 +17,10 @@ pub const FLEET_LABEL: &str = "platform.example.io/fleet-microservice";
 pub const REVISION_ANNOTATION: &str = "platform.example.io/fleet-revision";
 /// Holds member objects until they are deleted from every cluster.
 pub const FINALIZER: &str = "platform.example.io/fleet-cleanup";
+/// On a ControllerRevision: the last good revision when it was created.
+pub const GOOD_BEFORE_ANNOTATION: &str = "platform.example.io/good-before";
+/// On a ControllerRevision: the number it had when it failed.
+pub const FAILED_ANNOTATION: &str = "platform.example.io/failed-number";
 /// Every cluster carries its own name as a label, so waves can name clusters.
 pub const CLUSTER_NAME_LABEL: &str = "platform.example.io/cluster-name";
 pub const DEFAULT_HISTORY: i32 = 10;
