@@ -4,6 +4,7 @@
 pub mod api;
 pub mod cli;
 pub mod crd;
+pub mod dns;
 pub mod domain;
 pub mod fleet;
 pub mod limits;

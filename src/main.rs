@@ -137,7 +137,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         stopped(stop_rx.clone()),
     );
     let rollouts = flotilla::rollout::controller::Options {
-        home: home_config,
+        home: home_config.clone(),
         namespace: args.home_namespace.clone(),
         fleet_name: args.fleet_name.clone(),
         replica_id: replica_id.clone(),
@@ -183,6 +183,24 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         }
         _ => None,
     };
+    // The fleet-wide names: one writer for the fleet, on the replica that
+    // leads its home Lease (#31).
+    let fleet_dns = match &registration {
+        Some(Registration::Ready(registry)) if args.registry.fleet_dns => {
+            Some(flotilla::dns::writer::Options {
+                home: home_config.clone(),
+                namespace: args.home_namespace.clone(),
+                fleet_name: args.fleet_name.clone(),
+                replica_id: replica_id.clone(),
+                timings,
+                hub: hub.clone(),
+                registry: registry.as_ref().clone(),
+                rule: args.registry.rule(),
+                ttl: args.registry.ttl.as_secs() as u32,
+            })
+        }
+        _ => None,
+    };
     let options = FleetOptions {
         home,
         member_secrets_namespace: if args.member_secrets_namespace.is_empty() {
@@ -208,6 +226,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             defaults,
             registry: registration,
             registry_sweep: args.registry.sweep_period,
+            fleet_dns: fleet_dns.is_some(),
         },
         rescan: Duration::from_secs(2),
         hub: hub.clone(),
@@ -265,6 +284,12 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         tasks.push(Critical::spawn("dashboard", async move {
             serve.await.map_err(|e| e.to_string())
         }));
+    }
+    if let Some(dns) = fleet_dns {
+        tasks.push(Critical::spawn(
+            "fleet DNS",
+            flotilla::dns::writer::run(dns, stopped(stop_rx.clone())),
+        ));
     }
     if let Some(sweep) = departed_sweep {
         tasks.push(Critical::spawn("registry sweep", async move {

@@ -439,6 +439,41 @@ pub struct RegistryArgs {
     /// are required.
     #[arg(long = "registry-insecure", env = "FLOTILLA_REGISTRY_INSECURE")]
     pub insecure: bool,
+    /// Fleet mode: one replica (holding the home Lease flotilla-FLEET-dns)
+    /// keeps each fleet-wide name listing only the clusters where the
+    /// Microservice is Available. False: every member leader lists its own
+    /// cluster there, whatever its state.
+    #[arg(long = "fleet-dns", env = "FLOTILLA_FLEET_DNS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fleet_dns: bool,
+    /// Fleet mode: the TTL of fleet-wide answers (NAME.NAMESPACE.ZONE). A
+    /// client may keep sending traffic to a withdrawn cluster this long.
+    #[arg(long = "registry-ttl", env = "FLOTILLA_REGISTRY_TTL", default_value = "10s", value_parser = parse_ttl)]
+    pub ttl: Duration,
+    /// Fleet mode: a cluster leaves a fleet-wide answer once its
+    /// Microservice has been unavailable (or its cluster unreachable) this long.
+    #[arg(long = "dns-withdraw-after", env = "FLOTILLA_DNS_WITHDRAW_AFTER", default_value = "5s", value_parser = parse_duration)]
+    pub withdraw_after: Duration,
+    /// Fleet mode: it comes back once healthy again this long.
+    #[arg(long = "dns-restore-after", env = "FLOTILLA_DNS_RESTORE_AFTER", default_value = "5s", value_parser = parse_duration)]
+    pub restore_after: Duration,
+    /// Fleet mode: an unreachable cluster is withdrawn like an unhealthy one,
+    /// or kept as it was (its control plane may be down while it serves).
+    #[arg(
+        long = "dns-unreachable",
+        env = "FLOTILLA_DNS_UNREACHABLE",
+        value_enum,
+        default_value = "withdraw"
+    )]
+    pub unreachable: crate::dns::health::OnUnreachable,
+}
+
+/// A TTL in whole seconds, from 1 s to an hour.
+fn parse_ttl(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(3600) || d.subsec_nanos() != 0 {
+        return Err("a TTL is whole seconds, from 1s to 1h".into());
+    }
+    Ok(d)
 }
 
 impl RegistryArgs {
@@ -453,6 +488,15 @@ impl RegistryArgs {
             key: self.key.clone(),
             insecure: self.insecure,
         })
+    }
+
+    /// When a cluster enters and leaves a fleet-wide answer.
+    pub fn rule(&self) -> crate::dns::health::Rule {
+        crate::dns::health::Rule {
+            withdraw_after: self.withdraw_after,
+            restore_after: self.restore_after,
+            unreachable: self.unreachable,
+        }
     }
 }
 

@@ -74,6 +74,8 @@ pub struct ReplicaSettings {
     /// The fleet service registry, when registration is on.
     pub registry: Option<crate::registry::Registration>,
     pub registry_sweep: Duration,
+    /// A fleet DNS writer keeps the fleet-wide names (`--fleet-dns`).
+    pub fleet_dns: bool,
 }
 
 fn set_state(hub: &Hub, cluster: &str, me: &str, state: ClusterState) {
@@ -432,6 +434,7 @@ pub async fn run(
                 s.debounce_max = settings.debounce_max;
                 s.registry = settings.registry.clone();
                 s.registry_sweep = settings.registry_sweep;
+                s.fleet_dns = settings.fleet_dns;
                 s.defaults = settings.defaults.clone();
                 s.leadership = Some(leadership.clone());
                 // Writes of this term, and only this term, pass the fence.

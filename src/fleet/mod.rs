@@ -7,6 +7,7 @@ pub mod credentials;
 pub mod election;
 pub mod elector;
 pub mod fence;
+pub mod home_lease;
 pub mod labels;
 pub mod lease_store;
 pub mod live_reads;

@@ -75,6 +75,9 @@ pub struct Settings {
     pub registry: Option<crate::registry::Registration>,
     /// How often the leader sweeps its cluster's stale registry records.
     pub registry_sweep: Duration,
+    /// A fleet DNS writer keeps the fleet-wide names (fleet mode): this
+    /// leader writes its cluster's own name only.
+    pub fleet_dns: bool,
 }
 
 impl Settings {
@@ -92,6 +95,7 @@ impl Settings {
             leadership: None,
             registry: None,
             registry_sweep: Duration::from_secs(60),
+            fleet_dns: false,
         }
     }
 }

@@ -195,7 +195,11 @@ async fn try_register(
 ) -> Result<(), RegistryError> {
     let me = writer(ctx);
     let (host, port) = address(service);
-    let desired = entry(ctx, ms).desired(registry.zone(), host, port, me.epoch)?;
+    let mut desired = entry(ctx, ms).desired(registry.zone(), host, port, me.epoch)?;
+    // The fleet-wide name is the fleet DNS writer's, health-aware (#31).
+    if ctx.settings.fleet_dns {
+        desired.truncate(1);
+    }
     let key = ObjectRef::from_obj(ms);
     if ctx.registrations.fresh(&key, &desired) {
         return Ok(());
@@ -246,13 +250,16 @@ pub async fn register(
                 &registry.zone().name,
             );
             let cluster = &ctx.settings.cluster;
+            let fleet_wide = if ctx.settings.fleet_dns {
+                format!("; in {name}.{ns}.{zone} while Available here")
+            } else {
+                format!(" and {name}.{ns}.{zone}")
+            };
             Verdict::new(
                 REGISTERED,
                 Status::True,
                 "Registered",
-                format!(
-                    "resolvable as {name}.{ns}.{cluster}.{CLUSTER_TREE}.{zone} and {name}.{ns}.{zone}"
-                ),
+                format!("resolvable as {name}.{ns}.{cluster}.{CLUSTER_TREE}.{zone}{fleet_wide}"),
             )
         }
         Err(e) => {

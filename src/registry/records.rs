@@ -97,9 +97,28 @@ impl Zone {
 /// check read it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Writer {
+    /// A member cluster's name, or `@FLEET` for a fleet's DNS writer.
     pub cluster: String,
-    /// The cluster leader's term (its Lease's transitions) when written.
+    /// The leader's term (its Lease's transitions) when written.
     pub epoch: i64,
+}
+
+/// The prefix of a fleet DNS writer's name: no cluster name has it.
+pub const FLEET_WRITER: char = '@';
+
+impl Writer {
+    /// The DNS writer of fleet `fleet`, at `epoch`.
+    pub fn fleet(fleet: &str, epoch: i64) -> Writer {
+        Writer {
+            cluster: format!("{FLEET_WRITER}{fleet}"),
+            epoch,
+        }
+    }
+
+    /// A fleet's DNS writer rather than a member's leader.
+    pub fn is_fleet(&self) -> bool {
+        self.cluster.starts_with(FLEET_WRITER)
+    }
 }
 
 /// One SkyDNS message, as CoreDNS's etcd plugin decodes it.
@@ -150,7 +169,8 @@ impl Entry {
         ])
     }
 
-    /// The records it should have, for a Service at `host:port`.
+    /// The records it should have, for a Service at `host:port`: its own
+    /// name's, then its place in the fleet-wide one.
     pub fn desired(
         &self,
         zone: &Zone,
@@ -211,12 +231,18 @@ pub enum Op {
         key: String,
         mod_revision: i64,
     },
+    /// No write: the others apply only if this key is still as read (the
+    /// record a fleet-wide one is copied from, the writer's term).
+    Check {
+        key: String,
+        mod_revision: i64,
+    },
 }
 
 impl Op {
     pub fn key(&self) -> &str {
         match self {
-            Op::Put { key, .. } | Op::Delete { key, .. } => key,
+            Op::Put { key, .. } | Op::Delete { key, .. } | Op::Check { key, .. } => key,
         }
     }
 }
@@ -237,8 +263,8 @@ pub enum Refusal {
     Foreign { key: String },
 }
 
-/// A newer term of our own cluster wrote it: we are not its leader any more.
-fn newer_term(key: &str, found: &Record, me: &Writer) -> Result<(), Refusal> {
+/// A newer term of our own writer wrote it: we are not its leader any more.
+pub fn newer_term(key: &str, found: &Record, me: &Writer) -> Result<(), Refusal> {
     if found.writer.cluster == me.cluster && found.writer.epoch > me.epoch {
         return Err(Refusal::Deposed {
             key: key.to_string(),
@@ -310,6 +336,16 @@ pub fn plan_remove(
                     mod_revision: found.mod_revision,
                 });
             }
+            // Our cluster's place in the fleet-wide answer, kept by the
+            // fleet's DNS writer: withdrawn with the Microservice, so no
+            // client is sent to a Service that is gone (the key names this
+            // cluster and this Microservice).
+            Some(r) if r.writer.is_fleet() => {
+                ops.push(Op::Delete {
+                    key: key.clone(),
+                    mod_revision: found.mod_revision,
+                });
+            }
             _ => return Err(Refusal::Foreign { key: key.clone() }),
         }
     }
@@ -355,7 +391,8 @@ pub fn plan_departed(existing: &[Existing], member: impl Fn(&str) -> bool) -> Ve
         .iter()
         .filter_map(|e| {
             let r = e.record.as_ref()?;
-            (!member(&r.writer.cluster)).then(|| Op::Delete {
+            // A fleet DNS writer's records are its own to keep.
+            (!r.writer.is_fleet() && !member(&r.writer.cluster)).then(|| Op::Delete {
                 key: e.key.clone(),
                 mod_revision: e.mod_revision,
             })

@@ -66,6 +66,13 @@ impl RegistryError {
 
 pub type Result<T, E = RegistryError> = std::result::Result<T, E>;
 
+/// Who holds a fleet DNS writer's term, as stored at its term key.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Term {
+    epoch: i64,
+    holder: String,
+}
+
 /// TLS is complete or plaintext is asked for: a client certificate without
 /// the CA that checks the server used to be dropped without a word.
 fn check_transport(config: &RegistryConfig) -> Result<()> {
@@ -303,6 +310,62 @@ impl Registry {
             .collect())
     }
 
+    /// The key that fences fleet `fleet`'s DNS writer: under the registry's
+    /// path, outside the zone's tree, so CoreDNS never serves it.
+    pub fn term_key(&self, fleet: &str) -> String {
+        format!(
+            "{}/_flotilla/dns-writers/{}/{fleet}",
+            self.inner.config.path.trim_end_matches('/'),
+            self.zone.name
+        )
+    }
+
+    /// Takes the term at `key` for `epoch`, unless a newer term holds it.
+    /// Returns the key's mod revision: every write of this term checks it,
+    /// so once a successor claims the key nothing of ours lands (#31).
+    pub async fn claim_term(&self, key: &str, epoch: i64, holder: &str) -> Result<i64> {
+        let got = self.client().get(key, None).await.map_err(unavailable)?;
+        let (found, read) = got.kvs().first().map_or((None, 0), |kv| {
+            (
+                serde_json::from_slice::<Term>(kv.value()).ok(),
+                kv.mod_revision(),
+            )
+        });
+        match &found {
+            Some(t) if t.epoch > epoch => {
+                return Err(RegistryError::Refused(Refusal::Deposed {
+                    key: key.to_string(),
+                    cluster: t.holder.clone(),
+                    epoch: t.epoch,
+                    ours: epoch,
+                }));
+            }
+            Some(t) if t.epoch == epoch && t.holder == holder => return Ok(read),
+            _ => {}
+        }
+        let value = serde_json::to_vec(&Term {
+            epoch,
+            holder: holder.to_string(),
+        })
+        .map_err(|e| RegistryError::Config(e.to_string()))?;
+        let response = self
+            .client()
+            .txn(
+                Txn::new()
+                    .when([Compare::mod_revision(key, CompareOp::Equal, read)])
+                    .and_then([TxnOp::put(key, value, None)]),
+            )
+            .await
+            .map_err(unavailable)?;
+        if !response.succeeded() {
+            return Err(RegistryError::Conflict);
+        }
+        response
+            .header()
+            .map(|h| h.revision())
+            .ok_or_else(|| RegistryError::Unavailable("etcd sent no revision".into()))
+    }
+
     /// Applies `ops` at once, each conditional on its key's mod revision
     /// (0: absent). `Conflict` when any key moved since it was read.
     pub async fn apply(&self, ops: &[Op]) -> Result<()> {
@@ -334,6 +397,13 @@ impl Registry {
                         *mod_revision,
                     ));
                     writes.push(TxnOp::delete(key.as_str(), None));
+                }
+                Op::Check { key, mod_revision } => {
+                    compares.push(Compare::mod_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        *mod_revision,
+                    ));
                 }
             }
         }

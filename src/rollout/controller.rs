@@ -34,7 +34,7 @@ use super::write_log::{Outcome, WriteLog};
 use crate::crd::MicroserviceSpec;
 use crate::domain::conditions::{self, CLEANUP_BLOCKED, Status, Verdict};
 use crate::fleet::election::Timings;
-use crate::fleet::elector::{Elector, Leadership, release};
+use crate::fleet::elector::Elector;
 use crate::fleet::fence::Fence;
 use crate::fleet::lease_store::KubeLeaseStore;
 use crate::fleet::runtime::Credentials;
@@ -83,7 +83,7 @@ pub async fn run(
         &opts.namespace,
         &format!("flotilla-{}-rollouts", opts.fleet_name),
     );
-    let (elector, mut leadership) = Elector::new(opts.replica_id.clone(), opts.timings, store);
+    let (elector, leadership) = Elector::new(opts.replica_id.clone(), opts.timings, store);
     let fence = Fence::new("home", leadership.clone());
     let drain = fence.clone();
     let elector = elector.with_drain(Box::new(move || {
@@ -104,41 +104,20 @@ pub async fn run(
         cache: opts.cache.clone(),
         write_timeout: opts.write_timeout,
     });
-    let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
-    let elector_task = tokio::spawn(elector.run(async move {
-        stop_elector_rx.wait_for(|s| *s).await.ok();
-    }));
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let state = leadership.borrow_and_update().clone();
-        if let Leadership::Leading { epoch, .. } = state {
-            tracing::info!(epoch, "leading fleet rollouts");
+    crate::fleet::home_lease::lead(
+        "fleet rollouts",
+        elector,
+        leadership,
+        opts.timings.renew_deadline,
+        shutdown,
+        |epoch| {
+            // Writes of this term, and only this term, pass the fence.
             fence.arm(Some(epoch));
-            let over = crate::fleet::cluster::term_over(leadership.clone(), epoch);
-            let stopped = tokio::select! {
-                _ = work(ctx.clone()) => false,
-                _ = over => false,
-                _ = &mut shutdown => true,
-            };
-            fence.arm(None);
-            tracing::info!(epoch, "fleet rollouts term over; writers stopped");
-            if stopped {
-                break;
-            }
-        }
-        tokio::select! {
-            changed = leadership.changed() => if changed.is_err() { break },
-            _ = &mut shutdown => break,
-        }
-    }
-    stop_elector_tx.send(true).ok();
-    if let Ok((store, Some(held))) = elector_task.await {
-        match tokio::time::timeout(opts.timings.renew_deadline, release(&store, &held)).await {
-            Ok(Ok(())) => tracing::info!("rollout lease released"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "rollout lease release failed"),
-            Err(_) => tracing::warn!("rollout lease release timed out"),
-        }
-    }
+            work(ctx.clone())
+        },
+        |_| fence.arm(None),
+    )
+    .await;
     Ok(())
 }
 

@@ -168,6 +168,8 @@ pub struct Metrics {
     pub rollout_home_writes_total: Family,
     pub rollout_member_writes_total: Family,
     pub rollout_clock_ahead: Family,
+    pub dns_records: Family,
+    pub dns_writes_total: Family,
     pub registry_up: Family,
     pub registry_writes_total: Family,
     pub watch_errors_total: Family,
@@ -279,6 +281,18 @@ impl Metrics {
                 Gauge,
                 &[],
             ),
+            dns_records: Family::new(
+                "flotilla_dns_records",
+                "On the fleet DNS writer, the clusters' places in fleet-wide names after its last pass: listed (healthy), withdrawn, or failopen (listed though unhealthy, because no cluster of that name is healthy).",
+                Gauge,
+                &["state"],
+            ),
+            dns_writes_total: Family::new(
+                "flotilla_dns_writes_total",
+                "The fleet DNS writer's etcd transactions, one per fleet-wide name changed, by result: applied, conflict (a key or the term moved since it was read), error.",
+                Counter,
+                &["result"],
+            ),
             registry_up: Family::new(
                 "flotilla_registry_up",
                 "1 while the service registry's etcd answered the last call of this cluster's leader.",
@@ -330,7 +344,7 @@ impl Metrics {
         m
     }
 
-    fn families(&self) -> [&Family; 23] {
+    fn families(&self) -> [&Family; 25] {
         [
             &self.reconcile_total,
             &self.reconcile_duration,
@@ -348,6 +362,8 @@ impl Metrics {
             &self.rollout_home_writes_total,
             &self.rollout_member_writes_total,
             &self.rollout_clock_ahead,
+            &self.dns_records,
+            &self.dns_writes_total,
             &self.registry_up,
             &self.registry_writes_total,
             &self.watch_errors_total,

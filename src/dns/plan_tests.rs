@@ -1,0 +1,224 @@
+use super::*;
+
+fn zone() -> Zone {
+    Zone::new("fleet.example", "/skydns").unwrap()
+}
+
+const P: &str = "/skydns/example/fleet";
+
+fn record(host: &str, writer: Writer) -> Record {
+    Record {
+        host: host.into(),
+        port: 80,
+        ttl: 30,
+        object: "ns/web".into(),
+        writer,
+    }
+}
+
+fn member(c: &str) -> Writer {
+    Writer {
+        cluster: c.into(),
+        epoch: 1,
+    }
+}
+
+fn me(epoch: i64) -> Writer {
+    Writer::fleet("prod", epoch)
+}
+
+fn own(c: &str, host: &str, rev: i64) -> Existing {
+    Existing {
+        key: format!("{P}/cluster/{c}/ns/web"),
+        record: Some(record(host, member(c))),
+        mod_revision: rev,
+    }
+}
+
+fn wide(c: &str, host: &str, writer: Writer, rev: i64) -> Existing {
+    Existing {
+        key: format!("{P}/ns/web/{c}"),
+        record: Some(Record {
+            ttl: 10,
+            ..record(host, writer)
+        }),
+        mod_revision: rev,
+    }
+}
+
+fn clusters() -> BTreeSet<String> {
+    ["m1", "m2", "m3"].map(String::from).into()
+}
+
+fn web() -> BTreeSet<Object> {
+    [("ns".to_string(), "web".to_string())].into()
+}
+
+fn run(
+    existing: &[Existing],
+    out: &[&str],
+    objects: &BTreeSet<Object>,
+) -> Result<Vec<Step>, Refusal> {
+    let z = zoned(&zone(), existing, &clusters());
+    plan(&zone(), &z, &me(4), 10, &clusters(), objects, |_, c| {
+        !out.contains(&c)
+    })
+}
+
+fn puts(ops: &[Op]) -> Vec<&str> {
+    ops.iter()
+        .filter_map(|o| match o {
+            Op::Put { key, .. } => Some(key.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn deletes(ops: &[Op]) -> Vec<&str> {
+    ops.iter()
+        .filter_map(|o| match o {
+            Op::Delete { key, .. } => Some(key.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn healthy_clusters_are_listed_each_write_checked_against_its_source() {
+    let existing = [own("m1", "10.0.0.1", 5), own("m2", "10.0.0.2", 6)];
+    let steps = run(&existing, &[], &web()).unwrap();
+    assert_eq!(steps.len(), 1);
+    let s = &steps[0];
+    assert_eq!(s.answer.listed, vec!["m1", "m2"]);
+    assert!(!s.answer.degraded);
+    assert_eq!(
+        s.ops,
+        vec![
+            Op::Put {
+                key: format!("{P}/ns/web/m1"),
+                record: Record {
+                    ttl: 10,
+                    ..record("10.0.0.1", me(4))
+                },
+                mod_revision: 0,
+            },
+            Op::Check {
+                key: format!("{P}/cluster/m1/ns/web"),
+                mod_revision: 5,
+            },
+            Op::Put {
+                key: format!("{P}/ns/web/m2"),
+                record: Record {
+                    ttl: 10,
+                    ..record("10.0.0.2", me(4))
+                },
+                mod_revision: 0,
+            },
+            Op::Check {
+                key: format!("{P}/cluster/m2/ns/web"),
+                mod_revision: 6,
+            },
+        ]
+    );
+}
+
+#[test]
+fn an_unhealthy_cluster_is_withdrawn_and_in_sync_writes_nothing() {
+    let existing = [
+        own("m1", "10.0.0.1", 5),
+        own("m2", "10.0.0.2", 6),
+        // Written by an earlier term: the same answer needs no write.
+        wide("m1", "10.0.0.1", me(3), 7),
+        wide("m2", "10.0.0.2", me(4), 8),
+    ];
+    let steps = run(&existing, &["m2"], &web()).unwrap();
+    assert_eq!(steps[0].answer.listed, vec!["m1"]);
+    assert_eq!(
+        steps[0].ops,
+        vec![Op::Delete {
+            key: format!("{P}/ns/web/m2"),
+            mod_revision: 8,
+        }]
+    );
+    assert!(run(&existing, &[], &web()).unwrap()[0].ops.is_empty());
+}
+
+#[test]
+fn with_no_cluster_healthy_every_candidate_is_listed() {
+    let existing = [
+        own("m1", "10.0.0.1", 5),
+        own("m2", "10.0.0.2", 6),
+        wide("m1", "10.0.0.1", me(4), 7),
+    ];
+    let steps = run(&existing, &["m1", "m2"], &web()).unwrap();
+    assert!(steps[0].answer.degraded);
+    assert_eq!(steps[0].answer.listed, vec!["m1", "m2"]);
+    assert_eq!(puts(&steps[0].ops), vec![format!("{P}/ns/web/m2")]);
+}
+
+#[test]
+fn a_member_written_entry_is_adopted_or_withdrawn() {
+    // Before a fleet DNS writer ran, each member leader wrote its own place.
+    let existing = [
+        own("m1", "10.0.0.1", 5),
+        own("m2", "10.0.0.2", 6),
+        wide("m1", "10.0.0.1", member("m1"), 7),
+        wide("m2", "10.0.0.2", member("m2"), 8),
+    ];
+    let steps = run(&existing, &["m2"], &web()).unwrap();
+    assert_eq!(puts(&steps[0].ops), vec![format!("{P}/ns/web/m1")]);
+    assert_eq!(deletes(&steps[0].ops), vec![format!("{P}/ns/web/m2")]);
+}
+
+#[test]
+fn what_is_not_ours_is_left_alone() {
+    let existing = [
+        own("m1", "10.0.0.1", 5),
+        // Another fleet sharing the zone, and a value that is not a record.
+        wide("m2", "10.0.0.2", Writer::fleet("staging", 9), 8),
+        Existing {
+            key: format!("{P}/ns/web/m3"),
+            record: None,
+            mod_revision: 9,
+        },
+        // A cluster outside this fleet is no candidate, nor is a record at
+        // a cluster's key written by another cluster.
+        own("m9", "10.0.0.9", 10),
+        Existing {
+            key: format!("{P}/cluster/m3/ns/web"),
+            record: Some(record("10.0.0.3", member("m1"))),
+            mod_revision: 11,
+        },
+    ];
+    let steps = run(&existing, &[], &web()).unwrap();
+    assert_eq!(steps[0].answer.candidates, vec!["m1"]);
+    assert_eq!(puts(&steps[0].ops), vec![format!("{P}/ns/web/m1")]);
+    assert!(deletes(&steps[0].ops).is_empty());
+}
+
+#[test]
+fn a_newer_term_of_this_writer_deposes_it() {
+    let existing = [own("m1", "10.0.0.1", 5), wide("m1", "10.0.0.8", me(5), 7)];
+    assert!(matches!(
+        run(&existing, &[], &web()),
+        Err(Refusal::Deposed {
+            epoch: 5,
+            ours: 4,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn an_object_the_index_no_longer_knows_loses_our_records_only() {
+    let existing = [
+        own("m1", "10.0.0.1", 5),
+        wide("m1", "10.0.0.1", me(4), 7),
+        wide("m2", "10.0.0.2", member("m2"), 8),
+    ];
+    let steps = run(&existing, &[], &BTreeSet::new()).unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].answer.listed, Vec::<String>::new());
+    // Ours goes; the member's own is its leader's to sweep.
+    assert_eq!(deletes(&steps[0].ops), vec![format!("{P}/ns/web/m1")]);
+}

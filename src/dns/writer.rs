@@ -1,0 +1,280 @@
+//! The fleet DNS writer (#31): on the replica that leads the home Lease
+//! `flotilla-<fleet>-dns`, keep every fleet-wide name listing the clusters
+//! the health rule lets in. Each pass reads the zone and the status index,
+//! steps each cluster's track, plans, and writes one etcd transaction per
+//! name that changed. Every transaction checks this term's key in etcd
+//! (claimed when the term starts), and goes only while the term holds at
+//! the wire (`admit`, bounded by its renew deadline): a deposed writer's
+//! late write changes nothing once its successor has claimed the key.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::{Client, Config};
+use tokio::sync::watch;
+
+use super::health::{Rule, Seen, Track};
+use super::plan::{self, Object};
+use crate::fleet::election::Timings;
+use crate::fleet::elector::{Elector, Leadership};
+use crate::fleet::fence::admit;
+use crate::fleet::lease_store::KubeLeaseStore;
+use crate::registry::Registry;
+use crate::registry::records::{Op, Refusal, Writer};
+use crate::registry::store::RegistryError;
+use crate::status::hub::Hub;
+use crate::status::index::{Filter, Snapshot};
+use crate::status::view::EntryState;
+use crate::telemetry::metrics::METRICS;
+
+pub struct Options {
+    /// The home cluster, with this replica's user agent.
+    pub home: Config,
+    pub namespace: String,
+    pub fleet_name: String,
+    pub replica_id: String,
+    pub timings: Timings,
+    pub hub: Arc<Hub>,
+    pub registry: Registry,
+    pub rule: Rule,
+    /// The TTL of fleet-wide answers.
+    pub ttl: u32,
+}
+
+/// Look again at least this often: a member leader's own record (the
+/// address a fleet-wide one copies) changes in etcd, not in the index.
+const RESYNC: Duration = Duration::from_secs(2);
+/// Let a burst of index changes settle into one pass.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Runs until `shutdown`: contests the DNS Lease in the home cluster and,
+/// while leading, keeps the fleet-wide names. On shutdown the writer
+/// stops first, then the Lease is released.
+pub async fn run(
+    opts: Options,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let client = Client::try_from(opts.home.clone()).map_err(|e| format!("home client: {e}"))?;
+    let store = KubeLeaseStore::new(
+        client,
+        &opts.namespace,
+        &format!("flotilla-{}-dns", opts.fleet_name),
+    );
+    let (elector, leadership) = Elector::new(opts.replica_id.clone(), opts.timings, store);
+    let terms = leadership.clone();
+    crate::fleet::home_lease::lead(
+        "fleet DNS",
+        elector,
+        leadership,
+        opts.timings.renew_deadline,
+        shutdown,
+        |epoch| term(&opts, epoch, terms.clone()),
+        |_| {},
+    )
+    .await;
+    Ok(())
+}
+
+/// One term: passes until the term is over (the caller drops this) or a
+/// newer term is found in etcd.
+async fn term(opts: &Options, epoch: i32, leadership: watch::Receiver<Leadership>) {
+    let mut pass = Pass {
+        opts,
+        me: Writer::fleet(&opts.fleet_name, i64::from(epoch)),
+        epoch,
+        leadership,
+        term_key: opts.registry.term_key(&opts.fleet_name),
+        claimed: None,
+        tracks: HashMap::new(),
+    };
+    let mut index = opts.hub.subscribe();
+    let mut clusters = opts.hub.subscribe_clusters();
+    loop {
+        let next = match pass.run().await {
+            Ok(wake) => wake.map_or(RESYNC, |w| w.min(RESYNC)),
+            Err(RegistryError::Refused(Refusal::Deposed { epoch: newer, .. })) => {
+                tracing::warn!(
+                    epoch,
+                    newer,
+                    "a newer fleet DNS term holds the registry; writing nothing more this term"
+                );
+                std::future::pending::<()>().await;
+                return;
+            }
+            Err(e) => {
+                tracing::info!(error = %e, category = e.category(), "fleet DNS pass failed; retrying");
+                Duration::from_secs(1)
+            }
+        };
+        tokio::select! {
+            _ = index.changed() => {}
+            _ = clusters.changed() => {}
+            _ = tokio::time::sleep(next) => {}
+        }
+        tokio::time::sleep(SETTLE).await;
+    }
+}
+
+struct Pass<'a> {
+    opts: &'a Options,
+    me: Writer,
+    epoch: i32,
+    leadership: watch::Receiver<Leadership>,
+    term_key: String,
+    /// The term key's mod revision once this term claimed it.
+    claimed: Option<i64>,
+    /// Per fleet-wide name and cluster, its place as the rule keeps it.
+    tracks: HashMap<(Object, String), Track>,
+}
+
+impl Pass<'_> {
+    /// One pass; returns when a pending change is due, if one is.
+    async fn run(&mut self) -> Result<Option<Duration>, RegistryError> {
+        let opts = self.opts;
+        let (known, snap) = opts.hub.read(|ix| (ix.registry_was_read(), ix.snapshot()));
+        // Until the member list is read, every cluster would look absent.
+        if !known {
+            return Ok(None);
+        }
+        let clusters: BTreeSet<String> = snap.clusters().keys().cloned().collect();
+        let objects: BTreeSet<Object> = snap
+            .list(&Filter::default(), None, usize::MAX)
+            .map(|v| (v.namespace, v.name))
+            .collect();
+        let existing = opts.registry.read_zone().await?;
+        let zone = opts.registry.zone();
+        let z = plan::zoned(zone, &existing, &clusters);
+
+        // Step each candidate's track; a new one starts as etcd has it.
+        let now = std::time::Instant::now();
+        let mut wake: Option<Duration> = None;
+        let mut alive = HashSet::new();
+        for (object, sources) in &z.sources {
+            for cluster in sources.keys() {
+                let key = (object.clone(), cluster.clone());
+                let listed = z
+                    .fleet_wide
+                    .get(object)
+                    .and_then(|m| m.get(cluster))
+                    .and_then(|e| e.record.as_ref())
+                    .is_some_and(|r| {
+                        r.writer.cluster == self.me.cluster || r.writer.cluster == *cluster
+                    });
+                let track = self
+                    .tracks
+                    .get(&key)
+                    .copied()
+                    .unwrap_or(Track::found(listed));
+                let (track, due) = opts.rule.step(track, seen(&snap, object, cluster), now);
+                wake = match (wake, due) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                self.tracks.insert(key.clone(), track);
+                alive.insert(key);
+            }
+        }
+        self.tracks.retain(|k, _| alive.contains(k));
+
+        let tracks = &self.tracks;
+        let steps = plan::plan(zone, &z, &self.me, opts.ttl, &clusters, &objects, |o, c| {
+            tracks
+                .get(&(o.clone(), c.to_string()))
+                .is_some_and(|t| t.in_answer)
+        })?;
+        let (mut listed, mut withdrawn, mut failopen) = (0, 0, 0);
+        for s in &steps {
+            let n = s.answer.listed.len();
+            if s.answer.degraded {
+                failopen += n;
+            } else {
+                listed += n;
+                withdrawn += s.answer.candidates.len() - n;
+            }
+        }
+        for (state, n) in [
+            ("listed", listed),
+            ("withdrawn", withdrawn),
+            ("failopen", failopen),
+        ] {
+            METRICS.dns_records.set(&[state], n as f64);
+        }
+        for step in steps.into_iter().filter(|s| !s.ops.is_empty()) {
+            self.write(step).await?;
+        }
+        Ok(wake)
+    }
+
+    /// One name's writes, in one transaction that checks this term's key.
+    async fn write(&mut self, step: plan::Step) -> Result<(), RegistryError> {
+        let opts = self.opts;
+        let claimed = match self.claimed {
+            Some(r) => r,
+            None => {
+                let r = opts
+                    .registry
+                    .claim_term(&self.term_key, self.me.epoch, &opts.replica_id)
+                    .await?;
+                self.claimed = Some(r);
+                r
+            }
+        };
+        let mut ops = step.ops;
+        ops.push(Op::Check {
+            key: self.term_key.clone(),
+            mod_revision: claimed,
+        });
+        let until = admit(
+            &self.leadership.borrow(),
+            Some(self.epoch),
+            tokio::time::Instant::now(),
+        )
+        .map_err(|_| RegistryError::NotLeading)?;
+        let (ns, name) = &step.answer.object;
+        let applied = match tokio::time::timeout_at(until, opts.registry.apply(&ops)).await {
+            Ok(r) => r,
+            Err(_) => Err(RegistryError::NotLeading),
+        };
+        let result = match &applied {
+            Ok(()) => "applied",
+            Err(RegistryError::Conflict) => {
+                // A key, or the term, moved: claim again (refused if a
+                // newer term holds it) and read again next pass.
+                self.claimed = None;
+                "conflict"
+            }
+            Err(_) => "error",
+        };
+        METRICS.dns_writes_total.inc(&[result]);
+        if applied.is_ok() {
+            tracing::info!(
+                k8s.namespace.name = %ns,
+                k8s.microservice.name = %name,
+                listed = ?step.answer.listed,
+                degraded = step.answer.degraded,
+                "fleet-wide name changed"
+            );
+        }
+        applied
+    }
+}
+
+/// What the index says of `object` in `cluster`.
+fn seen(snap: &Snapshot, object: &Object, cluster: &str) -> Seen {
+    let reachable = snap
+        .clusters()
+        .get(cluster)
+        .is_some_and(|c| c.absence_is_known());
+    if !reachable {
+        return Seen::Unreachable;
+    }
+    let entry = snap
+        .view(object, Some(cluster))
+        .and_then(|v| v.entries.into_iter().find(|e| e.cluster == cluster));
+    match entry {
+        Some(e) if e.state == EntryState::Done && !e.facts.deleting => Seen::Healthy,
+        Some(e) if e.state == EntryState::Unknown => Seen::Unreachable,
+        _ => Seen::Unhealthy,
+    }
+}
