@@ -13,6 +13,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 use flotilla::crd::Microservice;
+use flotilla::registry::Registration;
 use support::registry::{dig, resolves, zone};
 use support::replicas::{MEMBERS, REPLICA_IDS, Replicas, holder_in, member_clients, namespaces};
 use support::{
@@ -35,15 +36,32 @@ async fn service_ip(client: &Client, ns: &str, name: &str) -> String {
 /// Three replicas over the three members, the registry on, with the
 /// windows given; `web` Available in every member. Returns the replicas,
 /// the namespace, and each member's ClusterIP for `web`.
-async fn fleet(
-    prefix: &str,
-    windows: &[&str],
-) -> (
+/// The replicas, the namespace, each member's ClusterIP for `web`, and
+/// the namespaces' guards.
+type Fleet = (
     Replicas,
     String,
     BTreeMap<&'static str, String>,
     Vec<support::TestNamespace>,
-) {
+);
+
+async fn fleet(prefix: &str, windows: &[&str]) -> Fleet {
+    fleet_of(prefix, windows, &REPLICA_IDS).await
+}
+
+/// The same with the replicas named, started in that order.
+async fn fleet_of(prefix: &str, windows: &[&str], ids: &[&str]) -> Fleet {
+    fleet_with(prefix, windows, ids, |_, _| {}).await
+}
+
+/// The same, `prepare` changing the replicas' setup before each start.
+/// The first replica takes the DNS Lease before the others start.
+async fn fleet_with(
+    prefix: &str,
+    windows: &[&str],
+    ids: &[&str],
+    mut prepare: impl FnMut(&mut Replicas, &str),
+) -> Fleet {
     let members = member_clients().await;
     for c in members.values() {
         ensure_crd(c).await;
@@ -57,8 +75,16 @@ async fn fleet(
             .chain(windows)
             .map(|s| s.to_string()),
     );
-    for id in REPLICA_IDS {
+    for (i, id) in ids.iter().enumerate() {
+        prepare(&mut replicas, id);
         replicas.start(id);
+        if i == 0 {
+            let (r, ns) = (&replicas, &ns);
+            eventually("the first replica writing DNS", WAIT, || async move {
+                (dns_writer(r, ns).await.as_deref() == Some(*id)).then_some(())
+            })
+            .await;
+        }
     }
     let mut ips = BTreeMap::new();
     for c in members.values() {
@@ -79,18 +105,66 @@ async fn fleet(
     (replicas, ns, ips, guards)
 }
 
+/// Waits until each restarted member works again end to end (a new
+/// Microservice becomes Available there): its controller-manager and kwok
+/// reconnect with backoff after an apiserver restart, and the next test
+/// binary must find the fleet whole.
+async fn working_again(ns: &str, members: &[&str]) {
+    let name = format!("after-{:08x}", rand::random::<u32>());
+    for m in members {
+        let api = Api::<Microservice>::namespaced(client(m).await, ns);
+        api.create(
+            &PostParams::default(),
+            &microservice(&name, "ghcr.io/acme/web:1", 8080, Some(1)),
+        )
+        .await
+        .expect("create a Microservice after the restart");
+    }
+    for m in members {
+        let api = Api::<Microservice>::namespaced(client(m).await, ns);
+        wait_condition(&api, &name, "Available", "True", None).await;
+    }
+}
+
+/// Windows of 3 s, and a 10 s progress deadline so that a release that
+/// never becomes ready fails soon.
+const FAILING_FAST: &[&str] = &[
+    "--dns-withdraw-after",
+    "3s",
+    "--dns-restore-after",
+    "3s",
+    "--progress-deadline",
+    "10s",
+];
+
+/// A patch that gives `web` this image tag.
+fn image(tag: &str) -> kube::api::Patch<serde_json::Value> {
+    kube::api::Patch::Merge(
+        serde_json::json!({"spec": {"image": format!("ghcr.io/acme/web:{tag}")}}),
+    )
+}
+
 fn answer(ips: &BTreeMap<&str, String>, members: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = members.iter().map(|m| ips[m].clone()).collect();
     v.sort();
     v
 }
 
+/// The replica holding the fleet's DNS Lease.
+async fn dns_writer(replicas: &Replicas, ns: &str) -> Option<String> {
+    let home = client("home").await;
+    holder_in(&home, ns, &format!("{}-dns", replicas.lease_name())).await
+}
+
 /// A series' value on the replica that leads the fleet's DNS Lease.
 async fn on_dns_leader(replicas: &Replicas, ns: &str, series: &str) -> f64 {
-    let home = client("home").await;
-    let lease = format!("{}-dns", replicas.lease_name());
-    let id = holder_in(&home, ns, &lease).await.expect("a DNS writer");
-    let (_, body) = http_get(&format!("{}/metrics", replicas.metrics_url(&id)))
+    let id = dns_writer(replicas, ns).await.expect("a DNS writer");
+    metric(replicas, &id, series).await
+}
+
+/// A series' value on replica `id` (0 when absent).
+async fn metric(replicas: &Replicas, id: &str, series: &str) -> f64 {
+    let (_, body) = http_get(&format!("{}/metrics", replicas.metrics_url(id)))
         .await
         .expect("metrics");
     body.lines()
@@ -144,6 +218,7 @@ async fn the_fleet_wide_name_follows_where_the_service_is_available() {
         "figure: member-2 back (apiserver ready) to its address listed again: {:?} (restore window 4 s)",
         back.elapsed()
     );
+    working_again(&ns, &["member-2"]).await;
     drop(replicas);
 }
 
@@ -180,24 +255,33 @@ async fn a_blip_shorter_than_the_window_moves_nothing() {
     let withdrawn =
         on_dns_leader(&replicas, &ns, "flotilla_dns_records{state=\"withdrawn\"}").await;
     assert_eq!(withdrawn, 0.0);
+    working_again(&ns, &["member-2"]).await;
     drop(replicas);
 }
 
-/// With every member down, nothing is healthy: the answer keeps every
-/// address rather than sending clients nowhere, and the DNS writer counts
-/// them as listed fail-open.
+/// With the service failed in every member (a release that never becomes
+/// ready, past a 10 s progress deadline), nothing is healthy: the answer
+/// keeps every address rather than sending clients nowhere, and the DNS
+/// writer counts them as listed fail-open. (Failed rather than stopped
+/// members: the test bed's controller-managers take minutes to recover
+/// from every apiserver restarting at once.)
 #[tokio::test]
-async fn with_every_member_down_the_answer_fails_open() {
+async fn with_the_service_failed_everywhere_the_answer_fails_open() {
     let _one = MEMBERS_UP.lock().await;
-    let (replicas, ns, ips, _guards) = fleet(
-        "dns-all",
-        &["--dns-withdraw-after", "3s", "--dns-restore-after", "3s"],
-    )
-    .await;
+    let (replicas, ns, ips, _guards) = fleet("dns-all", FAILING_FAST).await;
     let fleet_wide = format!("web.{ns}.{}", zone());
     let all = answer(&ips, &MEMBERS);
     resolves(&fleet_wide, "A", &all).await;
-    let downs: Vec<StoppedMember> = MEMBERS.iter().map(|m| StoppedMember::stop(m)).collect();
+    for m in MEMBERS {
+        Api::<Microservice>::namespaced(client(m).await, &ns)
+            .patch(
+                "web",
+                &kube::api::PatchParams::default(),
+                &image("never-ready"),
+            )
+            .await
+            .expect("a release that never becomes ready");
+    }
     eventually("every address listed fail-open", WAIT, || {
         let (replicas, ns) = (&replicas, &ns);
         async move {
@@ -210,7 +294,6 @@ async fn with_every_member_down_the_answer_fails_open() {
     // Well past the window, still every address.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(dig(&fleet_wide, "A"), all);
-    drop(downs);
     drop(replicas);
 }
 
@@ -290,4 +373,145 @@ async fn a_deposed_dns_writers_write_changes_nothing_once_its_successor_claimed_
         },
     ];
     registry.apply(&delete).await.expect("cleaned up");
+}
+
+/// A release that never becomes ready on member-1 (the replicas' progress
+/// deadline is 10 s): once the Microservice there fails, member-1 leaves
+/// the fleet-wide answer; the fix brings it back.
+#[tokio::test]
+async fn a_failed_release_leaves_the_answer_and_its_fix_brings_it_back() {
+    let _one = MEMBERS_UP.lock().await;
+    let (replicas, ns, ips, _guards) = fleet("dns-bad", FAILING_FAST).await;
+    let fleet_wide = format!("web.{ns}.{}", zone());
+    resolves(&fleet_wide, "A", &answer(&ips, &MEMBERS)).await;
+    let api = Api::<Microservice>::namespaced(client("member-1").await, &ns);
+    let params = kube::api::PatchParams::default();
+    api.patch("web", &params, &image("never-ready"))
+        .await
+        .expect("a release that never becomes ready");
+    let rest = answer(&ips, &["member-2", "member-3"]);
+    eventually("member-1 withdrawn", WAIT, || {
+        let got = dig(&fleet_wide, "A");
+        let rest = rest.clone();
+        async move { (got == rest).then_some(()) }
+    })
+    .await;
+    api.patch("web", &params, &image("2"))
+        .await
+        .expect("the fix");
+    resolves(&fleet_wide, "A", &answer(&ips, &MEMBERS)).await;
+    drop(replicas);
+}
+
+/// The etcd fence on live replicas. The DNS writer rA reaches etcd
+/// through a proxy that holds its next write: member-3 goes down, rA's
+/// withdrawal of it is held, and rA is stopped (SIGSTOP) after its term
+/// check passed. rB (which keeps unreachable clusters, so it leaves
+/// member-3's record untouched) takes the Lease and claims the term by
+/// listing a new Microservice. rA's held write then reaches etcd: only the
+/// term key's revision stands between it and member-3's record, and it
+/// changes nothing.
+#[tokio::test]
+async fn a_stopped_dns_writers_held_write_is_refused_once_its_successor_claimed_the_term() {
+    use support::gate::Gate;
+    let _one = MEMBERS_UP.lock().await;
+    let etcd = support::registry::env()["FLOTILLA_REGISTRY_ETCD_ENDPOINTS"].clone();
+    let gate = Gate::start(etcd.trim_start_matches("http://").to_string()).await;
+    let endpoint = |r: &mut Replicas, e: String| {
+        r.env
+            .retain(|(k, _)| k != "FLOTILLA_REGISTRY_ETCD_ENDPOINTS");
+        r.env.push(("FLOTILLA_REGISTRY_ETCD_ENDPOINTS".into(), e));
+    };
+    let (replicas, ns, ips, _guards) = fleet_with(
+        "dns-stop",
+        &["--dns-withdraw-after", "2s", "--dns-restore-after", "2s"],
+        &["ra", "rb"],
+        |r, id| {
+            if id == "ra" {
+                endpoint(r, format!("http://127.0.0.1:{}", gate.port));
+            } else {
+                endpoint(r, etcd.clone());
+                r.env
+                    .push(("FLOTILLA_DNS_UNREACHABLE".into(), "keep".into()));
+            }
+        },
+    )
+    .await;
+    let zone = zone();
+    let fleet_wide = format!("web.{ns}.{zone}");
+    let all = answer(&ips, &MEMBERS);
+    resolves(&fleet_wide, "A", &all).await;
+
+    gate.hold_next_write();
+    let down = StoppedMember::stop("member-3");
+    eventually(
+        "ra's withdrawal of member-3 held at the proxy",
+        WAIT,
+        || {
+            let holding = gate.holding();
+            async move { holding.then_some(()) }
+        },
+    )
+    .await;
+    replicas.signal("ra", "STOP");
+    let stopped = Continued(&replicas, "ra".into());
+    eventually("rb holds the DNS Lease", WAIT, || {
+        let (replicas, ns) = (&replicas, &ns);
+        async move { (dns_writer(replicas, ns).await.as_deref() == Some("rb")).then_some(()) }
+    })
+    .await;
+    // rb claims the term with its first write: a new name in member-1.
+    let api1 = Api::<Microservice>::namespaced(client("member-1").await, &ns);
+    api1.create(
+        &PostParams::default(),
+        &microservice("api", "ghcr.io/acme/api:1", 8080, Some(1)),
+    )
+    .await
+    .expect("create api");
+    wait_condition(&api1, "api", "Available", "True", None).await;
+    let api_ip = service_ip(&client("member-1").await, &ns, "api").await;
+    resolves(&format!("api.{ns}.{zone}"), "A", &[api_ip]).await;
+
+    let Registration::Ready(registry) = support::registry::registration().await else {
+        panic!("the test bed's registry config is valid");
+    };
+    let key = format!("{}/{ns}/web/member-3", registry.zone().prefix);
+    let before = registry.read(std::slice::from_ref(&key)).await.unwrap();
+    assert_eq!(
+        before.len(),
+        1,
+        "rb kept member-3 (it keeps unreachable clusters)"
+    );
+    // ra's write, planned and checked inside its term, reaches etcd now.
+    let held = gate.waiting();
+    gate.release();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = registry.read(std::slice::from_ref(&key)).await.unwrap();
+    assert_eq!(
+        after, before,
+        "ra's held write ({held} bytes) changed member-3's place"
+    );
+    assert_eq!(dig(&fleet_wide, "A"), all);
+    drop(stopped);
+    println!(
+        "figure: ra's held write ({held} bytes) refused by the term key; ra's etcd conflicts: {}",
+        metric(
+            &replicas,
+            "ra",
+            "flotilla_dns_writes_total{result=\"conflict\"}"
+        )
+        .await,
+    );
+    drop(down);
+    working_again(&ns, &["member-3"]).await;
+    drop(replicas);
+}
+
+/// Continues a stopped replica when dropped, whatever the test's outcome.
+struct Continued<'a>(&'a Replicas, String);
+
+impl Drop for Continued<'_> {
+    fn drop(&mut self) {
+        self.0.signal(&self.1, "CONT");
+    }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use kube::{Client, Config};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::health::{Rule, Seen, Track};
 use super::plan::{self, Object};
@@ -230,9 +231,21 @@ impl Pass<'_> {
             Some(self.epoch),
             tokio::time::Instant::now(),
         )
-        .map_err(|_| RegistryError::NotLeading)?;
+        .map_err(|_| {
+            METRICS.dns_writes_total.inc(&["refused"]);
+            RegistryError::NotLeading
+        })?;
         let (ns, name) = &step.answer.object;
-        let applied = match tokio::time::timeout_at(until, opts.registry.apply(&ops)).await {
+        // A span per change, so a trace shows when each answer moved.
+        let span = tracing::info_span!(
+            "dns change",
+            k8s.namespace.name = %ns,
+            k8s.microservice.name = %name,
+            flotilla.dns.listed = ?step.answer.listed,
+            flotilla.dns.degraded = step.answer.degraded,
+        );
+        let apply = opts.registry.apply(&ops).instrument(span);
+        let applied = match tokio::time::timeout_at(until, apply).await {
             Ok(r) => r,
             Err(_) => Err(RegistryError::NotLeading),
         };

@@ -289,7 +289,7 @@ impl Metrics {
             ),
             dns_writes_total: Family::new(
                 "flotilla_dns_writes_total",
-                "The fleet DNS writer's etcd transactions, one per fleet-wide name changed, by result: applied, conflict (a key or the term moved since it was read), error.",
+                "The fleet DNS writer's etcd transactions, one per fleet-wide name changed, by result: applied, conflict (a key or the term moved since it was read), error, refused (not sent: this replica's term was over at the wire).",
                 Counter,
                 &["result"],
             ),
