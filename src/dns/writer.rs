@@ -25,7 +25,7 @@ use crate::registry::Registry;
 use crate::registry::records::{Op, Refusal, Writer};
 use crate::registry::store::RegistryError;
 use crate::status::hub::Hub;
-use crate::status::index::{Filter, Snapshot};
+use crate::status::index::{Filter, MicroserviceView, Snapshot};
 use crate::status::view::EntryState;
 use crate::telemetry::metrics::METRICS;
 
@@ -152,6 +152,7 @@ impl Pass<'_> {
         let mut wake: Option<Duration> = None;
         let mut alive = HashSet::new();
         for (object, sources) in &z.sources {
+            let view = snap.view(object, None);
             for cluster in sources.keys() {
                 let key = (object.clone(), cluster.clone());
                 let listed = z
@@ -167,7 +168,9 @@ impl Pass<'_> {
                     .get(&key)
                     .copied()
                     .unwrap_or(Track::found(listed));
-                let (track, due) = opts.rule.step(track, seen(&snap, object, cluster), now);
+                let (track, due) = opts
+                    .rule
+                    .step(track, seen(&snap, view.as_ref(), cluster), now);
                 wake = match (wake, due) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -274,7 +277,8 @@ impl Pass<'_> {
 }
 
 /// What the index says of `object` in `cluster`.
-fn seen(snap: &Snapshot, object: &Object, cluster: &str) -> Seen {
+/// `view` is the object's view, built once per object and pass.
+fn seen(snap: &Snapshot, view: Option<&MicroserviceView>, cluster: &str) -> Seen {
     let reachable = snap
         .clusters()
         .get(cluster)
@@ -282,9 +286,7 @@ fn seen(snap: &Snapshot, object: &Object, cluster: &str) -> Seen {
     if !reachable {
         return Seen::Unreachable;
     }
-    let entry = snap
-        .view(object, Some(cluster))
-        .and_then(|v| v.entries.into_iter().find(|e| e.cluster == cluster));
+    let entry = view.and_then(|v| v.entries.iter().find(|e| e.cluster == cluster));
     match entry {
         Some(e) if e.state == EntryState::Done && !e.facts.deleting => Seen::Healthy,
         Some(e) if e.state == EntryState::Unknown => Seen::Unreachable,
