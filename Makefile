@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench-rollouts bench-notes bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench-rollouts bench-dns bench-notes bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -103,6 +103,16 @@ bench-scale: toolchain
 bench-rollouts: toolchain
 	integration/fleet up
 	cargo bench --locked --bench rollouts
+
+# Health-aware fleet DNS: a member stopped to the fleet-wide answer without
+# it (detection, window, write and CoreDNS apart; 10 trials), 20 blips
+# shorter than the window, a kill -9 of the DNS writer, and registry writes
+# over a steady 1,500 Microservices (FLOTILLA_BENCH_DNS_*);
+# .fleet/bench/dns.json. About 15 minutes.
+bench-dns: toolchain
+	integration/fleet up
+	integration/fleet registry up
+	cargo bench --locked --bench dns
 
 # 10,000 Microservices created, reconciled and deleted under one controller
 # (FLOTILLA_BENCH_CYCLES): its resident memory every 1,000 and its note maps

@@ -148,7 +148,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         write_timeout: args.member_write_timeout,
     };
     let rollout_source = flotilla::api::server::RolloutSource {
-        cache: rollout_cache,
+        cache: rollout_cache.clone(),
         home: home.clone(),
     };
     let ui_rollouts = rollout_source.clone();
@@ -197,10 +197,18 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
                 registry: registry.as_ref().clone(),
                 rule: args.registry.rule(),
                 ttl: args.registry.ttl.as_secs() as u32,
+                fleet: rollout_cache.clone(),
             })
         }
         _ => None,
     };
+    if let (Some(Registration::Ready(registry)), Some(_)) = (&registration, &fleet_dns) {
+        grpc.dns = Some(flotilla::dns::lookup::DnsLookup {
+            registry: registry.as_ref().clone(),
+            fleet: Some(rollout_cache.clone()),
+        });
+    }
+    let ui_dns = grpc.dns.clone();
     let options = FleetOptions {
         home,
         member_secrets_namespace: if args.member_secrets_namespace.is_empty() {
@@ -272,7 +280,8 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             )
         }),
     ];
-    if let Some((o, l)) = ui {
+    if let Some((mut o, l)) = ui {
+        o.dns = ui_dns;
         let serve = flotilla::ui::server::serve(
             hub.clone(),
             o,
@@ -435,6 +444,11 @@ async fn remote(command: Command) -> u8 {
                 remote::wait(&o, f, w).await
             }
             Command::Rollout(a) => rollout_command(a.action).await,
+            Command::Dns(a) => {
+                let (o, f) = client_options(&a.remote)?;
+                let (ns, name) = remote::split_key(&a.target)?;
+                remote::dns(&o, f, ns, name).await.map(|()| 0)
+            }
             _ => Err("not a status command".into()),
         }
     }
@@ -506,7 +520,8 @@ fn main() -> ExitCode {
         command @ (Command::Clusters(_)
         | Command::Status(_)
         | Command::Wait(_)
-        | Command::Rollout(_)) => {
+        | Command::Rollout(_)
+        | Command::Dns(_)) => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {

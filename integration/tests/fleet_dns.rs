@@ -320,6 +320,7 @@ async fn a_deposed_dns_writers_write_changes_nothing_once_its_successor_claimed_
             ttl: 10,
             object: format!("{ns}/web"),
             writer: Writer::fleet(&fleet, epoch),
+            fail_open: false,
         },
         mod_revision: 0,
     };
@@ -400,6 +401,206 @@ async fn a_failed_release_leaves_the_answer_and_its_fix_brings_it_back() {
         .await
         .expect("the fix");
     resolves(&fleet_wide, "A", &answer(&ips, &MEMBERS)).await;
+    drop(replicas);
+}
+
+/// `flotilla dns NS/NAME -o json` against replica `id`.
+async fn dns_json(replicas: &Replicas, id: &str, ns: &str, name: &str) -> serde_json::Value {
+    let (code, out, err) = support::rollout::flotilla(
+        &[
+            "dns",
+            &format!("{ns}/{name}"),
+            "-o",
+            "json",
+            "--server",
+            &replicas.grpc_url(id),
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(code, 0, "flotilla dns: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// A FleetMicroservice's `FleetDnsDegraded` status ("" when absent).
+async fn degraded_condition(home: &Client, ns: &str, name: &str) -> String {
+    let f = Api::<flotilla::rollout::spec::FleetMicroservice>::namespaced(home.clone(), ns)
+        .get(name)
+        .await
+        .expect("the FleetMicroservice");
+    f.status
+        .and_then(|s| {
+            s.conditions
+                .into_iter()
+                .find(|c| c.type_ == "FleetDnsDegraded")
+        })
+        .map(|c| c.status)
+        .unwrap_or_default()
+}
+
+/// `spec.dns.strategy: Failover` with member-1 primary: only member-1
+/// answers; with member-1 down, member-2 and member-3 do; with member-1
+/// back, only member-1 again. `flotilla dns` on a replica that is not the
+/// DNS writer says why each cluster is in or out. A release that fails
+/// everywhere lists every cluster (fail-open), and the FleetMicroservice
+/// says `FleetDnsDegraded=True` until the fix.
+#[tokio::test]
+async fn a_failover_name_answers_from_its_primary_and_the_others_only_without_it() {
+    let _one = MEMBERS_UP.lock().await;
+    let home = client("home").await;
+    support::ensure_fleet_crd(&home).await;
+    // The last replica (not the DNS writer: the first one is) serves the page.
+    let ui_port = support::replicas::free_port();
+    let viewer = REPLICA_IDS[REPLICA_IDS.len() - 1];
+    let (replicas, ns, _, _guards) =
+        fleet_with("dns-failover", FAILING_FAST, &REPLICA_IDS, |r, id| {
+            if id == viewer {
+                r.extra_args.extend(
+                    [
+                        "--ui-addr",
+                        &format!("127.0.0.1:{ui_port}"),
+                        "--ui-insecure",
+                    ]
+                    .map(String::from),
+                );
+            }
+        })
+        .await;
+    let fms: flotilla::rollout::spec::FleetMicroservice = support::from_json(serde_json::json!({
+        "apiVersion": "platform.example.io/v1alpha1",
+        "kind": "FleetMicroservice",
+        "metadata": {"name": "api"},
+        "spec": {
+            "template": {"image": "ghcr.io/acme/api:1", "port": 8080, "replicas": 1},
+            "rollout": {"onFailure": "Pause"},
+            "dns": {
+                "strategy": "Failover",
+                "primary": {"clusterSelector": {"matchLabels": {
+                    "platform.example.io/cluster-name": "member-1"
+                }}}
+            }
+        }
+    }));
+    let fleet_api =
+        Api::<flotilla::rollout::spec::FleetMicroservice>::namespaced(home.clone(), &ns);
+    fleet_api
+        .create(&PostParams::default(), &fms)
+        .await
+        .expect("create the FleetMicroservice");
+    let mut ips = BTreeMap::new();
+    for m in MEMBERS {
+        let c = client(m).await;
+        let api = Api::<Microservice>::namespaced(c.clone(), &ns);
+        eventually(&format!("api in {m}"), WAIT, || {
+            let api = api.clone();
+            async move { api.get_opt("api").await.ok()?.map(|_| ()) }
+        })
+        .await;
+        wait_condition(&api, "api", "Available", "True", None).await;
+        wait_condition(&api, "api", "Registered", "True", None).await;
+        ips.insert(m, service_ip(&c, &ns, "api").await);
+    }
+    let zone = zone();
+    let name = format!("api.{ns}.{zone}");
+    resolves(&name, "A", &answer(&ips, &["member-1"])).await;
+
+    // Asked of a replica that does not write DNS.
+    let writer = dns_writer(&replicas, &ns).await.expect("a DNS writer");
+    let other = REPLICA_IDS.iter().find(|r| **r != writer).unwrap();
+    let j = dns_json(&replicas, other, &ns, "api").await;
+    assert_eq!(j["strategy"], "Failover", "{j}");
+    assert_eq!(j["degraded"], false, "{j}");
+    let row = |j: &serde_json::Value, c: &str| {
+        j["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["cluster"] == c)
+            .cloned()
+            .unwrap_or_else(|| panic!("{c} in {j}"))
+    };
+    assert_eq!(row(&j, "member-1")["listed"], true, "{j}");
+    assert_eq!(row(&j, "member-1")["primary"], true, "{j}");
+    let standby = row(&j, "member-2");
+    assert_eq!(standby["listed"], false, "{j}");
+    assert!(
+        standby["reason"].as_str().unwrap().starts_with("standby"),
+        "{j}"
+    );
+
+    // The dashboard's detail view shows the same, from the page itself.
+    let browser = support::browser::Browser::start("dns-failover", None).await;
+    browser
+        .open(&format!("http://127.0.0.1:{ui_port}/?detail={ns}/api"))
+        .await;
+    let shown = browser
+        .until(
+            "the DNS table in the detail view",
+            WAIT,
+            "const s = document.getElementById('detail-dns-summary'); const r = document.querySelector('#detail-dns tr[data-cluster=\"member-2\"]'); return s && r ? s.textContent + ' | ' + r.innerText : null;",
+        )
+        .await;
+    let shown = shown.as_str().unwrap_or_default().to_string();
+    assert!(shown.contains("lists member-1 (Failover)"), "{shown}");
+    assert!(shown.contains("standby"), "{shown}");
+    drop(browser);
+
+    // The primary down: the others answer; back: the primary alone.
+    let down = StoppedMember::stop("member-1");
+    let others = answer(&ips, &["member-2", "member-3"]);
+    eventually("member-2 and member-3 answer", WAIT, || {
+        let got = dig(&name, "A");
+        let others = others.clone();
+        async move { (got == others).then_some(()) }
+    })
+    .await;
+    drop(down);
+    resolves(&name, "A", &answer(&ips, &["member-1"])).await;
+    working_again(&ns, &["member-1"]).await;
+    assert_eq!(degraded_condition(&home, &ns, "api").await, "");
+
+    // A release that fails everywhere: every address, and the condition.
+    let image = |tag: &str| {
+        kube::api::Patch::Merge(
+            serde_json::json!({"spec": {"template": {"image": format!("ghcr.io/acme/api:{tag}")}}}),
+        )
+    };
+    let params = kube::api::PatchParams::default();
+    fleet_api
+        .patch("api", &params, &image("never-ready"))
+        .await
+        .expect("a release that never becomes ready");
+    let all = answer(&ips, &MEMBERS);
+    eventually("every address listed, and FleetDnsDegraded", WAIT, || {
+        let (home, ns, all, name) = (&home, &ns, &all, &name);
+        async move {
+            (dig(name, "A") == *all && degraded_condition(home, ns, "api").await == "True")
+                .then_some(())
+        }
+    })
+    .await;
+    let j = dns_json(&replicas, other, &ns, "api").await;
+    assert_eq!(j["degraded"], true, "{j}");
+    assert!(
+        row(&j, "member-2")["reason"]
+            .as_str()
+            .unwrap()
+            .contains("fail-open"),
+        "{j}"
+    );
+    fleet_api
+        .patch("api", &params, &image("2"))
+        .await
+        .expect("the fix");
+    eventually("the primary alone, and not degraded", WAIT, || {
+        let (home, ns, name) = (&home, &ns, &name);
+        let want = answer(&ips, &["member-1"]);
+        async move {
+            (dig(name, "A") == want && degraded_condition(home, ns, "api").await == "False")
+                .then_some(())
+        }
+    })
+    .await;
     drop(replicas);
 }
 

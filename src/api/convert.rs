@@ -116,6 +116,35 @@ pub fn aggregate(a: &Aggregate) -> pb::Aggregate {
     }
 }
 
+/// A fleet-wide name's answer, or why it could not be read.
+pub fn dns(answer: Result<crate::dns::view::DnsView, String>) -> pb::DnsAnswer {
+    match answer {
+        Err(error) => pb::DnsAnswer {
+            error,
+            ..Default::default()
+        },
+        Ok(v) => pb::DnsAnswer {
+            name: v.name,
+            strategy: v.strategy.to_string(),
+            degraded: v.degraded,
+            clusters: v
+                .clusters
+                .into_iter()
+                .map(|c| pb::DnsCluster {
+                    cluster: c.cluster,
+                    listed: c.listed,
+                    address: c.address.unwrap_or_default(),
+                    health: c.health.to_string(),
+                    primary: c.primary,
+                    reason: c.reason,
+                })
+                .collect(),
+            summary: v.summary,
+            error: String::new(),
+        },
+    }
+}
+
 pub fn microservice(v: &MicroserviceView) -> pb::Microservice {
     with_entries(v, entry)
 }
@@ -132,5 +161,6 @@ fn with_entries(v: &MicroserviceView, entry: fn(&Entry) -> pb::ClusterEntry) -> 
         clusters: v.entries.iter().map(entry).collect(),
         aggregate: Some(aggregate(&v.aggregate)),
         revision: v.revision,
+        dns: None,
     }
 }

@@ -59,6 +59,8 @@ pub struct ServerOptions {
     pub conns: super::conns::ConnLimits,
     /// Reads of members' live objects, for waits on "current".
     pub live: Option<super::live::Live>,
+    /// Reads of fleet-wide DNS names, for GetMicroservice's `dns` field.
+    pub dns: Option<crate::dns::lookup::DnsLookup>,
 }
 
 impl ServerOptions {
@@ -83,6 +85,7 @@ impl ServerOptions {
             write_token_file: None,
             conns: Default::default(),
             live: None,
+            dns: None,
         }
     }
 
@@ -204,6 +207,7 @@ pub async fn serve(
         shutdown: stopping.clone(),
         credentials: credentials.clone(),
         live: opts.live.clone(),
+        dns: opts.dns.clone(),
     })
     .max_decoding_message_size(opts.max_request_bytes)
     .max_encoding_message_size(opts.max_response_bytes);

@@ -40,6 +40,8 @@ pub struct FleetStatusService {
     /// Reads of members' live objects; `None`: no floors (a server fed an
     /// index directly, without members).
     pub live: Option<Live>,
+    /// The registry's fleet-wide names, when fleet DNS is on.
+    pub dns: Option<crate::dns::lookup::DnsLookup>,
 }
 
 impl FleetStatusService {
@@ -92,7 +94,12 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         self.registry_read()?;
         let snap = self.hub.read(|ix| ix.snapshot());
         if let Some(v) = snap.view(&key, None) {
-            return Ok(Response::new(convert::microservice(&v)));
+            let mut m = convert::microservice(&v);
+            if let Some(dns) = &self.dns {
+                let answer = dns.answer(&snap, &key.0, &key.1).await;
+                m.dns = Some(convert::dns(answer));
+            }
+            return Ok(Response::new(m));
         }
         // Not found only where absence is known everywhere.
         let unlisted: Vec<&str> = snap

@@ -87,6 +87,17 @@ pub enum Command {
     /// undo. `rollout wait` exits 0 Complete, 1 RolledBack or Failed,
     /// 2 timed out, 3 could not ask.
     Rollout(RolloutArgs),
+    /// Show a Microservice's fleet-wide DNS name: the clusters it answers
+    /// and why each is in or out. Exit codes: 0 shown, 3 could not ask.
+    Dns(DnsArgs),
+}
+
+#[derive(clap::Args)]
+pub struct DnsArgs {
+    /// NAMESPACE/NAME.
+    pub target: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 #[derive(clap::Args)]

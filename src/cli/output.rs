@@ -185,12 +185,61 @@ const ENTRY_HEADER: [&str; 6] = [
 
 pub fn microservice_table(m: &pb::Microservice) -> String {
     let summary = m.aggregate.as_ref().map_or("", |a| a.summary.as_str());
+    let dns = match &m.dns {
+        Some(d) if d.error.is_empty() => format!("DNS: {}\n", d.summary),
+        Some(d) => format!("DNS: {}\n", d.error),
+        None => String::new(),
+    };
     format!(
-        "{}/{}: {summary}\n{}",
+        "{}/{}: {summary}\n{dns}{}",
         m.namespace,
         m.name,
         table(&ENTRY_HEADER, &entry_rows(&m.clusters))
     )
+}
+
+/// `flotilla dns`: the summary, then one row per candidate cluster.
+pub fn dns_table(d: &pb::DnsAnswer) -> String {
+    let rows: Vec<Vec<String>> = d
+        .clusters
+        .iter()
+        .map(|c| {
+            vec![
+                c.cluster.clone(),
+                if c.listed { "yes" } else { "no" }.to_string(),
+                c.health.clone(),
+                if c.primary { "yes" } else { "no" }.to_string(),
+                c.address.clone(),
+                c.reason.clone(),
+            ]
+        })
+        .collect();
+    let degraded = if d.degraded {
+        "\nFleetDnsDegraded: True (no cluster is healthy; every record is kept)"
+    } else {
+        ""
+    };
+    format!(
+        "{} ({}){degraded}\n{}",
+        d.summary,
+        d.strategy,
+        table(
+            &[
+                "CLUSTER", "LISTED", "HEALTH", "PRIMARY", "ADDRESS", "REASON"
+            ],
+            &rows
+        )
+    )
+}
+
+pub fn dns_json(d: &pb::DnsAnswer) -> Value {
+    json!({
+        "name": d.name, "strategy": d.strategy, "degraded": d.degraded, "summary": d.summary,
+        "clusters": d.clusters.iter().map(|c| json!({
+            "cluster": c.cluster, "listed": c.listed, "address": c.address,
+            "health": c.health, "primary": c.primary, "reason": c.reason,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 pub fn list_table(items: &[pb::Microservice]) -> String {
@@ -329,6 +378,37 @@ mod tests {
     }
 
     #[test]
+    fn a_dns_answer_prints_each_cluster_and_says_when_it_is_degraded() {
+        let cluster = |name: &str, listed: bool| pb::DnsCluster {
+            cluster: name.into(),
+            listed,
+            address: "10.0.0.1:80".into(),
+            health: "Unhealthy".into(),
+            primary: true,
+            reason: "listed: no cluster is healthy (fail-open)".into(),
+        };
+        let mut d = pb::DnsAnswer {
+            name: "api.shop.fleet.example".into(),
+            strategy: "RoundRobin".into(),
+            degraded: true,
+            clusters: vec![cluster("member-1", true), cluster("member-2", false)],
+            summary: "api.shop.fleet.example lists member-1".into(),
+            error: String::new(),
+        };
+        let text = dns_table(&d);
+        assert!(
+            text.starts_with(
+                "api.shop.fleet.example lists member-1 (RoundRobin)\nFleetDnsDegraded: True"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("member-2  no "), "{text}");
+        d.degraded = false;
+        assert!(!dns_table(&d).contains("FleetDnsDegraded"));
+        assert_eq!(dns_json(&d)["clusters"][1]["listed"], false);
+    }
+
+    #[test]
     fn a_microservice_prints_its_summary_and_one_row_per_cluster() {
         let m = pb::Microservice {
             namespace: "shop".into(),
@@ -339,6 +419,7 @@ mod tests {
                 ..Default::default()
             }),
             revision: 3,
+            dns: None,
         };
         let text = microservice_table(&m);
         assert!(

@@ -62,6 +62,34 @@ pub fn split_key(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `flotilla dns NS/NAME`: the fleet-wide name as etcd holds it.
+pub async fn dns(
+    o: &ClientOptions,
+    format: Format,
+    namespace: String,
+    name: String,
+) -> Result<(), String> {
+    let mut client = connect_first(o).await?;
+    let m = client
+        .get_microservice(pb::GetMicroserviceRequest { namespace, name })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let Some(dns) = m.dns else {
+        return Err(
+            "this replica keeps no fleet-wide names (no registry, or --fleet-dns=false)".into(),
+        );
+    };
+    if !dns.error.is_empty() {
+        return Err(dns.error);
+    }
+    match format {
+        Format::Table => print!("{}", output::dns_table(&dns)),
+        Format::Json => println!("{}", output::dns_json(&dns)),
+    }
+    Ok(())
+}
+
 pub async fn status(
     o: &ClientOptions,
     format: Format,

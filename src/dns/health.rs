@@ -37,6 +37,11 @@ pub struct Track {
     pub in_answer: bool,
     /// Since when what is seen has disagreed with `in_answer`.
     pub disagrees_since: Option<Instant>,
+    /// It has been in this answer before (as found, or since): only then
+    /// does coming back wait out the restore window. A cluster new to the
+    /// name has no flapping to damp, and a new service's name should list
+    /// each cluster as soon as it is Available there.
+    pub returning: bool,
 }
 
 impl Track {
@@ -45,6 +50,15 @@ impl Track {
         Track {
             in_answer,
             disagrees_since: None,
+            returning: in_answer,
+        }
+    }
+
+    fn settled(self, in_answer: bool) -> Track {
+        Track {
+            in_answer,
+            disagrees_since: None,
+            returning: self.returning || in_answer,
         }
     }
 }
@@ -64,25 +78,25 @@ impl Rule {
     pub fn step(&self, track: Track, seen: Seen, now: Instant) -> (Track, Option<Duration>) {
         let Some(want) = self.wants(seen) else {
             // Nothing known: as it was, and the clock of a pending change stops.
-            return (Track::found(track.in_answer), None);
+            return (track.settled(track.in_answer), None);
         };
         if want == track.in_answer {
-            return (Track::found(want), None);
+            return (track.settled(want), None);
         }
         let since = track.disagrees_since.unwrap_or(now);
-        let window = if track.in_answer {
-            self.withdraw_after
-        } else {
-            self.restore_after
+        let window = match (track.in_answer, track.returning) {
+            (true, _) => self.withdraw_after,
+            (false, true) => self.restore_after,
+            (false, false) => Duration::ZERO,
         };
         let waited = now.saturating_duration_since(since);
         if waited >= window {
-            (Track::found(want), None)
+            (track.settled(want), None)
         } else {
             (
                 Track {
-                    in_answer: track.in_answer,
                     disagrees_since: Some(since),
+                    ..track
                 },
                 Some(window - waited),
             )
@@ -90,21 +104,50 @@ impl Rule {
     }
 }
 
-/// The clusters an answer lists: those in it, or, when none is, every
-/// candidate (fail-open: an empty answer would send every client nowhere,
-/// and a fleet that looks all down is more likely a blind writer).
+/// What is known of one cluster for one name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Judged {
+    /// The rule's verdict ([`Rule::step`]).
+    pub in_answer: bool,
+    /// Preferred by the name's strategy.
+    pub primary: bool,
+}
+
+/// One cluster that could be in an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate<'a> {
+    pub cluster: &'a str,
+    /// The rule's verdict ([`Rule::step`]).
+    pub in_answer: bool,
+    /// Preferred: every cluster under `RoundRobin`, the selected ones under
+    /// `Failover`.
+    pub primary: bool,
+}
+
+/// The clusters an answer lists: the primaries in it; else the others in
+/// it; else, when none is and the name is `serving` (lists something now),
+/// every candidate (fail-open: an empty answer would send every client
+/// nowhere, and a fleet that looks all down is more likely a blind
+/// writer). A name that serves nothing yet stays empty: there is nothing
+/// to keep, and listing clusters not yet Available would be a lie.
 /// Returns them and whether the answer is degraded.
-pub fn answer<'a>(candidates: &[(&'a str, bool)]) -> (Vec<&'a str>, bool) {
-    let healthy: Vec<&str> = candidates
-        .iter()
-        .filter(|(_, in_answer)| *in_answer)
-        .map(|(c, _)| *c)
-        .collect();
-    if healthy.is_empty() && !candidates.is_empty() {
-        (candidates.iter().map(|(c, _)| *c).collect(), true)
-    } else {
-        (healthy, false)
+pub fn answer<'a>(candidates: &[Candidate<'a>], serving: bool) -> (Vec<&'a str>, bool) {
+    let pick = |primary: bool| -> Vec<&'a str> {
+        candidates
+            .iter()
+            .filter(|c| c.in_answer && c.primary == primary)
+            .map(|c| c.cluster)
+            .collect()
+    };
+    let primaries = pick(true);
+    if !primaries.is_empty() {
+        return (primaries, false);
     }
+    let others = pick(false);
+    if !others.is_empty() || candidates.is_empty() || !serving {
+        return (others, false);
+    }
+    (candidates.iter().map(|c| c.cluster).collect(), true)
 }
 
 #[cfg(test)]
@@ -197,21 +240,75 @@ mod tests {
     }
 
     #[test]
-    fn a_new_cluster_enters_after_the_restore_window() {
+    fn a_new_cluster_enters_at_once_and_a_returning_one_after_the_window() {
         use Seen::*;
+        assert_eq!(run(&RULE, false, &[(0, Healthy)]), vec![true]);
+        // Unhealthy first (registered before Available): still new.
         assert_eq!(
-            run(&RULE, false, &[(0, Healthy), (4, Healthy), (5, Healthy)]),
-            vec![false, false, true]
+            run(&RULE, false, &[(0, Unhealthy), (3, Healthy)]),
+            vec![false, true]
         );
+        // Once in, a withdrawal makes it a returning one.
+        let seen = [
+            (0, Healthy),
+            (1, Unhealthy),
+            (6, Unhealthy),
+            (7, Healthy),
+            (11, Healthy),
+            (12, Healthy),
+        ];
+        assert_eq!(
+            run(&RULE, false, &seen),
+            vec![true, true, false, false, false, true]
+        );
+    }
+
+    fn cands<'a>(c: &[(&'a str, bool, bool)]) -> Vec<Candidate<'a>> {
+        c.iter()
+            .map(|&(cluster, in_answer, primary)| Candidate {
+                cluster,
+                in_answer,
+                primary,
+            })
+            .collect()
     }
 
     #[test]
     fn an_answer_is_never_empty() {
-        assert_eq!(answer(&[("a", true), ("b", false)]), (vec!["a"], false));
-        assert_eq!(
-            answer(&[("a", false), ("b", false)]),
-            (vec!["a", "b"], true)
-        );
-        assert_eq!(answer(&[]), (vec![], false));
+        let rr = |c: &[(&'static str, bool)]| {
+            answer(
+                &cands(&c.iter().map(|&(n, i)| (n, i, true)).collect::<Vec<_>>()),
+                true,
+            )
+        };
+        assert_eq!(rr(&[("a", true), ("b", false)]), (vec!["a"], false));
+        assert_eq!(rr(&[("a", false), ("b", false)]), (vec!["a", "b"], true));
+        assert_eq!(answer(&[], true), (vec![], false));
+        // A new name, nobody healthy yet: nothing to keep, nothing listed.
+        let new = cands(&[("a", false, true), ("b", false, true)]);
+        assert_eq!(answer(&new, false), (vec![], false));
+    }
+
+    #[test]
+    fn failover_lists_healthy_primaries_and_the_others_only_without_one() {
+        // member-1 primary and healthy: only it.
+        let all_up = [("m1", true, true), ("m2", true, false), ("m3", true, false)];
+        assert_eq!(answer(&cands(&all_up), true), (vec!["m1"], false));
+        // The primary withdrawn: the healthy others.
+        let down = [
+            ("m1", false, true),
+            ("m2", true, false),
+            ("m3", true, false),
+        ];
+        assert_eq!(answer(&cands(&down), true), (vec!["m2", "m3"], false));
+        // Two primaries, one healthy: that one alone.
+        let half = [("m1", false, true), ("m2", true, true), ("m3", true, false)];
+        assert_eq!(answer(&cands(&half), true), (vec!["m2"], false));
+        // Nobody healthy: every candidate, primaries or not (fail-open).
+        let none = [("m1", false, true), ("m2", false, false)];
+        assert_eq!(answer(&cands(&none), true), (vec!["m1", "m2"], true));
+        // No primary registered at all: the healthy others, not degraded.
+        let no_primary = [("m2", true, false), ("m3", false, false)];
+        assert_eq!(answer(&cands(&no_primary), true), (vec!["m2"], false));
     }
 }

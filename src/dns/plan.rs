@@ -5,6 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::health::{Candidate, Judged};
+
 use crate::registry::records::{
     CLUSTER_TREE, Existing, Op, Record, Refusal, Writer, Zone, newer_term,
 };
@@ -109,7 +111,8 @@ pub struct Step {
 
 /// The steps for every object of the fleet (`objects`, as the index knows
 /// them) and for every object this writer listed and the index no longer
-/// knows. `in_answer(object, cluster)` is the health rule's verdict.
+/// knows. `judge(object, cluster)` gives the health rule's verdict and
+/// the object's strategy ([`super::health::answer`]).
 pub fn plan(
     zone: &Zone,
     z: &Zoned,
@@ -117,7 +120,7 @@ pub fn plan(
     ttl: u32,
     clusters: &BTreeSet<String>,
     objects: &BTreeSet<Object>,
-    in_answer: impl Fn(&Object, &str) -> bool,
+    judge: impl Fn(&Object, &str) -> Judged,
 ) -> Result<Vec<Step>, Refusal> {
     let none = BTreeMap::new();
     let mut all: BTreeSet<&Object> = objects.iter().collect();
@@ -137,11 +140,18 @@ pub fn plan(
         let known = objects.contains(object);
         let sources = z.sources.get(object).filter(|_| known).unwrap_or(&none);
         let listed_now = z.fleet_wide.get(object).unwrap_or(&none);
-        let verdicts: Vec<(&str, bool)> = sources
+        let verdicts: Vec<Candidate> = sources
             .keys()
-            .map(|c| (c.as_str(), in_answer(object, c)))
+            .map(|c| {
+                let Judged { in_answer, primary } = judge(object, c);
+                Candidate {
+                    cluster: c.as_str(),
+                    in_answer,
+                    primary,
+                }
+            })
             .collect();
-        let (listed, degraded) = super::health::answer(&verdicts);
+        let (listed, degraded) = super::health::answer(&verdicts, !listed_now.is_empty());
         let mut ops = Vec::new();
         for cluster in &listed {
             let source = sources[*cluster];
@@ -152,6 +162,7 @@ pub fn plan(
                 ttl,
                 object: format!("{}/{}", object.0, object.1),
                 writer: me.clone(),
+                fail_open: degraded,
             };
             let key = format!("{}/{}/{}/{cluster}", zone.prefix, object.0, object.1);
             let mod_revision = match listed_now.get(*cluster) {
@@ -209,9 +220,14 @@ pub fn plan(
     Ok(steps)
 }
 
-/// The same for DNS clients (a term's change alone is no reason to write).
+/// The same for DNS clients, and as degraded or not (a term's change
+/// alone is no reason to write).
 fn same_answer(a: &Record, b: &Record) -> bool {
-    a.host == b.host && a.port == b.port && a.ttl == b.ttl && a.object == b.object
+    a.host == b.host
+        && a.port == b.port
+        && a.ttl == b.ttl
+        && a.object == b.object
+        && a.fail_open == b.fail_open
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
 use super::*;
+use crate::dns::health::Judged;
 
 fn zone() -> Zone {
     Zone::new("fleet.example", "/skydns").unwrap()
@@ -13,6 +14,7 @@ fn record(host: &str, writer: Writer) -> Record {
         ttl: 30,
         object: "ns/web".into(),
         writer,
+        fail_open: false,
     }
 }
 
@@ -61,7 +63,10 @@ fn run(
 ) -> Result<Vec<Step>, Refusal> {
     let z = zoned(&zone(), existing, &clusters());
     plan(&zone(), &z, &me(4), 10, &clusters(), objects, |_, c| {
-        !out.contains(&c)
+        Judged {
+            in_answer: !out.contains(&c),
+            primary: true,
+        }
     })
 }
 
@@ -153,7 +158,73 @@ fn with_no_cluster_healthy_every_candidate_is_listed() {
     let steps = run(&existing, &["m1", "m2"], &web()).unwrap();
     assert!(steps[0].answer.degraded);
     assert_eq!(steps[0].answer.listed, vec!["m1", "m2"]);
-    assert_eq!(puts(&steps[0].ops), vec![format!("{P}/ns/web/m2")]);
+    // Both are written marked fail-open, so every replica can tell.
+    assert_eq!(
+        puts(&steps[0].ops),
+        vec![format!("{P}/ns/web/m1"), format!("{P}/ns/web/m2")]
+    );
+    for op in &steps[0].ops {
+        if let Op::Put { record, .. } = op {
+            assert!(record.fail_open);
+        }
+    }
+    // Healthy again: the mark goes, and nothing is written once it has.
+    let marked = |c: &str, host: &str, rev: i64| {
+        let mut e = wide(c, host, me(4), rev);
+        e.record.as_mut().unwrap().fail_open = true;
+        e
+    };
+    let degraded = [
+        own("m1", "10.0.0.1", 5),
+        own("m2", "10.0.0.2", 6),
+        marked("m1", "10.0.0.1", 7),
+        marked("m2", "10.0.0.2", 8),
+    ];
+    assert!(
+        run(&degraded, &["m1", "m2"], &web()).unwrap()[0]
+            .ops
+            .is_empty()
+    );
+    let steps = run(&degraded, &["m2"], &web()).unwrap();
+    assert_eq!(puts(&steps[0].ops), vec![format!("{P}/ns/web/m1")]);
+    assert_eq!(deletes(&steps[0].ops), vec![format!("{P}/ns/web/m2")]);
+}
+
+#[test]
+fn a_new_name_with_nobody_healthy_lists_nothing_and_is_not_degraded() {
+    let existing = [own("m1", "10.0.0.1", 5), own("m2", "10.0.0.2", 6)];
+    let steps = run(&existing, &["m1", "m2"], &web()).unwrap();
+    assert!(steps[0].ops.is_empty(), "{:?}", steps[0].ops);
+    assert!(!steps[0].answer.degraded);
+    assert!(steps[0].answer.listed.is_empty());
+}
+
+#[test]
+fn failover_lists_only_the_healthy_primary() {
+    let existing = [
+        own("m1", "10.0.0.1", 5),
+        own("m2", "10.0.0.2", 6),
+        own("m3", "10.0.0.3", 7),
+        wide("m2", "10.0.0.2", me(4), 8),
+    ];
+    let z = zoned(&zone(), &existing, &clusters());
+    let failover = |out: &[&str]| {
+        plan(&zone(), &z, &me(4), 10, &clusters(), &web(), |_, c| {
+            Judged {
+                in_answer: !out.contains(&c),
+                primary: c == "m1",
+            }
+        })
+        .unwrap()
+    };
+    let steps = failover(&[]);
+    assert_eq!(steps[0].answer.listed, vec!["m1"]);
+    assert_eq!(puts(&steps[0].ops), vec![format!("{P}/ns/web/m1")]);
+    assert_eq!(deletes(&steps[0].ops), vec![format!("{P}/ns/web/m2")]);
+    // The primary out: the others, not degraded.
+    let steps = failover(&["m1"]);
+    assert_eq!(steps[0].answer.listed, vec!["m2", "m3"]);
+    assert!(!steps[0].answer.degraded);
 }
 
 #[test]

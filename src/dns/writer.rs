@@ -1,8 +1,9 @@
 //! The fleet DNS writer (#31): on the replica that leads the home Lease
 //! `flotilla-<fleet>-dns`, keep every fleet-wide name listing the clusters
-//! the health rule lets in. Each pass reads the zone and the status index,
-//! steps each cluster's track, plans, and writes one etcd transaction per
-//! name that changed. Every transaction checks this term's key in etcd
+//! the health rule lets in. A pass runs on a change of the status index,
+//! the FleetMicroservices or the zone (watched in etcd), and when a window
+//! ends; it reads the zone and the index, steps each cluster's track,
+//! plans, and writes one etcd transaction per name that changed. Every transaction checks this term's key in etcd
 //! (claimed when the term starts), and goes only while the term holds at
 //! the wire (`admit`, bounded by its renew deadline): a deposed writer's
 //! late write changes nothing once its successor has claimed the key.
@@ -11,12 +12,16 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::{Client, Config};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use kube::api::PostParams;
+use kube::{Api, Client, Config, ResourceExt};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::health::{Rule, Seen, Track};
+use super::health::{Judged, Rule, Track};
 use super::plan::{self, Object};
+use super::view::seen;
+use crate::domain::conditions::{self, Verdict};
 use crate::fleet::election::Timings;
 use crate::fleet::elector::{Elector, Leadership};
 use crate::fleet::fence::admit;
@@ -24,9 +29,11 @@ use crate::fleet::lease_store::KubeLeaseStore;
 use crate::registry::Registry;
 use crate::registry::records::{Op, Refusal, Writer};
 use crate::registry::store::RegistryError;
+use crate::rollout::cache::RolloutCache;
+use crate::rollout::placement::selects;
+use crate::rollout::spec::FleetMicroservice;
 use crate::status::hub::Hub;
-use crate::status::index::{Filter, MicroserviceView, Snapshot};
-use crate::status::view::EntryState;
+use crate::status::index::Filter;
 use crate::telemetry::metrics::METRICS;
 
 pub struct Options {
@@ -41,11 +48,18 @@ pub struct Options {
     pub rule: Rule,
     /// The TTL of fleet-wide answers.
     pub ttl: u32,
+    /// The FleetMicroservices: their DNS strategies, and where
+    /// `FleetDnsDegraded` is written.
+    pub fleet: Arc<RolloutCache>,
 }
 
-/// Look again at least this often: a member leader's own record (the
-/// address a fleet-wide one copies) changes in etcd, not in the index.
-const RESYNC: Duration = Duration::from_secs(2);
+/// Look again at least this often. Changes in etcd (a member leader's own
+/// record, the address a fleet-wide one copies) come from the zone watch;
+/// this only bounds what a lost watch event could delay.
+const RESYNC: Duration = Duration::from_secs(30);
+/// After a zone watch fails, wait this long before watching again (and
+/// pass on the timer meanwhile).
+const REWATCH: Duration = Duration::from_secs(2);
 /// Let a burst of index changes settle into one pass.
 const SETTLE: Duration = Duration::from_millis(100);
 
@@ -58,10 +72,11 @@ pub async fn run(
 ) -> Result<(), String> {
     let client = Client::try_from(opts.home.clone()).map_err(|e| format!("home client: {e}"))?;
     let store = KubeLeaseStore::new(
-        client,
+        client.clone(),
         &opts.namespace,
         &format!("flotilla-{}-dns", opts.fleet_name),
     );
+    let home = client.clone();
     let (elector, leadership) = Elector::new(opts.replica_id.clone(), opts.timings, store);
     let terms = leadership.clone();
     crate::fleet::home_lease::lead(
@@ -70,7 +85,7 @@ pub async fn run(
         leadership,
         opts.timings.renew_deadline,
         shutdown,
-        |epoch| term(&opts, epoch, terms.clone()),
+        |epoch| term(&opts, epoch, terms.clone(), home.clone()),
         |_| {},
     )
     .await;
@@ -79,9 +94,11 @@ pub async fn run(
 
 /// One term: passes until the term is over (the caller drops this) or a
 /// newer term is found in etcd.
-async fn term(opts: &Options, epoch: i32, leadership: watch::Receiver<Leadership>) {
+async fn term(opts: &Options, epoch: i32, leadership: watch::Receiver<Leadership>, home: Client) {
     let mut pass = Pass {
         opts,
+        home,
+        marked: HashMap::new(),
         me: Writer::fleet(&opts.fleet_name, i64::from(epoch)),
         epoch,
         leadership,
@@ -91,6 +108,10 @@ async fn term(opts: &Options, epoch: i32, leadership: watch::Receiver<Leadership
     };
     let mut index = opts.hub.subscribe();
     let mut clusters = opts.hub.subscribe_clusters();
+    let mut fleet = opts.fleet.changes();
+    let (zone_tx, mut zone) = watch::channel(0u64);
+    // Ends with the term: the handle aborts it when dropped.
+    let _watching = Aborted(tokio::spawn(watch_zone(opts.registry.clone(), zone_tx)));
     loop {
         let next = match pass.run().await {
             Ok(wake) => wake.map_or(RESYNC, |w| w.min(RESYNC)),
@@ -111,14 +132,52 @@ async fn term(opts: &Options, epoch: i32, leadership: watch::Receiver<Leadership
         tokio::select! {
             _ = index.changed() => {}
             _ = clusters.changed() => {}
+            _ = fleet.changed() => {}
+            _ = zone.changed() => {}
             _ = tokio::time::sleep(next) => {}
         }
         tokio::time::sleep(SETTLE).await;
     }
 }
 
+/// Bumps `changed` for every change under the zone, watching again after
+/// a failure. While it is down, a pass runs every `REWATCH` instead.
+async fn watch_zone(registry: Registry, changed: watch::Sender<u64>) {
+    loop {
+        match registry.watch_zone().await {
+            Ok(mut stream) => loop {
+                match stream.message().await {
+                    Ok(Some(_)) => changed.send_modify(|n| *n += 1),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::info!(error = %e, "fleet DNS zone watch failed; watching again");
+                        break;
+                    }
+                }
+            },
+            Err(e) => tracing::info!(error = %e, "fleet DNS zone watch not started; retrying"),
+        }
+        // The change that may have been missed meanwhile: look now.
+        changed.send_modify(|n| *n += 1);
+        tokio::time::sleep(REWATCH).await;
+    }
+}
+
+/// A task that ends when its handle is dropped.
+struct Aborted(tokio::task::JoinHandle<()>);
+
+impl Drop for Aborted {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 struct Pass<'a> {
     opts: &'a Options,
+    home: Client,
+    /// Per FleetMicroservice, the resourceVersion its `FleetDnsDegraded`
+    /// was last written against: not again until the cache moves past it.
+    marked: HashMap<Object, String>,
     me: Writer,
     epoch: i32,
     leadership: watch::Receiver<Leadership>,
@@ -181,33 +240,98 @@ impl Pass<'_> {
         }
         self.tracks.retain(|k, _| alive.contains(k));
 
+        // `Failover` FleetMicroservices, by object: their primaries' selector.
+        let primaries: HashMap<&Object, LabelSelector> = z
+            .sources
+            .keys()
+            .filter_map(|o| {
+                let fms = opts.fleet.get(&o.0, &o.1)?;
+                Some((o, fms.spec.dns_primaries()?.clone()))
+            })
+            .collect();
         let tracks = &self.tracks;
         let steps = plan::plan(zone, &z, &self.me, opts.ttl, &clusters, &objects, |o, c| {
-            tracks
-                .get(&(o.clone(), c.to_string()))
-                .is_some_and(|t| t.in_answer)
+            Judged {
+                in_answer: tracks
+                    .get(&(o.clone(), c.to_string()))
+                    .is_some_and(|t| t.in_answer),
+                primary: match primaries.get(o) {
+                    None => true,
+                    Some(sel) => snap
+                        .clusters()
+                        .get(c)
+                        .is_some_and(|i| selects(sel, &i.labels)),
+                },
+            }
         })?;
-        let (mut listed, mut withdrawn, mut failopen) = (0, 0, 0);
-        for s in &steps {
-            let n = s.answer.listed.len();
-            if s.answer.degraded {
-                failopen += n;
-            } else {
-                listed += n;
-                withdrawn += s.answer.candidates.len() - n;
+        count(&steps);
+        let mut verdicts = Vec::new();
+        for step in steps {
+            verdicts.extend(self.degraded_change(&step.answer));
+            if !step.ops.is_empty() {
+                self.write(step).await?;
             }
         }
-        for (state, n) in [
-            ("listed", listed),
-            ("withdrawn", withdrawn),
-            ("failopen", failopen),
-        ] {
-            METRICS.dns_records.set(&[state], n as f64);
-        }
-        for step in steps.into_iter().filter(|s| !s.ops.is_empty()) {
-            self.write(step).await?;
+        // After the names: the condition reports what etcd now holds.
+        for (fms, verdict) in verdicts {
+            self.mark(&fms, verdict).await;
         }
         Ok(wake)
+    }
+
+    /// The `FleetDnsDegraded` to write for `answer`'s FleetMicroservice,
+    /// if one manages the name and its condition says otherwise.
+    fn degraded_change(&self, answer: &plan::Answer) -> Option<(Arc<FleetMicroservice>, Verdict)> {
+        let (ns, name) = &answer.object;
+        let fms = self.opts.fleet.get(ns, name)?;
+        let conds = fms.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+        let fqdn = format!("{name}.{ns}.{}", self.opts.registry.zone().name);
+        let v = super::condition::change(conds, answer.degraded, &fqdn, answer.listed.len())?;
+        Some((fms, v))
+    }
+
+    /// Writes one FleetMicroservice's `FleetDnsDegraded`, fenced by this
+    /// term and conditioned on the resourceVersion read; a refusal is
+    /// retried on a later pass.
+    async fn mark(&mut self, fms: &FleetMicroservice, verdict: Verdict) {
+        let key = (fms.namespace().unwrap_or_default(), fms.name_any());
+        let rv = fms.resource_version().unwrap_or_default();
+        if self.marked.get(&key) == Some(&rv) {
+            return;
+        }
+        let mut next = fms.clone();
+        let status = next.status.get_or_insert_with(Default::default);
+        let now = Time(jiff::Timestamp::now());
+        status.conditions = conditions::transition(
+            &status.conditions,
+            &[verdict],
+            fms.metadata.generation.unwrap_or(0),
+            &now,
+        );
+        let Ok(until) = admit(
+            &self.leadership.borrow(),
+            Some(self.epoch),
+            tokio::time::Instant::now(),
+        ) else {
+            return;
+        };
+        let api: Api<FleetMicroservice> = Api::namespaced(self.home.clone(), &key.0);
+        let params = PostParams::default();
+        let write = api.replace_status(&key.1, &params, &next);
+        match tokio::time::timeout_at(until, write).await {
+            Ok(Ok(_)) => {
+                tracing::info!(
+                    k8s.namespace.name = %key.0,
+                    flotilla.fleetmicroservice = %key.1,
+                    "FleetDnsDegraded written"
+                );
+                self.marked.insert(key, rv);
+            }
+            Ok(Err(e)) => {
+                tracing::info!(error = %e, "could not write FleetDnsDegraded; next pass")
+            }
+            Err(_) => tracing::info!("FleetDnsDegraded write outlived the term's deadline"),
+        }
     }
 
     /// One name's writes, in one transaction that checks this term's key.
@@ -276,20 +400,23 @@ impl Pass<'_> {
     }
 }
 
-/// What the index says of `object` in `cluster`.
-/// `view` is the object's view, built once per object and pass.
-fn seen(snap: &Snapshot, view: Option<&MicroserviceView>, cluster: &str) -> Seen {
-    let reachable = snap
-        .clusters()
-        .get(cluster)
-        .is_some_and(|c| c.absence_is_known());
-    if !reachable {
-        return Seen::Unreachable;
+/// `flotilla_dns_records{state}` after a pass.
+fn count(steps: &[plan::Step]) {
+    let (mut listed, mut withdrawn, mut failopen) = (0, 0, 0);
+    for s in steps {
+        let n = s.answer.listed.len();
+        if s.answer.degraded {
+            failopen += n;
+        } else {
+            listed += n;
+            withdrawn += s.answer.candidates.len() - n;
+        }
     }
-    let entry = view.and_then(|v| v.entries.iter().find(|e| e.cluster == cluster));
-    match entry {
-        Some(e) if e.state == EntryState::Done && !e.facts.deleting => Seen::Healthy,
-        Some(e) if e.state == EntryState::Unknown => Seen::Unreachable,
-        _ => Seen::Unhealthy,
+    for (state, n) in [
+        ("listed", listed),
+        ("withdrawn", withdrawn),
+        ("failopen", failopen),
+    ] {
+        METRICS.dns_records.set(&[state], n as f64);
     }
 }

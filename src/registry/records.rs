@@ -132,6 +132,14 @@ pub struct Record {
     pub object: String,
     #[serde(rename = "flotillaWriter")]
     pub writer: Writer,
+    /// Listed only because no cluster is healthy (the fleet DNS writer's
+    /// fail-open, #31): every replica can tell a degraded answer from etcd.
+    #[serde(
+        rename = "flotillaFailOpen",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub fail_open: bool,
 }
 
 impl Record {
@@ -190,6 +198,7 @@ impl Entry {
                 cluster: self.cluster.clone(),
                 epoch,
             },
+            fail_open: false,
         };
         Ok(self
             .keys(zone)?

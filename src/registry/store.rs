@@ -292,12 +292,26 @@ impl Registry {
 
     /// Every record of the zone (the sweeps).
     pub async fn read_zone(&self) -> Result<Vec<Existing>> {
+        self.read_under(&self.zone.key_prefix()).await
+    }
+
+    /// A watch of every key of the zone: the DNS writer reads the zone
+    /// again when something in it changed, not on a timer (#31).
+    pub async fn watch_zone(&self) -> Result<etcd_client::WatchStream> {
+        self.client()
+            .watch(
+                self.zone.key_prefix(),
+                Some(etcd_client::WatchOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Every record whose key starts with `prefix`.
+    pub async fn read_under(&self, prefix: &str) -> Result<Vec<Existing>> {
         let response = self
             .client()
-            .get(
-                self.zone.key_prefix(),
-                Some(GetOptions::new().with_prefix()),
-            )
+            .get(prefix, Some(GetOptions::new().with_prefix()))
             .await
             .map_err(unavailable)?;
         Ok(response

@@ -19,8 +19,8 @@ use super::leaving::{self, Leave, Leaver};
 use super::placement::{self, Labels, digest, member_spec, selects};
 use super::revision::Revision;
 use super::spec::{
-    ClusterState, ClusterStatus, FleetMicroserviceSpec, FleetMicroserviceStatus, OnFailure,
-    RolloutPhase, WaveState, WaveStatus,
+    ClusterState, ClusterStatus, DnsStrategy, FleetMicroserviceSpec, FleetMicroserviceStatus,
+    OnFailure, RolloutPhase, WaveState, WaveStatus,
 };
 use super::trouble::Trouble;
 use crate::domain::conditions::{self, Status, Verdict};
@@ -129,6 +129,7 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
             &o.cluster_selector,
         )?;
     }
+    check_dns(spec)?;
     let mut names = std::collections::BTreeSet::new();
     for w in &r.waves {
         placement::check_selector(&format!("wave {}", w.name), &w.cluster_selector)?;
@@ -1157,6 +1158,23 @@ fn guarded(i: &Inputs, planner: impl FnOnce() -> Plan) -> Plan {
                 ),
             )
         }
+    }
+}
+
+/// `Failover` needs its primaries, and only it has them.
+fn check_dns(spec: &FleetMicroserviceSpec) -> Result<(), String> {
+    let Some(dns) = &spec.dns else { return Ok(()) };
+    match (dns.strategy, &dns.primary) {
+        (DnsStrategy::Failover, None) => {
+            Err("dns.strategy Failover needs dns.primary.clusterSelector".into())
+        }
+        (DnsStrategy::RoundRobin, Some(_)) => {
+            Err("dns.primary applies only to dns.strategy Failover".into())
+        }
+        (_, Some(p)) => {
+            placement::check_selector("dns.primary.clusterSelector", &p.cluster_selector)
+        }
+        (_, None) => Ok(()),
     }
 }
 

@@ -41,6 +41,7 @@ fn spec(image: &str) -> FleetMicroserviceSpec {
             max_failed_clusters: 0,
             on_failure: OnFailure::Rollback,
         },
+        dns: None,
         paused: false,
         revision_history_limit: 10,
     }
@@ -1322,6 +1323,64 @@ mod review {
             .unwrap();
         assert_eq!(c.reason, "InvalidSpec");
         assert!(c.message.contains("overrides[0]"), "{}", c.message);
+    }
+
+    /// #31: `Failover` without primaries, primaries without `Failover`, and
+    /// a bad primary selector are InvalidSpec: nothing is written.
+    #[test]
+    fn a_dns_strategy_that_cannot_be_followed_is_invalid() {
+        use crate::rollout::spec::{Dns, DnsPrimary, DnsStrategy};
+        let bad_selector = LabelSelector {
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "ring".into(),
+                    operator: "in".into(),
+                    values: Some(vec!["a".into()]),
+                },
+            ]),
+            ..Default::default()
+        };
+        let cases = [
+            (DnsStrategy::Failover, None, "needs dns.primary"),
+            (
+                DnsStrategy::RoundRobin,
+                Some(sel("ring", "canary")),
+                "only to dns.strategy Failover",
+            ),
+            (
+                DnsStrategy::Failover,
+                Some(bad_selector),
+                "dns.primary.clusterSelector",
+            ),
+        ];
+        for (strategy, primary, says) in cases {
+            let mut w = World::three();
+            w.complete();
+            let before = w.writes.len();
+            w.spec.template.image = "app:2".into();
+            w.spec.dns = Some(Dns {
+                strategy,
+                primary: primary.map(|cluster_selector| DnsPrimary { cluster_selector }),
+            });
+            rev(&w, "app:2");
+            let p = w.step();
+            assert!(p.actions.is_empty(), "{says}: {:?}", p.actions);
+            assert_eq!(w.writes.len(), before, "{says}");
+            let c = w.status.conditions.iter().find(|c| c.type_ == PROGRESSING);
+            let c = c.unwrap();
+            assert_eq!(c.reason, "InvalidSpec", "{says}");
+            assert!(c.message.contains(says), "{says}: {}", c.message);
+        }
+        // A valid Failover plans as usual.
+        let mut w = World::three();
+        w.spec.dns = Some(Dns {
+            strategy: DnsStrategy::Failover,
+            primary: Some(DnsPrimary {
+                cluster_selector: sel("ring", "canary"),
+            }),
+        });
+        w.complete();
+        assert_ne!(w.condition(PROGRESSING).1, "InvalidSpec");
     }
 
     /// Review H2: a duration too long for any clock is InvalidSpec, and a

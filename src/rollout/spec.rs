@@ -66,6 +66,10 @@ pub struct FleetMicroserviceSpec {
     pub overrides: Vec<Override>,
     #[serde(default)]
     pub rollout: Rollout,
+    /// How the fleet-wide DNS name chooses among the healthy clusters;
+    /// every healthy cluster (`RoundRobin`) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<Dns>,
     /// Write nothing to any member until this is false again.
     #[serde(default)]
     pub paused: bool,
@@ -84,6 +88,45 @@ fn default_history() -> i32 {
 pub struct Placement {
     #[serde(default)]
     pub cluster_selector: LabelSelector,
+}
+
+/// The fleet-wide name `NAME.NAMESPACE.ZONE` (#31).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Dns {
+    #[serde(default)]
+    pub strategy: DnsStrategy,
+    /// The clusters `Failover` prefers; required by it, refused otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<DnsPrimary>,
+}
+
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum DnsStrategy {
+    /// Every healthy cluster answers.
+    #[default]
+    RoundRobin,
+    /// Only the healthy primaries answer; the others only when none is healthy.
+    Failover,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsPrimary {
+    pub cluster_selector: LabelSelector,
+}
+
+impl FleetMicroserviceSpec {
+    /// The primary clusters' selector when the strategy is `Failover`.
+    pub fn dns_primaries(&self) -> Option<&LabelSelector> {
+        let dns = self.dns.as_ref()?;
+        match dns.strategy {
+            DnsStrategy::Failover => dns.primary.as_ref().map(|p| &p.cluster_selector),
+            DnsStrategy::RoundRobin => None,
+        }
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
@@ -346,7 +389,7 @@ mod tests {
     fn every_selector_operator_is_an_enum() {
         let yaml = crd_yaml().expect("yaml");
         let selectors = yaml.matches("matchExpressions:").count();
-        assert_eq!(selectors, 3, "placement, waves, overrides");
+        assert_eq!(selectors, 4, "placement, waves, overrides, dns primaries");
         assert_eq!(yaml.matches("- DoesNotExist").count(), selectors);
     }
 

@@ -144,6 +144,14 @@ pub fn rollout(f: &FleetMicroservice, history: &[Revision]) -> Value {
     })
 }
 
+/// A fleet-wide name's answer for the detail view, or why it is unknown.
+pub fn dns(answer: Result<crate::dns::view::DnsView, String>) -> Value {
+    match answer {
+        Err(e) => json!({ "error": e }),
+        Ok(v) => serde_json::to_value(v).unwrap_or_else(|e| json!({ "error": e.to_string() })),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

@@ -60,6 +60,8 @@ pub struct UiOptions {
     /// loopback ones.
     pub allowed_hosts: Vec<String>,
     pub conns: ConnLimits,
+    /// Reads of fleet-wide DNS names, for the detail view.
+    pub dns: Option<crate::dns::lookup::DnsLookup>,
 }
 
 impl UiOptions {
@@ -80,6 +82,7 @@ impl UiOptions {
                 send_buffer: Some(SEND_BUFFER),
                 ..ConnLimits::default()
             },
+            dns: None,
         }
     }
 
@@ -120,6 +123,7 @@ struct Ctx {
     allowed_hosts: Arc<Vec<String>>,
     warnings: Option<Arc<Warnings>>,
     fleet_rollouts: Option<RolloutSource>,
+    dns: Option<crate::dns::lookup::DnsLookup>,
     limits: StreamLimits,
     streams: Arc<Streams>,
     per_client: Arc<ClientStreams>,
@@ -368,6 +372,11 @@ async fn detail(
         );
     };
     let mut body = json::detail(&view);
+    if let Some(dns) = &ctx.dns {
+        let snap = ctx.hub.read(|ix| ix.snapshot());
+        let answer = dns.answer(&snap, &ns, &name).await;
+        body["dns"] = json::dns(answer);
+    }
     if let Some(w) = &ctx.warnings {
         let clusters: Vec<String> = view.entries.iter().map(|e| e.cluster.clone()).collect();
         let (warnings, errors) = w.for_object(&clusters, &ns, &name).await;
@@ -634,6 +643,7 @@ pub async fn serve(
         allowed_hosts: Arc::new(opts.allowed_hosts.clone()),
         warnings: warnings.map(Arc::new),
         fleet_rollouts,
+        dns: opts.dns.clone(),
         limits: opts.limits,
         streams: Streams::new(opts.max_streams),
         per_client: ClientStreams::new(opts.max_streams_per_client),

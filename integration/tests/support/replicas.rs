@@ -226,6 +226,11 @@ impl Replicas {
         assert!(status.success(), "kill -{signal} {pid}");
     }
 
+    /// The process id of replica `id`.
+    pub fn pid(&self, id: &str) -> u32 {
+        self.children[id].id()
+    }
+
     /// Process ids of the running replicas.
     pub fn pids(&self) -> Vec<u32> {
         self.children.values().map(Child::id).collect()

@@ -324,10 +324,30 @@ async function loadDetail() {
         el("td", { text: x.type }), el("td", { text: x.status }), el("td", { text: x.reason }),
         el("td", { text: x.message }), el("td", { class: "observed", text: x.observedGeneration ?? "" }),
         el("td", { text: when(x.lastTransitionTime) }))))))));
+  renderDns(d.dns);
   const warnings = d.warnings || [];
   $("detail-warnings").replaceChildren(...(warnings.length ? warnings.map((w) =>
     el("li", { "data-reason": w.reason }, when(w.time) + " · " + w.cluster + " · " + w.reason + ": " + w.note)) :
     [el("li", { class: "muted", text: d.warningsError || "none" })]));
+}
+
+// The fleet-wide DNS name: which clusters it answers and why (#31).
+function renderDns(dns) {
+  const box = $("detail-dns");
+  box.hidden = !dns;
+  if (!dns) return box.replaceChildren();
+  if (dns.error) return box.replaceChildren(el("p", { class: "muted", text: "DNS: " + dns.error }));
+  box.dataset.degraded = dns.degraded ? "true" : "false";
+  box.replaceChildren(
+    el("p", { id: "detail-dns-summary", text: "DNS: " + dns.summary + " (" + dns.strategy + ")" }),
+    dns.degraded ? el("p", { class: "degraded", text: "FleetDnsDegraded: no cluster is healthy; every record is kept" }) : null,
+    el("table", { class: "conditions" },
+      el("thead", {}, el("tr", {}, ...["Cluster", "Listed", "Health", "Primary", "Address", "Why"]
+        .map((h) => el("th", { scope: "col", text: h })))),
+      el("tbody", {}, ...dns.clusters.map((c) => el("tr", { "data-cluster": c.cluster, "data-listed": String(c.listed) },
+        el("td", { text: c.cluster }), el("td", { text: c.listed ? "yes" : "no" }), el("td", { text: c.health }),
+        el("td", { text: c.primary ? "yes" : "no" }), el("td", { text: c.address || "" }),
+        el("td", { text: c.reason }))))));
 }
 
 function detailChanged(key) {
