@@ -604,6 +604,59 @@ async fn a_failover_name_answers_from_its_primary_and_the_others_only_without_it
     drop(replicas);
 }
 
+/// kill -9 of the DNS writer: another replica takes the DNS Lease and
+/// keeps the names. A new Microservice, Available in every member after
+/// the kill, is listed fleet-wide in all three, and a release that leaves
+/// member-3 unavailable withdraws it: both are the successor's writes.
+#[tokio::test]
+async fn a_killed_dns_writers_successor_keeps_the_names() {
+    let _one = MEMBERS_UP.lock().await;
+    let (mut replicas, ns, _, _guards) = fleet("dns-kill", FAILING_FAST).await;
+    let writer = dns_writer(&replicas, &ns).await.expect("a DNS writer");
+    replicas.kill_9(&writer);
+    let (r, n, w) = (&replicas, &ns, &writer);
+    let successor = eventually("a successor holds the DNS Lease", WAIT, || async move {
+        dns_writer(r, n).await.filter(|h| h != w)
+    })
+    .await;
+    let members = support::replicas::member_clients().await;
+    for c in members.values() {
+        Api::<Microservice>::namespaced(c.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &microservice("fresh", "ghcr.io/acme/web:1", 8080, Some(1)),
+            )
+            .await
+            .expect("create fresh");
+    }
+    let mut ips = BTreeMap::new();
+    for (m, c) in &members {
+        let api = Api::<Microservice>::namespaced(c.clone(), &ns);
+        wait_condition(&api, "fresh", "Available", "True", None).await;
+        wait_condition(&api, "fresh", "Registered", "True", None).await;
+        ips.insert(*m, service_ip(c, &ns, "fresh").await);
+    }
+    let name = format!("fresh.{ns}.{}", zone());
+    resolves(&name, "A", &answer(&ips, &MEMBERS)).await;
+    Api::<Microservice>::namespaced(members["member-3"].clone(), &ns)
+        .patch(
+            "fresh",
+            &kube::api::PatchParams::default(),
+            &image("never-ready"),
+        )
+        .await
+        .expect("a release that never becomes ready");
+    let rest = answer(&ips, &["member-1", "member-2"]);
+    eventually("member-3 withdrawn by the successor", WAIT, || {
+        let got = dig(&name, "A");
+        let rest = rest.clone();
+        async move { (got == rest).then_some(()) }
+    })
+    .await;
+    assert_eq!(dns_writer(&replicas, &ns).await, Some(successor));
+    drop(replicas);
+}
+
 /// The etcd fence on live replicas. The DNS writer rA reaches etcd
 /// through a proxy that holds its next write: member-3 goes down, rA's
 /// withdrawal of it is held, and rA is stopped (SIGSTOP) after its term
