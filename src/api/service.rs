@@ -96,7 +96,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         if let Some(v) = snap.view(&key, None) {
             let mut m = convert::microservice(&v);
             if let Some(dns) = &self.dns {
-                let answer = dns.answer(&snap, &key.0, &key.1).await;
+                let answer = dns.answer(&snap, Some(&v), &key.0, &key.1).await;
                 m.dns = Some(convert::dns(answer));
             }
             return Ok(Response::new(m));

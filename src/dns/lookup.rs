@@ -11,8 +11,7 @@ use super::view::{self, DnsView, Row};
 use crate::registry::Registry;
 use crate::registry::records::{Entry, Existing};
 use crate::rollout::cache::RolloutCache;
-use crate::rollout::placement::selects;
-use crate::status::index::Snapshot;
+use crate::status::index::{MicroserviceView, Snapshot};
 
 /// The longest one lookup waits on etcd.
 const READ_TIMEOUT: Duration = Duration::from_secs(3);
@@ -30,8 +29,15 @@ impl std::fmt::Debug for DnsLookup {
 }
 
 impl DnsLookup {
-    /// The answer of `NAME.NAMESPACE.ZONE`, or why it cannot be read.
-    pub async fn answer(&self, snap: &Snapshot, ns: &str, name: &str) -> Result<DnsView, String> {
+    /// The answer of `NAME.NAMESPACE.ZONE`, or why it cannot be read;
+    /// `v` is the object's view, as the caller already built it.
+    pub async fn answer(
+        &self,
+        snap: &Snapshot,
+        v: Option<&MicroserviceView>,
+        ns: &str,
+        name: &str,
+    ) -> Result<DnsView, String> {
         let zone = self.registry.zone();
         let fqdn = format!("{name}.{ns}.{}", zone.name);
         // Own records: one key per registered cluster whose name makes one.
@@ -71,8 +77,6 @@ impl DnsLookup {
 
         let fms = self.fleet.as_ref().and_then(|f| f.get(ns, name));
         let primaries = fms.as_ref().and_then(|f| f.spec.dns_primaries());
-        let object = (ns.to_string(), name.to_string());
-        let v = snap.view(&object, None);
         let mut clusters: Vec<&str> = own.keys().chain(wide.keys()).copied().collect();
         clusters.sort_unstable();
         clusters.dedup();
@@ -82,12 +86,8 @@ impl DnsLookup {
                 cluster: c,
                 own: own.get(c).and_then(|e| e.record.as_ref()),
                 listed: wide.get(c).and_then(|e| e.record.as_ref()),
-                seen: view::seen(snap, v.as_ref(), c),
-                primary: primaries.is_none_or(|sel| {
-                    snap.clusters()
-                        .get(*c)
-                        .is_some_and(|i| selects(sel, &i.labels))
-                }),
+                seen: view::seen(snap, v, c),
+                primary: view::is_primary(snap, primaries, c),
             })
             .collect();
         Ok(view::explain(&fqdn, primaries.is_some(), &rows))

@@ -2,7 +2,10 @@
 //! gRPC view and the dashboard: the records etcd holds now, explained by
 //! what this replica's index says of each cluster. Pure.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
 use crate::registry::records::Record;
+use crate::rollout::placement::selects;
 use crate::status::index::{MicroserviceView, Snapshot};
 use crate::status::view::EntryState;
 
@@ -24,6 +27,16 @@ pub fn seen(snap: &Snapshot, view: Option<&MicroserviceView>, cluster: &str) -> 
         Some(e) if e.state == EntryState::Unknown => Seen::Unreachable,
         _ => Seen::Unhealthy,
     }
+}
+
+/// Whether `cluster` is preferred by a name whose primaries are `primaries`
+/// (`None`: `RoundRobin`, every cluster is).
+pub fn is_primary(snap: &Snapshot, primaries: Option<&LabelSelector>, cluster: &str) -> bool {
+    primaries.is_none_or(|sel| {
+        snap.clusters()
+            .get(cluster)
+            .is_some_and(|i| selects(sel, &i.labels))
+    })
 }
 
 /// One cluster, as read.

@@ -3,9 +3,9 @@
 //! the health rule lets in. A pass runs on a change of the status index,
 //! the FleetMicroservices or the zone (watched in etcd), and when a window
 //! ends; it reads the zone and the index, steps each cluster's track,
-//! plans, and writes one etcd transaction per name that changed. Every transaction checks this term's key in etcd
-//! (claimed when the term starts), and goes only while the term holds at
-//! the wire (`admit`, bounded by its renew deadline): a deposed writer's
+//! plans, and writes one etcd transaction per name that changed. Every
+//! transaction checks this term's key in etcd (claimed when the term
+//! starts), and goes only while the term holds at the wire (`admit`, bounded by its renew deadline): a deposed writer's
 //! late write changes nothing once its successor has claimed the key.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use super::health::{Judged, Rule, Track};
 use super::plan::{self, Object};
-use super::view::seen;
+use super::view::{is_primary, seen};
 use crate::domain::conditions::{self, Verdict};
 use crate::fleet::election::Timings;
 use crate::fleet::elector::{Elector, Leadership};
@@ -30,7 +30,6 @@ use crate::registry::Registry;
 use crate::registry::records::{Op, Refusal, Writer};
 use crate::registry::store::RegistryError;
 use crate::rollout::cache::RolloutCache;
-use crate::rollout::placement::selects;
 use crate::rollout::spec::FleetMicroservice;
 use crate::status::hub::Hub;
 use crate::status::index::Filter;
@@ -76,7 +75,7 @@ pub async fn run(
         &opts.namespace,
         &format!("flotilla-{}-dns", opts.fleet_name),
     );
-    let home = client.clone();
+    let home = client;
     let (elector, leadership) = Elector::new(opts.replica_id.clone(), opts.timings, store);
     let terms = leadership.clone();
     crate::fleet::home_lease::lead(
@@ -255,13 +254,7 @@ impl Pass<'_> {
                 in_answer: tracks
                     .get(&(o.clone(), c.to_string()))
                     .is_some_and(|t| t.in_answer),
-                primary: match primaries.get(o) {
-                    None => true,
-                    Some(sel) => snap
-                        .clusters()
-                        .get(c)
-                        .is_some_and(|i| selects(sel, &i.labels)),
-                },
+                primary: is_primary(&snap, primaries.get(o), c),
             }
         })?;
         count(&steps);
@@ -272,6 +265,9 @@ impl Pass<'_> {
                 self.write(step).await?;
             }
         }
+        // Forget what was marked on FleetMicroservices that are gone.
+        self.marked
+            .retain(|(ns, name), _| opts.fleet.get(ns, name).is_some());
         // After the names: the condition reports what etcd now holds.
         for (fms, verdict) in verdicts {
             self.mark(&fms, verdict).await;

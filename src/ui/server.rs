@@ -365,7 +365,8 @@ async fn detail(
         return refuse(StatusCode::BAD_REQUEST, e.to_string());
     }
     let key = (ns.clone(), name.clone());
-    let Some(view) = ctx.hub.read(|ix| ix.view(&key, None)) else {
+    let snap = ctx.hub.read(|ix| ix.snapshot());
+    let Some(view) = snap.view(&key, None) else {
         return refuse(
             StatusCode::NOT_FOUND,
             format!("{ns}/{name} is in no cluster"),
@@ -373,8 +374,7 @@ async fn detail(
     };
     let mut body = json::detail(&view);
     if let Some(dns) = &ctx.dns {
-        let snap = ctx.hub.read(|ix| ix.snapshot());
-        let answer = dns.answer(&snap, &ns, &name).await;
+        let answer = dns.answer(&snap, Some(&view), &ns, &name).await;
         body["dns"] = json::dns(answer);
     }
     if let Some(w) = &ctx.warnings {
