@@ -354,7 +354,7 @@ async fn round(
     let held = ctx.held(&uid, &written);
     let previous = held.as_ref().map_or(&written, |(s, _)| s).clone();
     let now = jiff::Timestamp::now();
-    let troubles = ctx.write_log().troubles(&uid);
+    let reading = ctx.write_log().read(&uid);
     let plan = plan::plan_guarded(&Inputs {
         name: &name,
         generation: fms.metadata.generation.unwrap_or(0),
@@ -363,7 +363,7 @@ async fn round(
         revisions: &existing,
         previous: &previous,
         clusters: &clusters,
-        troubles: &troubles,
+        troubles: &reading.troubles,
         now,
         term_started,
     });
@@ -410,14 +410,17 @@ async fn round(
         .filter_map(|c| c.labels.as_ref().map(|l| (c.name.as_str(), l)))
         .collect();
     // A member that refused is asked again after its backoff, not every
-    // round; one with a write still in flight is not asked twice.
+    // round; one with a write still in flight is not asked twice; and a
+    // plan that missed an outcome (one came in while the status above was
+    // written) starts nothing: the outcome's wake-up plans again.
     let started = tokio::time::Instant::now();
     let due: Vec<&Action> = {
         let mut log = ctx.write_log();
+        let current = log.current(&uid, &reading);
         let due: Vec<&Action> = plan
             .actions
             .iter()
-            .filter(|a| log.due(&uid, action_cluster(a), started))
+            .filter(|a| current && log.due(&uid, action_cluster(a), started))
             .collect();
         for a in &due {
             log.start(&uid, action_cluster(a));

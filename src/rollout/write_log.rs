@@ -24,7 +24,9 @@ pub enum Outcome {
         digest: u64,
         kind: Kind,
     },
-    /// A delete that failed: only backs off.
+    /// A delete, or an apply that could not be made, failed: only backs
+    /// off, and keeps what the last write found (an altered count must not
+    /// start over).
     DeleteFailed,
 }
 
@@ -34,9 +36,18 @@ struct Noted {
     next_try: Instant,
 }
 
+/// What a plan read from the log: the troubles, and how many outcomes of
+/// the object had come in by then.
+pub struct Reading {
+    pub troubles: BTreeMap<String, Trouble>,
+    outcomes: u64,
+}
+
 #[derive(Default)]
 pub struct WriteLog {
     by_object: BTreeMap<String, BTreeMap<String, Noted>>,
+    /// Outcomes recorded per object, so a plan can tell it is stale.
+    outcomes: BTreeMap<String, u64>,
     /// (uid, cluster) with a write under way: not asked twice at once.
     in_flight: BTreeSet<(String, String)>,
 }
@@ -50,6 +61,21 @@ impl WriteLog {
             .flatten()
             .filter_map(|(c, n)| Some((c.clone(), n.trouble.clone()?)))
             .collect()
+    }
+
+    /// What a plan of `uid` reads.
+    pub fn read(&self, uid: &str) -> Reading {
+        Reading {
+            troubles: self.troubles(uid),
+            outcomes: self.outcomes.get(uid).copied().unwrap_or(0),
+        }
+    }
+
+    /// Whether a plan made on `reading` may still start writes: not once
+    /// an outcome came in after it was read, since the plan did not see it
+    /// (a second "altered" turns a retry into `SpecRejected`).
+    pub fn current(&self, uid: &str, reading: &Reading) -> bool {
+        self.outcomes.get(uid).copied().unwrap_or(0) == reading.outcomes
     }
 
     /// Whether a write to `cluster` may go now.
@@ -78,6 +104,7 @@ impl WriteLog {
     pub fn record(&mut self, uid: &str, cluster: &str, outcome: Outcome, now: Instant) {
         self.in_flight
             .remove(&(uid.to_string(), cluster.to_string()));
+        *self.outcomes.entry(uid.to_string()).or_default() += 1;
         let object = self.by_object.entry(uid.to_string()).or_default();
         let before = object.remove(cluster);
         let attempts = before.as_ref().map_or(0, |n| n.attempts) + 1;
@@ -117,7 +144,7 @@ impl WriteLog {
                 next_try: now + backoff,
             },
             Outcome::DeleteFailed => Noted {
-                trouble: None,
+                trouble: before.and_then(|n| n.trouble),
                 attempts,
                 next_try: now + backoff,
             },
@@ -128,6 +155,7 @@ impl WriteLog {
     /// Forgets the objects that are gone.
     pub fn retain(&mut self, live: &BTreeSet<String>) {
         self.by_object.retain(|uid, _| live.contains(uid));
+        self.outcomes.retain(|uid, _| live.contains(uid));
         self.in_flight.retain(|(uid, _)| live.contains(uid));
     }
 }
@@ -182,8 +210,12 @@ mod tests {
         };
         log.record("u", "m1", altered("r1"), t0);
         assert!(!log.troubles("u")["m1"].permanent());
+        log.record("u", "m1", Outcome::DeleteFailed, t0);
         log.record("u", "m1", altered("r1"), t0);
-        assert!(log.troubles("u")["m1"].permanent());
+        assert!(
+            log.troubles("u")["m1"].permanent(),
+            "a failure between two alterations does not start the count over"
+        );
         log.record("u", "m1", altered("r2"), t0);
         assert!(
             !log.troubles("u")["m1"].permanent(),
@@ -191,5 +223,30 @@ mod tests {
         );
         log.retain(&BTreeSet::new());
         assert!(log.troubles("u").is_empty());
+    }
+
+    /// The flaky SpecRejected test's third write: a plan read "altered
+    /// once", a retry ended "altered twice" while the round wrote its
+    /// status, and the stale plan then wrote a third time.
+    #[test]
+    fn a_plan_read_before_an_outcome_starts_no_write() {
+        let mut log = WriteLog::default();
+        let t0 = Instant::now();
+        let altered = || Outcome::Altered {
+            revision: "r1".into(),
+            digest: 7,
+        };
+        log.record("u", "m1", altered(), t0);
+        let reading = log.read("u");
+        assert!(log.current("u", &reading));
+        log.start("u", "m1");
+        log.record("u", "m1", altered(), t0);
+        assert!(log.due("u", "m1", t0), "the retry ended");
+        assert!(!log.current("u", &reading), "but the plan did not see how");
+        assert!(log.current("u", &log.read("u")), "a new plan may write");
+        assert!(
+            log.current("v", &log.read("v")),
+            "other objects are not held"
+        );
     }
 }
