@@ -357,6 +357,7 @@ async fn round(
     let reading = ctx.write_log().read(&uid);
     let plan = plan::plan_guarded(&Inputs {
         name: &name,
+        uid: &uid,
         generation: fms.metadata.generation.unwrap_or(0),
         spec: &fms.spec,
         update,

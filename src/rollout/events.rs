@@ -89,6 +89,26 @@ pub fn changes(before: &FleetMicroserviceStatus, after: &FleetMicroserviceStatus
             });
         }
     }
+    // Each failover or failback decided since (the history is bounded,
+    // so a change is new when the history before does not hold it).
+    let old = before
+        .placement
+        .as_ref()
+        .map(|p| p.history.as_slice())
+        .unwrap_or_default();
+    for h in after.placement.iter().flat_map(|p| &p.history) {
+        if !old.contains(h) {
+            notes.push(Note {
+                warning: h.reason != "FailedBack",
+                reason: if h.reason == "FailedBack" {
+                    "FailedBack"
+                } else {
+                    "FailedOver"
+                },
+                message: format!("placement moved from {} to {}: {}", h.from, h.to, h.message),
+            });
+        }
+    }
     notes
 }
 
@@ -114,6 +134,31 @@ mod tests {
 
     /// A release through a wave: the steps of clusters and waves are status
     /// only; the wave's outcome and the phase are Events.
+    #[test]
+    fn a_failover_is_one_event() {
+        use crate::rollout::spec::{PlacementChange, PlacementStatus};
+        let change = PlacementChange {
+            time: Time("2026-01-01T00:00:00Z".parse().unwrap()),
+            reason: "Unreachable".into(),
+            from: "m1".into(),
+            to: "m3".into(),
+            message: "unreachable for 60s; replaced by m3".into(),
+        };
+        let before = FleetMicroserviceStatus::default();
+        let after = FleetMicroserviceStatus {
+            placement: Some(PlacementStatus {
+                history: vec![change],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let notes = changes(&before, &after);
+        assert_eq!(notes.len(), 1);
+        assert_eq!(notes[0].reason, "FailedOver");
+        assert!(notes[0].warning);
+        assert!(changes(&after, &after).is_empty(), "once");
+    }
+
     #[test]
     fn steps_are_status_and_outcomes_are_events() {
         use crate::rollout::spec::WaveStatus;

@@ -51,6 +51,9 @@ fn same_decisions(a: &FleetMicroserviceStatus, b: &FleetMicroserviceStatus) -> b
         wave,
         waves,
         clusters,
+        // Every change of the placement is a decision, timers included: a
+        // successor continues them.
+        placement,
         conditions,
     } = a;
     *observed_generation == b.observed_generation
@@ -63,6 +66,7 @@ fn same_decisions(a: &FleetMicroserviceStatus, b: &FleetMicroserviceStatus) -> b
         && *phase == b.phase
         && *wave == b.wave
         && *waves == b.waves
+        && *placement == b.placement
         && clusters.len() == b.clusters.len()
         && clusters
             .iter()

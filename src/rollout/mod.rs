@@ -1,12 +1,13 @@
 //! Fleet rollouts: a `FleetMicroservice` in the home cluster, placed on
 //! member clusters by label and rolled out in waves. `spec`, `placement`,
-//! `revision`, `gate`, `leaving`, `trouble`, `plan`, `fold` and `events` are pure; the controller does the I/O.
+//! `failover` (but its types), `revision`, `gate`, `leaving`, `trouble`, `plan`, `fold` and `events` are pure; the controller does the I/O.
 
 pub mod cache;
 pub mod controller;
 pub mod edits;
 pub mod error;
 pub mod events;
+pub mod failover;
 pub mod fold;
 pub mod gate;
 pub mod home;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::failover::choose::{self, Candidate, Placed};
 use super::gate::{self, Evidence, Gate, left, stamp};
 use super::leaving::{self, Leave, Leaver};
 use super::placement::{self, Labels, digest, member_spec, selects};
@@ -69,6 +70,8 @@ pub struct Cluster {
 pub struct Inputs<'a> {
     /// The FleetMicroservice's name, which the member objects carry.
     pub name: &'a str,
+    /// Its uid: a counted placement ranks clusters by it.
+    pub uid: &'a str,
     pub generation: i64,
     pub spec: &'a FleetMicroserviceSpec,
     /// The revision of the spec as it is now.
@@ -111,6 +114,8 @@ struct Settings {
     deadline: Duration,
     max_failed: usize,
     on_failure: OnFailure,
+    /// With `numberOfClusters`.
+    counted: Option<choose::Settings>,
 }
 
 fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String> {
@@ -161,13 +166,52 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
     if r.max_failed_clusters < 0 {
         return Err("rollout.maxFailedClusters must not be negative".into());
     }
+    let counted = counted(&spec.placement)?;
     Ok(Settings {
+        counted,
         require_canary: r.require_canary.unwrap_or(!r.waves.is_empty()),
         bake: duration("bake", &r.bake, Duration::ZERO)?,
         deadline: duration("progressDeadline", &r.progress_deadline, DEFAULT_DEADLINE)?,
         max_failed: r.max_failed_clusters as usize,
         on_failure: r.on_failure,
     })
+}
+
+/// `numberOfClusters` and its failover timers, checked.
+fn counted(p: &super::spec::Placement) -> Result<Option<choose::Settings>, String> {
+    let Some(count) = p.number_of_clusters else {
+        return match p.failover {
+            Some(_) => Err("placement.failover needs placement.numberOfClusters".into()),
+            None => Ok(None),
+        };
+    };
+    if !(1..=1000).contains(&count) {
+        return Err(format!(
+            "placement.numberOfClusters must be 1 to 1000, not {count}"
+        ));
+    }
+    let f = p.failover.clone().unwrap_or_default();
+    let duration = |what: &str, v: &Option<String>, default: Duration| match v {
+        None => Ok(default),
+        Some(s) => {
+            parse_bounded(s, MAX_SPAN).map_err(|e| format!("placement.failover.{what}: {e}"))
+        }
+    };
+    Ok(Some(choose::Settings {
+        count: count as usize,
+        unreachable_after: duration(
+            "unreachableAfter",
+            &f.unreachable_after,
+            choose::UNREACHABLE_AFTER,
+        )?,
+        unavailable_after: duration(
+            "unavailableAfter",
+            &f.unavailable_after,
+            choose::UNAVAILABLE_AFTER,
+        )?,
+        failback: f.failback,
+        failback_after: duration("failbackAfter", &f.failback_after, choose::FAILBACK_AFTER)?,
+    }))
 }
 
 /// What the planner decided for the update revision.
@@ -239,10 +283,22 @@ pub fn plan(i: &Inputs) -> Plan {
         Err(message) => return invalid(i, message),
     };
     let prev_of = |name: &str| prev.clusters.iter().find(|c| c.name == name);
+    // The revision that ran to completion last, if any.
+    let last_good = prev
+        .last_good_revision
+        .clone()
+        .or_else(|| i.update.memory.good_before.clone())
+        .filter(|n| revisions.contains_key(n.as_str()));
+    let counted = settings
+        .counted
+        .as_ref()
+        .map(|s| counted_placement(i, s, &revisions, last_good.as_deref()));
 
-    // Classify: placed, outside the placement (ours to delete), or unknown.
+    // Classify: placed, outside the placement (ours to delete), replaced
+    // but kept for now, or unknown.
     let mut rows: Vec<Row> = Vec::new();
     let mut leaving: Vec<&Cluster> = Vec::new();
+    let mut kept: Vec<&Cluster> = Vec::new();
     let mut unknown: Vec<&Cluster> = Vec::new();
     for c in i.clusters {
         let Some(labels) = &c.labels else {
@@ -251,11 +307,18 @@ pub fn plan(i: &Inputs) -> Plan {
             }
             continue;
         };
-        let placed = selects(&i.spec.placement.cluster_selector, labels);
+        let placed = match &counted {
+            Some(p) => p.chosen.contains(&c.name),
+            None => selects(&i.spec.placement.cluster_selector, labels),
+        };
         let ours = c.member.as_ref().filter(|m| m.ours);
         if !placed {
-            if ours.is_some() {
-                leaving.push(c);
+            match ours {
+                Some(_) if counted.as_ref().is_some_and(|p| p.kept.contains(&c.name)) => {
+                    kept.push(c)
+                }
+                Some(_) => leaving.push(c),
+                None => {}
             }
             continue;
         }
@@ -328,14 +391,8 @@ pub fn plan(i: &Inputs) -> Plan {
     };
     let wave_finished_before = |name: &str| prev_wave(name).and_then(|w| w.finished.clone());
 
-    // Failures of the update revision.
-    // The status remembers; its revisions do too, for a status that was
-    // lost (review L13).
-    let last_good = prev
-        .last_good_revision
-        .clone()
-        .or_else(|| i.update.memory.good_before.clone())
-        .filter(|n| revisions.contains_key(n.as_str()));
+    // Failures of the update revision. The last good one: the status
+    // remembers; its revisions do too, for a status that was lost (review L13).
     let is_good = last_good.as_deref() == Some(update);
     let resumed = !i.spec.paused
         && prev
@@ -346,6 +403,9 @@ pub fn plan(i: &Inputs) -> Plan {
     let mut failures: BTreeMap<&str, (String, String)> = BTreeMap::new();
     let mut requeue: Option<Duration> = None;
     let mut soon = |d: Duration| requeue = Some(requeue.map_or(d, |r: Duration| r.min(d)));
+    if let Some(d) = counted.as_ref().and_then(|p| p.requeue) {
+        soon(d);
+    }
     for (wave, members) in &wave_list {
         let finished = wave_finished_before(wave).is_some();
         for name in members {
@@ -648,6 +708,17 @@ pub fn plan(i: &Inputs) -> Plan {
             }
         }
     }
+    // A failover is not a release: its replacement gets the running
+    // revision at once, whatever wave it falls in.
+    if let (Some(p), Some(good), Mode::Progress | Mode::HeldOnFailure) =
+        (&counted, &last_good, &mode)
+    {
+        for name in &p.replacements {
+            if let Some(t @ None) = targets.get_mut(name.as_str()) {
+                *t = Some(good.clone());
+            }
+        }
+    }
     // Held on failure, the clusters already given the update may still get
     // it (one that was down may come back and turn done, clearing the
     // failure); no new cluster is started.
@@ -796,6 +867,25 @@ pub fn plan(i: &Inputs) -> Plan {
             state,
             reason: reason.into(),
             message,
+            since: prev_c.map_or_else(|| now.clone(), |p| p.since.clone()),
+            targeted: None,
+        });
+    }
+    for c in &kept {
+        let why = counted
+            .as_ref()
+            .and_then(|p| p.status.clusters.iter().find(|p| p.name == c.name));
+        let prev_c = prev_of(&c.name).filter(|p| p.state == ClusterState::Removing);
+        clusters.push(ClusterStatus {
+            name: c.name.clone(),
+            revision: c.member.as_ref().and_then(|m| m.revision.clone()),
+            target: None,
+            state: ClusterState::Removing,
+            reason: "Replaced".into(),
+            message: format!(
+                "{}; its Microservice stays until the cluster that took its place is available and this one answers",
+                why.map_or("replaced", |w| w.message.as_str())
+            ),
             since: prev_c.map_or_else(|| now.clone(), |p| p.since.clone()),
             targeted: None,
         });
@@ -1037,6 +1127,7 @@ pub fn plan(i: &Inputs) -> Plan {
         available: Some(format!("{available}/{placed}")),
         waves,
         clusters,
+        placement: counted.map(|p| p.status),
         conditions: conditions::transition(&prev.conditions, &verdicts, i.generation, &now),
     };
     actions.sort();
@@ -1045,6 +1136,60 @@ pub fn plan(i: &Inputs) -> Plan {
         status,
         requeue_after: requeue.filter(|_| writing || matches!(mode, Mode::HeldOnFailure)),
     }
+}
+
+/// The counted placement of this round (#32), from what the index shows.
+fn counted_placement(
+    i: &Inputs,
+    s: &choose::Settings,
+    revisions: &BTreeMap<&str, &Revision>,
+    last_good: Option<&str>,
+) -> Placed {
+    let candidates: Vec<Candidate> = i
+        .clusters
+        .iter()
+        .map(|c| {
+            let ours = c.member.as_ref().filter(|m| m.ours);
+            let available = match (ours, last_good.and_then(|g| revisions.get(g)), &c.labels) {
+                (Some(m), Some(good), Some(labels)) => {
+                    m.state == EntryState::Done
+                        && m.revision.as_deref() == Some(good.name.as_str())
+                        && m.digest
+                            == digest(&member_spec(
+                                &good.data.template,
+                                &good.data.overrides,
+                                labels,
+                            ))
+                }
+                _ => false,
+            };
+            Candidate {
+                name: &c.name,
+                matches: c
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| selects(&i.spec.placement.cluster_selector, l)),
+                answering: c.reachable
+                    && c.member
+                        .as_ref()
+                        .is_none_or(|m| m.state != EntryState::Unknown),
+                holds: ours.is_some(),
+                foreign: c.member.as_ref().is_some_and(|m| !m.ours),
+                available,
+            }
+        })
+        .collect();
+    choose::place(&choose::Inputs {
+        uid: i.uid,
+        settings: s,
+        clusters: &candidates,
+        previous: &i.previous.placement.clone().unwrap_or_default(),
+        running: last_good.is_some(),
+        steady: last_good == Some(i.update.name.as_str()),
+        paused: i.spec.paused,
+        now: i.now,
+        term_started: i.term_started,
+    })
 }
 
 /// The clusters that may hold this object (review H5): those in the last

@@ -127,6 +127,7 @@ impl World {
         let update = self.update();
         plan(&Inputs {
             name: "api",
+            uid: "uid-api",
             generation: 1,
             spec: &self.spec,
             update: &update,
@@ -190,6 +191,7 @@ impl World {
                         .find(|c| &c.name == cluster)
                         .unwrap();
                     assert!(c.member.as_ref().is_some_and(|m| m.ours));
+                    assert!(c.reachable, "deleted in unreachable {cluster}");
                     c.member = None;
                     self.deletes.push(cluster.clone());
                 }
@@ -1404,6 +1406,7 @@ mod review {
         let update = w.update();
         let inputs = Inputs {
             name: "api",
+            uid: "uid-api",
             generation: 1,
             spec: &w.spec,
             update: &update,
@@ -1955,3 +1958,6 @@ fn a_lost_status_forgets_neither_the_failure_nor_the_last_good() {
     );
     assert_eq!(w.status.last_good_revision.as_deref(), Some(good.as_str()));
 }
+
+#[path = "plan_failover_tests.rs"]
+mod failover;

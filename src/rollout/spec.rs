@@ -9,6 +9,9 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use crate::crd::{EnvEntry, MicroserviceSpec};
+pub use crate::rollout::failover::types::{
+    Failback, Failover, PlacedCluster, PlacementChange, PlacementStatus, Role,
+};
 
 pub const KIND: &str = "FleetMicroservice";
 /// Names the FleetMicroservice on every member object it writes.
@@ -88,6 +91,15 @@ fn default_history() -> i32 {
 pub struct Placement {
     #[serde(default)]
     pub cluster_selector: LabelSelector,
+    /// Run it on this many of the selected clusters, chosen by rank and
+    /// replaced when one fails; every selected cluster when absent. (A
+    /// `spread` over a label may join it later.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub number_of_clusters: Option<i32>,
+    /// When a chosen cluster is replaced; only with `numberOfClusters`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<Failover>,
 }
 
 /// The fleet-wide name `NAME.NAMESPACE.ZONE` (#31).
@@ -247,6 +259,10 @@ pub struct FleetMicroserviceStatus {
     pub waves: Vec<WaveStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<ClusterStatus>,
+    /// With `numberOfClusters`: the chosen clusters, the replaced ones and
+    /// the last failovers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementStatus>,
     /// Progressing, Available, RolledBack and, while deletion waits, CleanupBlocked.
     #[serde(default)]
     pub conditions: Vec<Condition>,

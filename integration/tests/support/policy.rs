@@ -25,6 +25,43 @@ impl Policy {
         expression: &str,
         reason: &str,
     ) -> Self {
+        Self::made(
+            client,
+            cluster,
+            ns,
+            [operation, resource, expression, reason],
+            false,
+        )
+        .await
+    }
+
+    /// The same for every requester, the cluster's own controllers too
+    /// (a ReplicaSet whose pods can no longer be created).
+    pub async fn apply_to_all(
+        client: &kube::Client,
+        cluster: &str,
+        ns: &str,
+        operation: &str,
+        resource: &str,
+        reason: &str,
+    ) -> Self {
+        Self::made(
+            client,
+            cluster,
+            ns,
+            [operation, resource, "false", reason],
+            true,
+        )
+        .await
+    }
+
+    async fn made(
+        client: &kube::Client,
+        cluster: &str,
+        ns: &str,
+        [operation, resource, expression, reason]: [&str; 4],
+        everyone: bool,
+    ) -> Self {
         use k8s_openapi::api::admissionregistration::v1::{
             ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
         };
@@ -47,7 +84,11 @@ impl Policy {
                 },
                 "matchConditions": [{
                     "name": "not-the-cluster",
-                    "expression": "!request.userInfo.username.startsWith('system:')",
+                    "expression": if everyone {
+                        "true"
+                    } else {
+                        "!request.userInfo.username.startsWith('system:')"
+                    },
                 }],
                 "validations": [{
                     "expression": expression,
