@@ -391,7 +391,7 @@ fn client_options(r: &RemoteArgs) -> Result<(ClientOptions, Format), String> {
 
 async fn rollout_command(action: args::RolloutAction) -> Result<u8, String> {
     use args::RolloutAction as A;
-    use flotilla::cli::rollout::{self, Change};
+    use flotilla::cli::rollout::{self, Change, View};
     let (target, remote_args) = match &action {
         A::Status(t) | A::History(t) | A::Pause(t) | A::Resume(t) => (&t.target, &t.remote),
         A::Wait(w) => (&w.target, &w.remote),
@@ -400,8 +400,8 @@ async fn rollout_command(action: args::RolloutAction) -> Result<u8, String> {
     let (o, f) = client_options(remote_args)?;
     let (ns, name) = remote::split_key(target)?;
     match &action {
-        A::Status(_) => rollout::status(&o, f, &ns, &name, false).await,
-        A::History(_) => rollout::status(&o, f, &ns, &name, true).await,
+        A::Status(_) => rollout::status(&o, f, &ns, &name, View::Status).await,
+        A::History(_) => rollout::status(&o, f, &ns, &name, View::History).await,
         A::Wait(w) => rollout::wait(&o, f, &ns, &name, w.timeout).await,
         A::Pause(_) => rollout::change(&o, f, &ns, &name, Change::Pause).await,
         A::Resume(_) => rollout::change(&o, f, &ns, &name, Change::Resume).await,
@@ -448,6 +448,12 @@ async fn remote(command: Command) -> u8 {
                 let (o, f) = client_options(&a.remote)?;
                 let (ns, name) = remote::split_key(&a.target)?;
                 remote::dns(&o, f, ns, name).await.map(|()| 0)
+            }
+            Command::Placement(a) => {
+                use flotilla::cli::rollout::{self, View};
+                let (o, f) = client_options(&a.remote)?;
+                let (ns, name) = remote::split_key(&a.target)?;
+                rollout::status(&o, f, &ns, &name, View::Placement).await
             }
             _ => Err("not a status command".into()),
         }
@@ -521,7 +527,8 @@ fn main() -> ExitCode {
         | Command::Status(_)
         | Command::Wait(_)
         | Command::Rollout(_)
-        | Command::Dns(_)) => {
+        | Command::Dns(_)
+        | Command::Placement(_)) => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {

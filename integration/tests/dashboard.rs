@@ -1054,6 +1054,24 @@ async fn the_rollouts_view_shows_waves_in_order_and_a_rollback() {
     assert_eq!(waves.len(), 2, "the canary, then the rest: {waves:?}");
     assert_eq!(waves[0], "canary");
 
+    // A counted placement shows each cluster's role and why (#32).
+    let mut counted = fleet_microservice("two", "ghcr.io/acme/two:1", json!({}));
+    counted["spec"]["placement"] = json!({"numberOfClusters": 2});
+    fleet.create(counted).await;
+    fleet
+        .wait_phase("two", RolloutPhase::Complete, Duration::from_secs(120))
+        .await;
+    let two = format!("{}/two", fleet.namespace);
+    browser
+        .until(
+            "two's placement on screen",
+            WAIT,
+            &format!(
+                "const p = [...document.querySelectorAll('article[data-rollout=\"{two}\"] li[data-placed]')]; return p.length === 2 && p.every(l => l.dataset.role === 'Chosen' && /Ranked/.test(l.textContent));"
+            ),
+        )
+        .await;
+
     // A good release: each wave updating, then done, the canary first.
     browser.js(WAVES, vec![json!(key)]).await;
     fleet.set_image("api", "ghcr.io/acme/api:2").await;

@@ -242,6 +242,39 @@ async fn a_stopped_member_is_replaced_and_removed_only_after_its_replacement_is_
     assert_eq!(gone.role, Role::Replaced);
     assert_eq!(events(&fleet, "FailedOver").await.len(), 1);
     let available = available_since(&fleet, spare).await;
+    // The CLI says it, over a replica's gRPC API.
+    let url = fleet.replicas.grpc_url("r1");
+    let (code, out, err) = flotilla(
+        &[
+            "placement",
+            &format!("{}/api", fleet.namespace),
+            "-o",
+            "json",
+            "--server",
+            &url,
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let j: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(j["placement"]["history"][0]["from"], victim, "{j}");
+    assert_eq!(j["placement"]["history"][0]["to"], spare, "{j}");
+    let (code, out, err) = flotilla(
+        &[
+            "placement",
+            &format!("{}/api", fleet.namespace),
+            "--server",
+            &url,
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("Replaced") && out.contains(&format!("replaced by {spare}")),
+        "{out}"
+    );
 
     // Back: its Microservice goes, now that the replacement is available.
     drop(stopped);

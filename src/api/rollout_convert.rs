@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use super::convert::{condition, timestamp};
 use super::pb;
 use crate::rollout::revision::Revision;
-use crate::rollout::spec::FleetMicroservice;
+use crate::rollout::spec::{FleetMicroservice, PlacementStatus};
 
 fn time(t: &Time) -> prost_types::Timestamp {
     timestamp(SystemTime::from(t.0))
@@ -85,6 +85,39 @@ pub fn rollout(f: &FleetMicroservice, history: &[Revision], with_history: bool) 
             Vec::new()
         },
         deleting: f.metadata.deletion_timestamp.is_some(),
+        placement: st.placement.as_ref().map(|p| placement(f, p)),
+    }
+}
+
+fn placement(f: &FleetMicroservice, p: &PlacementStatus) -> pb::Placement {
+    pb::Placement {
+        number_of_clusters: f.spec.placement.number_of_clusters.unwrap_or_default(),
+        clusters: p
+            .clusters
+            .iter()
+            .map(|c| pb::PlacedCluster {
+                cluster: c.name.clone(),
+                role: format!("{:?}", c.role),
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+                since: Some(time(&c.since)),
+                unreachable_since: c.unreachable_since.as_ref().map(time),
+                unavailable_since: c.unavailable_since.as_ref().map(time),
+                replaced_by: c.replaced_by.clone().unwrap_or_default(),
+            })
+            .collect(),
+        history: p
+            .history
+            .iter()
+            .map(|h| pb::PlacementChange {
+                time: Some(time(&h.time)),
+                reason: h.reason.clone(),
+                from: h.from.clone(),
+                to: h.to.clone(),
+                message: h.message.clone(),
+            })
+            .collect(),
+        last_failover: p.last_failover.as_ref().map(time),
     }
 }
 

@@ -89,11 +89,16 @@ pub enum Command {
     Rollout(RolloutArgs),
     /// Show a Microservice's fleet-wide DNS name: the clusters it answers
     /// and why each is in or out. Exit codes: 0 shown, 3 could not ask.
-    Dns(DnsArgs),
+    Dns(ObjectArgs),
+    /// Show where a FleetMicroservice with numberOfClusters runs: each
+    /// cluster's role and why, and the last failovers. Exit codes: 0
+    /// shown, 3 could not ask.
+    Placement(ObjectArgs),
 }
 
+/// A command about one object of the fleet.
 #[derive(clap::Args)]
-pub struct DnsArgs {
+pub struct ObjectArgs {
     /// NAMESPACE/NAME.
     pub target: String,
     #[command(flatten)]

@@ -27,11 +27,20 @@ fn key(namespace: &str, name: &str) -> pb::RolloutRef {
     }
 }
 
-fn print(r: &pb::Rollout, format: Format, history: bool) {
-    match (format, history) {
+/// Which part of a rollout a table shows (JSON has all of it).
+#[derive(Clone, Copy)]
+pub enum View {
+    Status,
+    History,
+    Placement,
+}
+
+fn print(r: &pb::Rollout, format: Format, view: View) {
+    match (format, view) {
         (Format::Json, _) => println!("{}", out::json(r)),
-        (Format::Table, false) => print!("{}", out::status_text(r)),
-        (Format::Table, true) => print!("{}", out::history_text(r)),
+        (Format::Table, View::Status) => print!("{}", out::status_text(r)),
+        (Format::Table, View::History) => print!("{}", out::history_text(r)),
+        (Format::Table, View::Placement) => print!("{}", out::placement_text(r)),
     }
 }
 
@@ -40,7 +49,7 @@ pub async fn status(
     format: Format,
     ns: &str,
     name: &str,
-    history: bool,
+    view: View,
 ) -> Result<u8, String> {
     let r = connect_first(o)
         .await?
@@ -48,7 +57,7 @@ pub async fn status(
         .await
         .map_err(status_error)?
         .into_inner();
-    print(&r, format, history);
+    print(&r, format, view);
     Ok(exit::DONE)
 }
 
@@ -80,7 +89,7 @@ pub async fn change(
     }
     .map_err(status_error)?
     .into_inner();
-    print(&r, format, false);
+    print(&r, format, View::Status);
     Ok(exit::DONE)
 }
 

@@ -111,6 +111,74 @@ pub fn status_text(r: &pb::Rollout) -> String {
         &["CLUSTER", "STATE", "REVISION", "TARGET", "REASON", "SINCE"],
         &clusters,
     ));
+    if r.placement.is_some() {
+        out.push('\n');
+        out.push_str(&placement_text(r));
+    }
+    out
+}
+
+/// `flotilla placement`: each cluster's place and why, then the moves.
+pub fn placement_text(r: &pb::Rollout) -> String {
+    let Some(p) = &r.placement else {
+        return format!(
+            "{}/{}: no numberOfClusters; every selected cluster runs it\n",
+            r.namespace, r.name
+        );
+    };
+    let mut out = format!(
+        "{}/{}: {} of the selected clusters{}\n",
+        r.namespace,
+        r.name,
+        p.number_of_clusters,
+        match &p.last_failover {
+            Some(_) => format!("; last move {}", time(&p.last_failover)),
+            None => String::new(),
+        }
+    );
+    let rows: Vec<Vec<String>> = p
+        .clusters
+        .iter()
+        .map(|c| {
+            let timer = match (&c.unreachable_since, &c.unavailable_since) {
+                (Some(_), _) => format!("unreachable since {}", time(&c.unreachable_since)),
+                (None, Some(_)) => format!("unavailable since {}", time(&c.unavailable_since)),
+                (None, None) if !c.replaced_by.is_empty() => {
+                    format!("replaced by {}", c.replaced_by)
+                }
+                (None, None) => "-".into(),
+            };
+            vec![
+                c.cluster.clone(),
+                c.role.clone(),
+                c.reason.clone(),
+                time(&c.since),
+                timer,
+                or_dash(&c.message),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["CLUSTER", "ROLE", "REASON", "SINCE", "HEALTH", "WHY"],
+        &rows,
+    ));
+    if !p.history.is_empty() {
+        let moves: Vec<Vec<String>> = p
+            .history
+            .iter()
+            .map(|h| {
+                vec![
+                    time(&h.time),
+                    h.reason.clone(),
+                    h.from.clone(),
+                    h.to.clone(),
+                    h.message.clone(),
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(&["MOVED", "WHY", "FROM", "TO", "DETAIL"], &moves));
+    }
     out
 }
 
@@ -187,6 +255,18 @@ pub fn json(r: &pb::Rollout) -> Value {
             "observedGeneration": c.observed_generation,
         })).collect::<Vec<_>>(),
         "history": r.history.iter().map(|h| json!({"number": h.number, "name": h.name, "image": h.image})).collect::<Vec<_>>(),
+        "placement": r.placement.as_ref().map(|p| json!({
+            "numberOfClusters": p.number_of_clusters,
+            "clusters": p.clusters.iter().map(|c| json!({
+                "cluster": c.cluster, "role": c.role, "reason": c.reason, "message": c.message,
+                "replacedBy": c.replaced_by,
+                "unreachable": c.unreachable_since.is_some(), "unavailable": c.unavailable_since.is_some(),
+            })).collect::<Vec<_>>(),
+            "history": p.history.iter().map(|h| json!({
+                "reason": h.reason, "from": h.from, "to": h.to, "message": h.message,
+                "time": h.time.as_ref().map(|t| t.seconds),
+            })).collect::<Vec<_>>(),
+        })),
     })
 }
 
@@ -220,6 +300,49 @@ mod tests {
     }
 
     #[test]
+    fn placement_says_why_each_cluster_is_where_it_is() {
+        let mut r = rollout("Complete", 2, 2);
+        assert!(placement_text(&r).contains("every selected cluster runs it"));
+        r.placement = Some(pb::Placement {
+            number_of_clusters: 2,
+            clusters: vec![
+                pb::PlacedCluster {
+                    cluster: "member-3".into(),
+                    role: "Chosen".into(),
+                    reason: "Replacement".into(),
+                    message: "replaces member-1 (unreachable for 60s)".into(),
+                    ..Default::default()
+                },
+                pb::PlacedCluster {
+                    cluster: "member-1".into(),
+                    role: "Replaced".into(),
+                    reason: "Unreachable".into(),
+                    replaced_by: "member-3".into(),
+                    ..Default::default()
+                },
+            ],
+            history: vec![pb::PlacementChange {
+                reason: "Unreachable".into(),
+                from: "member-1".into(),
+                to: "member-3".into(),
+                ..Default::default()
+            }],
+            last_failover: None,
+        });
+        let text = placement_text(&r);
+        assert!(text.contains("2 of the selected clusters"), "{text}");
+        assert!(text.contains("replaces member-1"), "{text}");
+        assert!(text.contains("replaced by member-3"), "{text}");
+        assert!(text.contains("MOVED"), "{text}");
+        assert!(
+            status_text(&r).contains("ROLE"),
+            "rollout status shows it too"
+        );
+        let j = json(&r);
+        assert_eq!(j["placement"]["clusters"][1]["replacedBy"], "member-3");
+    }
+
+    #[test]
     fn status_names_waves_and_clusters() {
         let mut r = rollout("Progressing", 2, 2);
         r.wave = "canary".into();
@@ -236,6 +359,10 @@ mod tests {
             ..Default::default()
         });
         let text = status_text(&r);
+        assert!(
+            !text.contains("ROLE"),
+            "no placement section without a count"
+        );
         assert!(text.contains("phase Progressing (wave canary)"), "{text}");
         assert!(text.contains("member-1"), "{text}");
         assert!(text.contains("GenerationNotObserved"), "{text}");

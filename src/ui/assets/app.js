@@ -415,6 +415,18 @@ function editButtons(r) {
     button("undo", "Undo to the last good revision"));
 }
 
+// With numberOfClusters: each cluster's role and why, and the last move.
+function placementElement(p) {
+  if (!p) return null;
+  const moves = p.history || [];
+  const last = moves[moves.length - 1];
+  return el("div", { class: "placement" },
+    el("ul", {}, ...(p.clusters || []).map((c) => el("li", { "data-placed": c.name, "data-role": c.role,
+      text: c.name + " · " + c.role + " (" + c.reason + ")" + (c.message ? ": " + c.message : "") +
+        (c.unreachableSince ? " · unreachable since " + c.unreachableSince : "") }))),
+    last ? el("p", { class: "failover", text: "Last move: " + last.from + " → " + last.to + " (" + last.reason + ") at " + last.time }) : null);
+}
+
 function renderRollouts(list) {
   $("unlock").hidden = session.write || !session.writeConfigured;
   $("rollouts-section").hidden = list.length === 0;
@@ -433,6 +445,7 @@ function renderRollouts(list) {
       rolledBack ? el("p", { class: "rollback", text: "Rolled back: " + rolledBack.message }) : null,
       editButtons(r),
       el("ol", { class: "waves" }, ...(st.waves || []).map((w) => waveElement(r, w))),
+      placementElement(st.placement),
       el("details", {}, el("summary", { text: "History (" + r.history.length + " revisions)" }),
         el("ol", { class: "history" }, ...r.history.map((h) => el("li", { "data-revision": h.number,
           text: "#" + h.number + " " + h.image + (h.name === st.updateRevision ? " (update)" : "") +
