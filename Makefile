@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench-rollouts bench-dns bench-notes bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench-rollouts bench-dns bench-failover-workload bench-notes bench
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -113,6 +113,13 @@ bench-dns: toolchain
 	integration/fleet up
 	integration/fleet registry up
 	cargo bench --locked --bench dns
+
+# Workload failover: a member stopped to its replacement Available (10
+# trials at unreachableAfter 10s), 20 blips shorter than it (goal: no
+# failover), and the objects moved when one of 50 members leaves.
+bench-failover-workload: toolchain
+	integration/fleet up
+	cargo bench --locked --bench failover_workload
 
 # 10,000 Microservices created, reconciled and deleted under one controller
 # (FLOTILLA_BENCH_CYCLES): its resident memory every 1,000 and its note maps

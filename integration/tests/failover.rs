@@ -23,9 +23,9 @@ use flotilla::rollout::spec::{FleetMicroservice, PlacementStatus, Role, RolloutP
 /// Tests that stop a member or hold its traffic run one at a time.
 static MEMBERS_UP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn counted(name: &str, failover: Value) -> Value {
+fn counted(name: &str, n: usize, failover: Value) -> Value {
     let mut m = fleet_microservice(name, "ghcr.io/acme/api:1", json!({}));
-    m["spec"]["placement"] = json!({"numberOfClusters": 2, "failover": failover});
+    m["spec"]["placement"] = json!({"numberOfClusters": n, "failover": failover});
     m
 }
 
@@ -67,13 +67,22 @@ fn member(name: &str) -> &'static str {
 
 /// Created and Complete on exactly two members, which the placement names.
 async fn placed(fleet: &RolloutFleet, failover: Value) -> (FleetMicroservice, Vec<String>) {
-    fleet.create(counted("api", failover)).await;
+    placed_on(fleet, 2, failover).await
+}
+
+/// Created and Complete on exactly `n` members, which the placement names.
+async fn placed_on(
+    fleet: &RolloutFleet,
+    n: usize,
+    failover: Value,
+) -> (FleetMicroservice, Vec<String>) {
+    fleet.create(counted("api", n, failover)).await;
     let f = fleet
         .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(120))
         .await;
     let mut on = chosen(&placement(&f));
     on.sort();
-    assert_eq!(on.len(), 2, "{:?}", f.status);
+    assert_eq!(on.len(), n, "{:?}", f.status);
     assert_eq!(
         holders(fleet, "api", None).await,
         on,
@@ -437,4 +446,75 @@ async fn blips_shorter_than_unreachable_after_move_nothing() {
     now_on.sort();
     assert_eq!(now_on, on);
     assert!(events(&fleet, "FailedOver").await.is_empty());
+}
+
+/// kill -9 of the rollout leader while a failover's timer runs: the
+/// successor carries the timer on from the status and completes the
+/// failover; the replacement is written once, no other member is written
+/// at all (never more than N + 1 running, N = 1 here), and the replaced
+/// member's Microservice is removed once, when it is back.
+#[tokio::test]
+async fn a_killed_rollout_leaders_successor_completes_the_failover() {
+    let _one = MEMBERS_UP.lock().await;
+    let mut fleet = rollout_fleet("fo-kill", &[]).await;
+    let ns = fleet.namespace.clone();
+    let (f, on) = placed_on(&fleet, 1, json!({"unreachableAfter": "10s"})).await;
+    let good = f
+        .status
+        .unwrap()
+        .last_good_revision
+        .expect("a good revision");
+    let victim = member(&on[0]);
+    let before = jiff::Timestamp::now();
+
+    let stopped = StoppedMember::stop(victim);
+    let api = fleet.api();
+    seen_unreachable(&api, victim, true, 0).await;
+    let leader = fleet.rollout_leader().await;
+    fleet.replicas.kill_9(&leader);
+    let killed = Instant::now();
+    let spare = eventually("the failover decided", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            let p = placement(&api.get("api").await.ok()?);
+            p.history.first().map(|h| h.to.clone())
+        }
+    })
+    .await;
+    let spare = member(&spare);
+    fleet
+        .done_at(spare, "api", &good, Duration::from_secs(60))
+        .await;
+    println!(
+        "figure: leader killed to replacement Available: {:?}",
+        killed.elapsed()
+    );
+    let successor = fleet.rollout_leader().await;
+    assert_ne!(successor, leader, "decided by the successor");
+    let third = *MEMBERS
+        .iter()
+        .find(|m| ![victim, spare].contains(m))
+        .unwrap();
+
+    drop(stopped);
+    let available = available_since(&fleet, spare).await;
+    removed(&fleet, victim, before, available).await;
+    let writes = |m: &str| -> Vec<String> {
+        fleet_writes(m, &ns)
+            .into_iter()
+            .filter(|w| w.name == "api" && w.received > before)
+            .map(|w| w.verb)
+            .collect()
+    };
+    assert_eq!(
+        writes(spare),
+        vec!["create"],
+        "the replacement written once"
+    );
+    assert!(
+        writes(third).is_empty(),
+        "nothing else written: {:?}",
+        writes(third)
+    );
+    assert_eq!(holders(&fleet, "api", None).await, vec![spare.to_string()]);
 }

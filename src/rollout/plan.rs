@@ -1150,16 +1150,20 @@ fn counted_placement(
         .iter()
         .map(|c| {
             let ours = c.member.as_ref().filter(|m| m.ours);
-            let available = match (ours, last_good.and_then(|g| revisions.get(g)), &c.labels) {
-                (Some(m), Some(good), Some(labels)) => {
+            // Without labels the spec it should hold is unknown: Done at
+            // the running revision is all that can be said.
+            let available = match (ours, last_good.and_then(|g| revisions.get(g))) {
+                (Some(m), Some(good)) => {
                     m.state == EntryState::Done
                         && m.revision.as_deref() == Some(good.name.as_str())
-                        && m.digest
-                            == digest(&member_spec(
-                                &good.data.template,
-                                &good.data.overrides,
-                                labels,
-                            ))
+                        && c.labels.as_ref().is_none_or(|labels| {
+                            m.digest
+                                == digest(&member_spec(
+                                    &good.data.template,
+                                    &good.data.overrides,
+                                    labels,
+                                ))
+                        })
                 }
                 _ => false,
             };
@@ -1173,6 +1177,7 @@ fn counted_placement(
                     && c.member
                         .as_ref()
                         .is_none_or(|m| m.state != EntryState::Unknown),
+                known: c.labels.is_some(),
                 holds: ours.is_some(),
                 foreign: c.member.as_ref().is_some_and(|m| !m.ours),
                 available,

@@ -107,6 +107,23 @@ fn exactly_n_clusters_run_it_and_an_unreachable_one_is_replaced_at_once_and_remo
     );
 }
 
+/// A chosen cluster whose labels cannot be read keeps its place: nothing is
+/// written elsewhere for it, and nothing deleted there.
+#[test]
+fn unreadable_labels_move_nothing() {
+    let mut w = counted(2, 3);
+    w.complete();
+    let before = chosen(&w);
+    let c = before[0].clone();
+    w.clusters.iter_mut().find(|x| x.name == c).unwrap().labels = None;
+    for _ in 0..5 {
+        let p = w.step();
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        w.wait(100);
+    }
+    assert_eq!(chosen(&w), before);
+}
+
 #[test]
 fn a_count_without_a_sense_is_an_invalid_spec() {
     for (n, failover) in [(Some(0), false), (Some(1001), false), (None, true)] {

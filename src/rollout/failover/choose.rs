@@ -35,6 +35,9 @@ pub struct Candidate<'a> {
     pub name: &'a str,
     /// Its labels are known and the placement's selector selects them.
     pub matches: bool,
+    /// Its labels can be read: a chosen cluster whose labels cannot stays
+    /// chosen (neither written nor emptied, as everywhere in rollouts).
+    pub known: bool,
     /// Reachable, and its member object not Unknown.
     pub answering: bool,
     /// Our Microservice is there, as last seen.
@@ -109,7 +112,7 @@ pub fn place(i: &Inputs) -> Placed {
             continue;
         };
         match p.role {
-            Role::Chosen if c.matches => {
+            Role::Chosen if c.matches || !c.known => {
                 let counts = i.running && i.steady;
                 chosen.push(PlacedCluster {
                     unreachable_since: (!c.answering)

@@ -83,6 +83,7 @@ impl World {
                 Candidate {
                     name: n,
                     matches: true,
+                    known: true,
                     answering: h.answering,
                     holds: h.holds,
                     foreign: false,
