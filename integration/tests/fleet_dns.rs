@@ -769,3 +769,91 @@ impl Drop for Continued<'_> {
         self.0.signal(&self.1, "CONT");
     }
 }
+
+/// Workload failover and the fleet-wide name (#32): a FleetMicroservice on
+/// two of the three members answers from those two; when one is stopped
+/// and replaced, the name answers from the other and the replacement, and
+/// the stopped member, once back and cleaned up, stays out.
+#[tokio::test]
+async fn a_failover_moves_the_fleet_wide_name_with_the_placement() {
+    use flotilla::rollout::spec::{FleetMicroservice, Role, RolloutPhase};
+    let _one = MEMBERS_UP.lock().await;
+    let home = client("home").await;
+    support::ensure_fleet_crd(&home).await;
+    let windows = ["--dns-withdraw-after", "3s", "--dns-restore-after", "3s"];
+    let (_replicas, ns, _, _guards) = fleet("dns-placed", &windows).await;
+    let fms: FleetMicroservice = support::from_json(serde_json::json!({
+        "apiVersion": "platform.example.io/v1alpha1",
+        "kind": "FleetMicroservice",
+        "metadata": {"name": "api"},
+        "spec": {
+            "template": {"image": "ghcr.io/acme/api:1", "port": 8080, "replicas": 1},
+            "placement": {"numberOfClusters": 2, "failover": {"unreachableAfter": "10s"}},
+        }
+    }));
+    let fleet_api = Api::<FleetMicroservice>::namespaced(home.clone(), &ns);
+    fleet_api
+        .create(&PostParams::default(), &fms)
+        .await
+        .expect("create the FleetMicroservice");
+    let chosen = |f: &FleetMicroservice| -> Vec<String> {
+        let p = f.status.as_ref().and_then(|s| s.placement.clone());
+        let mut v: Vec<String> = p
+            .into_iter()
+            .flat_map(|p| p.clusters)
+            .filter(|c| c.role == Role::Chosen)
+            .map(|c| c.name)
+            .collect();
+        v.sort();
+        v
+    };
+    let on = eventually("api Complete on two", WAIT, || {
+        let fleet_api = fleet_api.clone();
+        async move {
+            let f = fleet_api.get("api").await.ok()?;
+            let st = f.status.as_ref()?;
+            (st.phase == Some(RolloutPhase::Complete) && chosen(&f).len() == 2).then(|| chosen(&f))
+        }
+    })
+    .await;
+    let ip_of = |m: &'static str| {
+        let ns = ns.clone();
+        async move {
+            let c = client(m).await;
+            let api = Api::<Microservice>::namespaced(c.clone(), &ns);
+            wait_condition(&api, "api", "Available", "True", None).await;
+            wait_condition(&api, "api", "Registered", "True", None).await;
+            service_ip(&c, &ns, "api").await
+        }
+    };
+    let member = |n: &str| *MEMBERS.iter().find(|m| **m == n).unwrap();
+    let (victim, kept) = (member(&on[0]), member(&on[1]));
+    let spare = *MEMBERS
+        .iter()
+        .find(|m| ![victim, kept].contains(m))
+        .unwrap();
+    let mut ips = BTreeMap::new();
+    ips.insert(victim, ip_of(victim).await);
+    ips.insert(kept, ip_of(kept).await);
+    let name = format!("api.{ns}.{}", zone());
+    resolves(&name, "A", &answer(&ips, &[victim, kept])).await;
+
+    let down = StoppedMember::stop(victim);
+    ips.insert(spare, ip_of(spare).await);
+    let now = answer(&ips, &[kept, spare]);
+    eventually("the name follows the placement", WAIT, || {
+        let got = dig(&name, "A");
+        let now = now.clone();
+        async move { (got == now).then_some(()) }
+    })
+    .await;
+    drop(down);
+    let gone = Api::<Microservice>::namespaced(client(victim).await, &ns);
+    eventually(&format!("{victim}'s api removed"), WAIT, || {
+        let gone = gone.clone();
+        async move { gone.get_opt("api").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    working_again(&ns, &[victim]).await;
+    assert_eq!(dig(&name, "A"), now, "the replaced member stays out");
+}
