@@ -737,8 +737,13 @@ pub fn plan(i: &Inputs) -> Plan {
         }
     }
     // Leaving the placement goes wave by wave too (review M6).
+    // With a count, clusters leave by failover as much as by edits: one that
+    // cannot be reached (a replaced cluster that is down for good) must not
+    // hold the waves' removals, or every later replaced cluster would keep
+    // running (N + 2 and more). It is removed when it answers again.
     let leavers: Vec<Leaver> = leaving
         .iter()
+        .filter(|c| counted.is_none() || c.reachable)
         .filter_map(|c| {
             Some(Leaver {
                 name: &c.name,
@@ -1190,7 +1195,11 @@ fn counted_placement(
         clusters: &candidates,
         previous: &i.previous.placement.clone().unwrap_or_default(),
         running: last_good.is_some(),
-        steady: last_good == Some(i.update.name.as_str()),
+        // No release under way: the update is the good one, or it failed
+        // and the clusters are back on (or going back to) the good one.
+        steady: last_good == Some(i.update.name.as_str())
+            || i.previous.failed_revision_number == Some(i.update.number)
+            || i.update.failed(),
         paused: i.spec.paused,
         now: i.now,
         term_started: i.term_started,

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::rollout::failover::types::{Failover, Role};
+use crate::rollout::spec::Wave;
 use proptest::prelude::*;
 
 fn counted(n: i32, clusters: usize) -> World {
@@ -122,6 +123,101 @@ fn unreadable_labels_move_nothing() {
         w.wait(100);
     }
     assert_eq!(chosen(&w), before);
+}
+
+/// After a release is rolled back, the clusters run the good revision
+/// and no release is under way: a chosen cluster that stops being
+/// available is replaced (review: the timer was off until the next edit).
+#[test]
+fn after_a_rollback_an_unavailable_cluster_is_still_replaced() {
+    let mut w = counted(2, 3);
+    w.complete();
+    w.spec.template.image = "app:2".into();
+    w.step();
+    w.wait(61);
+    w.settle(RolloutPhase::RolledBack);
+    for _ in 0..3 {
+        w.step();
+        for h in holders(&w) {
+            w.done(&h);
+        }
+    }
+    let victim = chosen(&w)[0].clone();
+    w.set(&victim, EntryState::Failed, "ProgressDeadlineExceeded");
+    w.step();
+    w.wait(301);
+    let p = w.step();
+    let history = &w.status.placement.as_ref().unwrap().history;
+    assert_eq!(history.len(), 1, "{:?}", w.status.placement);
+    assert_eq!(history[0].reason, "Unavailable");
+    assert!(p.actions.iter().any(|a| matches!(a, Action::Apply { .. })));
+}
+
+/// With waves, a replaced cluster that is down for good does not hold up
+/// the removal of a later one (review: every later replaced cluster kept
+/// running, N + 2 and more).
+#[test]
+fn an_unreachable_leaver_holds_up_no_wave() {
+    let names = ["m1", "m2", "m3", "m4"];
+    let labelled: Vec<(&str, Vec<(&str, &str)>)> =
+        names.iter().map(|n| (*n, vec![("name", *n)])).collect();
+    let named: Vec<(&str, &[(&str, &str)])> =
+        labelled.iter().map(|(n, l)| (*n, l.as_slice())).collect();
+    let mut w = World::new(&named);
+    w.spec.placement.number_of_clusters = Some(2);
+    w.spec.placement.failover = Some(Failover {
+        unreachable_after: Some("60s".into()),
+        unavailable_after: Some("5m".into()),
+        ..Default::default()
+    });
+    let first = crate::rollout::failover::rank::ranked("uid-api", names)[0];
+    w.spec.rollout.waves = vec![Wave {
+        name: "canary".into(),
+        cluster_selector: sel("name", first),
+        max_parallel: None,
+    }];
+    w.complete();
+    let on = chosen(&w);
+    assert!(on.contains(&first.to_string()), "{on:?}");
+    let other = on.iter().find(|n| *n != first).unwrap().clone();
+    // The canary cluster goes down for good and is replaced.
+    reach(&mut w, first, false);
+    w.step();
+    w.wait(61);
+    w.step();
+    for _ in 0..3 {
+        for h in holders(&w) {
+            if w.clusters.iter().any(|c| c.name == h && c.reachable) {
+                w.done(&h);
+            }
+        }
+        w.step();
+    }
+    // The other fails too; its replacement turns done.
+    w.set(&other, EntryState::Failed, "ProgressDeadlineExceeded");
+    w.step();
+    w.wait(301);
+    w.step();
+    for _ in 0..3 {
+        for h in holders(&w) {
+            if h != other && w.clusters.iter().any(|c| c.name == h && c.reachable) {
+                w.done(&h);
+            }
+        }
+        w.step();
+    }
+    assert!(
+        w.deletes.contains(&other),
+        "{:?} {:?}",
+        w.deletes,
+        w.status.placement
+    );
+    let running = w
+        .clusters
+        .iter()
+        .filter(|c| c.reachable && c.member.is_some())
+        .count();
+    assert_eq!(running, 2);
 }
 
 #[test]

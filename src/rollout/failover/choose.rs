@@ -84,15 +84,17 @@ pub fn place(i: &Inputs) -> Placed {
     let by_name: BTreeMap<&str, &Candidate> = i.clusters.iter().map(|c| (c.name, c)).collect();
     let back_later = s.failback == Failback::WhenHealthy;
     let available = |n: &str| by_name.get(n).is_some_and(|c| c.available);
-    // Replaced clusters that answer and hold it while the cluster that took
-    // their place is not yet available: each is one more than N running.
+    // Replaced clusters that still serve it (answer, hold it, Available)
+    // while the cluster that took their place is not yet available: each is
+    // one more than N running, and worth keeping. One that serves nothing
+    // holds nothing up: it may go when the next failover needs its slot.
     let waiting = |replaced: &[PlacedCluster], chosen: &[PlacedCluster]| {
         replaced
             .iter()
             .filter(|r| {
                 by_name
                     .get(r.name.as_str())
-                    .is_some_and(|c| c.holds && c.answering)
+                    .is_some_and(|c| c.holds && c.answering && c.available)
                     && end_of(&r.name, replaced, chosen).is_some_and(|end| !available(end))
             })
             .count()
@@ -170,8 +172,13 @@ pub fn place(i: &Inputs) -> Placed {
                 "Unavailable",
             ),
         ];
+        // While it does not answer, only unreachableAfter decides (the
+        // unavailable timer keeps counting for when it answers again).
+        let dark = p.unreachable_since.is_some();
         for (t, span, why) in timers {
-            let Some(t) = t else { continue };
+            let Some(t) = t.filter(|_| !dark || why == "Unreachable") else {
+                continue;
+            };
             match left(i.now, &t, span) {
                 Some(rest) => soon(rest),
                 None => due.push((t, k, why, format!("{} for {span:?}", why.to_lowercase()))),
@@ -303,7 +310,7 @@ pub fn place(i: &Inputs) -> Placed {
         let ranked = avoiding(free(&chosen), &history);
         let pick = ranked
             .iter()
-            .find(|n| by_name[*n].holds)
+            .find(|n| by_name[*n].holds && by_name[*n].available)
             .or(ranked.first())
             .map(|n| n.to_string());
         let Some(name) = pick else { break };
@@ -342,14 +349,20 @@ pub fn place(i: &Inputs) -> Placed {
                     .as_ref()
                     .is_some_and(|to| chosen.iter().any(|p| &p.name == to)))
     });
-    // Of those that answer, one at most: a chain of failovers (a
-    // replacement that failed too) must not leave N + 2 running. The one
-    // kept is available if one is, else the last replaced.
+    // Every holder that does not answer is kept (nothing is removed from a
+    // cluster whose state is unknown); of those that answer, one at most: a
+    // chain of failovers (a replacement that failed too) must not leave
+    // N + 2 running. The one kept is available if one is, else the last
+    // replaced.
+    let holds = |r: &PlacedCluster| by_name.get(r.name.as_str()).is_some_and(|c| c.holds);
+    let answers = |r: &PlacedCluster| by_name.get(r.name.as_str()).is_some_and(|c| c.answering);
     let waits: Vec<&PlacedCluster> = replaced
         .iter()
-        .filter(|r| end_of(&r.name, &replaced, &chosen).is_some_and(|end| !available(end)))
+        .filter(|r| holds(r))
+        .filter(|r| {
+            !answers(r) || end_of(&r.name, &replaced, &chosen).is_some_and(|end| !available(end))
+        })
         .collect();
-    let answers = |r: &PlacedCluster| by_name.get(r.name.as_str()).is_some_and(|c| c.answering);
     let one = waits
         .iter()
         .filter(|r| answers(r))
