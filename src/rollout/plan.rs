@@ -625,19 +625,13 @@ pub fn plan(i: &Inputs) -> Plan {
             }
         }
         Mode::RollBack(good) => {
+            // Every cluster goes back to the good revision: the one the
+            // failed revision reached, and one left on a release that was
+            // superseded before it completed (no one asks for it any more,
+            // and it was never judged; found by `make chaos`). A cluster
+            // already there is not written again.
             for r in rows.iter().filter(|r| !r.foreign) {
-                let gave_update = r.at == Some(update) || r.prev_target() == Some(update);
-                // A revision no longer stored (pruned while the cluster was
-                // away, or a hand-edited annotation) cannot be written back:
-                // the good one is (review L1).
-                let stored =
-                    r.at.is_some_and(|at| i.revisions.iter().any(|v| v.name == at));
-                let target = if gave_update || !stored || r.prev_target() == Some(good) {
-                    Some(good.clone())
-                } else {
-                    r.at.map(str::to_string)
-                };
-                targets.insert(&r.c.name, target);
+                targets.insert(&r.c.name, Some(good.clone()));
             }
         }
         Mode::Progress => {

@@ -1961,3 +1961,46 @@ fn a_lost_status_forgets_neither_the_failure_nor_the_last_good() {
 
 #[path = "plan_failover_tests.rs"]
 mod failover;
+
+/// Found by `make chaos` (seed 3): a release superseded half-way left a
+/// cluster on it; the next release failed on its canary and rolled back,
+/// and that cluster stayed on the superseded revision, which no one asked
+/// for any more and which never completed, while the phase said
+/// `RolledBack`. A rollback brings every cluster back to the good revision.
+#[test]
+fn a_rollback_also_brings_back_a_cluster_left_on_a_superseded_release() {
+    let mut w = World::three();
+    w.complete();
+    let good = rev(&w, "app:1");
+    // app:2 reaches the canary and then the rest, m2 done, m3 not yet.
+    w.spec.template.image = "app:2".into();
+    let superseded = rev(&w, "app:2");
+    w.step();
+    w.done("m1");
+    for _ in 0..5 {
+        w.wait(10);
+        w.step();
+    }
+    assert_eq!(w.written(&superseded), vec!["m1", "m2", "m3"]);
+    w.done("m2");
+    // app:3 supersedes it and fails on the canary.
+    w.spec.template.image = "app:3".into();
+    let bad = rev(&w, "app:3");
+    w.step();
+    assert_eq!(w.written(&bad), vec!["m1"]);
+    w.set("m1", EntryState::Failed, "ProgressDeadlineExceeded");
+    for _ in 0..5 {
+        w.step();
+        w.wait(10);
+    }
+    assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
+    for m in ["m1", "m2", "m3"] {
+        let at = w
+            .clusters
+            .iter()
+            .find(|c| c.name == m)
+            .and_then(|c| c.member.as_ref())
+            .and_then(|m| m.revision.clone());
+        assert_eq!(at.as_deref(), Some(good.as_str()), "{m} after the rollback");
+    }
+}
