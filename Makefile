@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench-rollouts bench-dns bench-failover-workload bench-notes bench
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench-rollouts bench-dns bench-failover-workload bench-notes bench chaos
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -12,6 +12,7 @@ help:
 	@echo "make fleet-up    start the local fleet ($(CLUSTERS) members + home)"
 	@echo "make fleet-down  stop the local fleet"
 	@echo "make lint        cargo fmt --check and clippy -D warnings"
+	@echo "make chaos       random faults against the fleet under a workload, invariants checked (CHAOS_SECONDS, CHAOS_SEED)"
 
 deps:
 	@integration/install-deps
@@ -120,6 +121,17 @@ bench-dns: toolchain
 bench-failover-workload: toolchain
 	integration/fleet up
 	cargo bench --locked --bench failover_workload
+
+# Fleet chaos (integration/chaos/): a nemesis mixing faults at random from a
+# seed while a workload runs, then every invariant checked from the
+# apiservers' audit logs. CHAOS_SECONDS (default 300) and CHAOS_SEED
+# (default random; always printed, and a failed run prints the command that
+# replays it). `make test` runs 120 s on the seed of the day.
+chaos: toolchain
+	integration/fleet up
+	integration/fleet registry up
+	CHAOS_SECONDS=$${CHAOS_SECONDS:-300} CHAOS_SEED=$${CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
+	  cargo test --locked --test chaos -- chaos_run --nocapture
 
 # 10,000 Microservices created, reconciled and deleted under one controller
 # (FLOTILLA_BENCH_CYCLES): its resident memory every 1,000 and its note maps

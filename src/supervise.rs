@@ -68,6 +68,21 @@ pub fn feed_delay(cluster: &str) -> Option<std::time::Duration> {
     })
 }
 
+/// How long the rollout cache holds each FleetMicroservice watch event
+/// back, in test builds only: with the `fault-hooks` feature,
+/// `FLOTILLA_ROLLOUT_CACHE_DELAY=millis` stages a replica whose view of the
+/// home cluster lags it. Otherwise none.
+pub fn rollout_cache_delay() -> Option<std::time::Duration> {
+    if !cfg!(feature = "fault-hooks") {
+        return None;
+    }
+    std::env::var("FLOTILLA_ROLLOUT_CACHE_DELAY")
+        .ok()?
+        .parse()
+        .ok()
+        .map(std::time::Duration::from_millis)
+}
+
 /// Whether the status feed of `cluster` should drop its watch's changes,
 /// as a stuck watch cache does, in test builds only: with the `fault-hooks`
 /// feature, `FLOTILLA_FEED_STALL=cluster=path[,…]` stalls it while `path`

@@ -601,6 +601,24 @@ async fn a_failover_name_answers_from_its_primary_and_the_others_only_without_it
         }
     })
     .await;
+    // Both marks are the DNS writer's, under its own Lease, and say so: the
+    // apiserver's records tell them from the rollout controller's writes.
+    let marked = support::audit_events("home")
+        .into_iter()
+        .filter(|e| {
+            e["objectRef"]["resource"] == "fleetmicroservices"
+                && e["objectRef"]["namespace"] == ns.as_str()
+        })
+        .filter(|e| {
+            e["requestURI"]
+                .as_str()
+                .is_some_and(|u| u.contains("fieldManager=flotilla-dns"))
+        })
+        .count();
+    assert!(
+        marked >= 2,
+        "FleetDnsDegraded True then False, marked fieldManager=flotilla-dns: {marked}"
+    );
     drop(replicas);
 }
 

@@ -793,7 +793,41 @@ async fn supersede_pause_resume_and_undo_over_the_cli_and_grpc_with_the_write_to
     .await;
     assert_eq!(code, 3);
     assert!(stderr.contains("revision 99 is not stored"), "{stderr}");
+    // The users' edits say whose they are: any replica serves them, outside
+    // the rollout term, so the audit log must tell them from the fleet
+    // controller's own writes (which the term fences).
+    let edits = api_edits(&ns);
+    assert_eq!(
+        edits.len(),
+        4,
+        "the pause, the resume and two undos, marked fieldManager=flotilla-api: {edits:?}"
+    );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The home apiserver's record of writes to FleetMicroservices in `ns`
+/// made with the API's field manager: (verb, name).
+fn api_edits(ns: &str) -> Vec<(String, String)> {
+    support::audit_events("home")
+        .into_iter()
+        .filter(|e| {
+            e["objectRef"]["resource"] == "fleetmicroservices" && e["objectRef"]["namespace"] == ns
+        })
+        .filter(|e| {
+            e["requestURI"]
+                .as_str()
+                .is_some_and(|u| u.contains("fieldManager=flotilla-api"))
+        })
+        .map(|e| {
+            (
+                e["verb"].as_str().unwrap_or_default().to_string(),
+                e["objectRef"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -1075,4 +1109,46 @@ async fn watch_rollouts_snapshots_streams_changes_and_resumes() {
         (r.namespace.as_str(), r.name.as_str()),
         (ns.as_str(), "api")
     );
+}
+
+/// Found by `make chaos` (seed 2): a `rollout wait` sent to a replica that
+/// was stopped (SIGSTOP) when an undo was made was answered, once the
+/// replica woke, from its cache as it was before the edit: the old
+/// generation, `Complete`, exit 0, while two members still ran the old
+/// image. Here every replica's view of the home cluster lags it by 4 s (the
+/// test-only `FLOTILLA_ROLLOUT_CACHE_DELAY`): a wait asked right after a
+/// release must still say done only once every member runs it.
+#[tokio::test]
+async fn a_rollout_wait_on_a_lagging_replica_says_done_only_when_it_is() {
+    let _up = MEMBERS_UP.read().await;
+    let fleet = rollout_fleet_env(
+        "fms-stale",
+        &[("member-1", CANARY)],
+        &[],
+        &[("FLOTILLA_ROLLOUT_CACHE_DELAY", "4000")],
+    )
+    .await;
+    fleet
+        .create_complete(fleet_microservice(
+            "api",
+            "ghcr.io/acme/api:1",
+            canary_first("3s", "5m"),
+        ))
+        .await;
+    // The caches hold the Complete status too, at the old generation.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    fleet.set_image("api", "ghcr.io/acme/api:2").await;
+    let key = format!("{}/api", fleet.namespace);
+    let server = fleet.replicas.grpc_url("r1");
+    let (code, _, stderr) = rollout_wait(&key, &server).await;
+    assert_eq!(code, 0, "{stderr}");
+    for m in ["member-1", "member-2", "member-3"] {
+        let ms = fleet.member_api(m).get("api").await.unwrap();
+        assert!(
+            ms.spec.image == "ghcr.io/acme/api:2" && done(&ms),
+            "`rollout wait` said done while {m} ran {} (done: {})",
+            ms.spec.image,
+            done(&ms)
+        );
+    }
 }

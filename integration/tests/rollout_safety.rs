@@ -210,19 +210,7 @@ async fn an_empty_canary_holds_the_release_and_a_release_that_runs_nowhere_is_ne
     fleet.create(fms).await;
     let key = format!("{ns}/nowhere");
     let server = fleet.replicas.grpc_url("r1");
-    let (code, stdout, stderr) = flotilla(
-        &[
-            "rollout",
-            "wait",
-            &key,
-            "--timeout",
-            "90s",
-            "--server",
-            &server,
-        ],
-        Duration::from_secs(120),
-    )
-    .await;
+    let (code, stdout, stderr) = rollout_wait(&key, &server).await;
     assert_eq!(code, 1, "{stdout}\n{stderr}");
     let f = fleet.api().get("nowhere").await.unwrap();
     let st = f.status.unwrap();

@@ -7,6 +7,7 @@ pub mod client;
 pub mod conns;
 pub mod convert;
 pub mod deadline;
+pub mod fresh;
 pub mod live;
 pub mod request;
 pub mod rollout_convert;

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::auth::{BearerToken, require_write};
+use super::fresh;
 use super::pb::fleet_rollouts_server::FleetRollouts;
 use super::pb::{self, WatchEventType};
 use super::request;
@@ -108,6 +109,15 @@ impl FleetRollouts for FleetRolloutsService {
         r: Request<pb::RolloutRef>,
     ) -> Result<Response<pb::Rollout>, Status> {
         let (ns, name) = request::key(&r.get_ref().namespace, &r.get_ref().name)?;
+        self.ready()?;
+        fresh::barrier(
+            &self.home,
+            &self.cache,
+            Some(&ns),
+            Some(&name),
+            fresh::LIMIT,
+        )
+        .await?;
         self.one(&ns, &name).map(Response::new)
     }
 
@@ -117,6 +127,7 @@ impl FleetRollouts for FleetRolloutsService {
     ) -> Result<Response<pb::ListRolloutsResponse>, Status> {
         let ns = namespace_filter(&r.get_ref().namespace)?;
         self.ready()?;
+        fresh::barrier(&self.home, &self.cache, ns.as_deref(), None, fresh::LIMIT).await?;
         let revision = self.cache.revision();
         let rollouts = listed(&self.cache, &ns);
         Ok(Response::new(pb::ListRolloutsResponse {
@@ -138,6 +149,11 @@ impl FleetRollouts for FleetRolloutsService {
         let slot = self.streams.open()?;
         let resume =
             (req.resume_from > 0 && req.index_id == self.cache.index_id).then_some(req.resume_from);
+        // A snapshot is an answer: no older than the home cluster was when
+        // asked. A resume continues this replica's own log, which only moves on.
+        if resume.is_none() {
+            fresh::barrier(&self.home, &self.cache, ns.as_deref(), None, fresh::LIMIT).await?;
+        }
         let (out, inbox) = streams::channel(slot, self.stall);
         tokio::spawn(run_watch(
             self.cache.clone(),

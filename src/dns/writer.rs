@@ -62,6 +62,11 @@ const REWATCH: Duration = Duration::from_secs(2);
 /// Let a burst of index changes settle into one pass.
 const SETTLE: Duration = Duration::from_millis(100);
 
+/// The field manager of the DNS writer's FleetMicroservice status writes:
+/// they are fenced by the DNS Lease, not the rollout one, and the
+/// apiserver's records must say which.
+pub const FIELD_MANAGER: &str = "flotilla-dns";
+
 /// Runs until `shutdown`: contests the DNS Lease in the home cluster and,
 /// while leading, keeps the fleet-wide names. On shutdown the writer
 /// stops first, then the Lease is released.
@@ -312,7 +317,10 @@ impl Pass<'_> {
             return;
         };
         let api: Api<FleetMicroservice> = Api::namespaced(self.home.clone(), &key.0);
-        let params = PostParams::default();
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
         let write = api.replace_status(&key.1, &params, &next);
         match tokio::time::timeout_at(until, write).await {
             Ok(Ok(_)) => {

@@ -102,9 +102,14 @@ impl RolloutCache {
             ),
             None => (Api::all(client.clone()), Api::all(client)),
         };
-        let fleet_events =
-            reflector::reflector(fleet_writer, watcher(fms_api, watcher::Config::default()))
-                .default_backoff();
+        let delay = crate::supervise::rollout_cache_delay();
+        let lagging = watcher(fms_api, watcher::Config::default()).then(move |e| async move {
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
+            e
+        });
+        let fleet_events = reflector::reflector(fleet_writer, lagging).default_backoff();
         let revision_events = reflector::reflector(
             revisions_writer,
             watcher(cr_api, watcher::Config::default().labels(FLEET_LABEL)),

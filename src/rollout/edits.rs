@@ -1,5 +1,11 @@
 //! The edits users ask for (pause, resume, undo), shared by the gRPC
 //! rollouts API and the dashboard: each one write to the home cluster.
+//!
+//! Any replica serves them, leader or not: they are a caller's request,
+//! not the fleet controller's decision, so the rollout term does not fence
+//! them (the undo is conditional on the resourceVersion read instead). They
+//! carry the field manager `flotilla-api`, so the apiserver's records
+//! (audit log, managedFields) tell them from the controller's own writes.
 
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -29,16 +35,23 @@ impl EditError {
     }
 }
 
+/// The field manager of every edit made on a user's behalf.
+pub const FIELD_MANAGER: &str = "flotilla-api";
+
 pub async fn set_paused(
     home: &Client,
     ns: &str,
     name: &str,
     paused: bool,
 ) -> Result<FleetMicroservice, EditError> {
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
     let f = Api::<FleetMicroservice>::namespaced(home.clone(), ns)
         .patch(
             name,
-            &PatchParams::default(),
+            &params,
             &Patch::Merge(serde_json::json!({"spec": {"paused": paused}})),
         )
         .await?;
@@ -72,6 +85,10 @@ pub async fn undo(
     .clone();
     f.spec.template = target.data.template.clone();
     f.spec.overrides = target.data.overrides.clone();
-    let f = api.replace(name, &PostParams::default(), &f).await?;
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let f = api.replace(name, &params, &f).await?;
     Ok((f, target))
 }

@@ -119,10 +119,16 @@ impl Replicas {
     /// SIGTERM, wait for the exit, and start again on the same ports: a
     /// rolling restart, as a Deployment does it behind one Service.
     pub fn restart(&mut self, id: &str) {
+        let status = self.restart_status(id);
+        assert!(status.success(), "{id} exited {status:?} on SIGTERM");
+    }
+
+    /// The same, returning how the old process ended instead of judging it.
+    pub fn restart_status(&mut self, id: &str) -> std::process::ExitStatus {
         let mut child = self.sigterm(id);
         let status = child.wait().expect("reap");
-        assert!(status.success(), "{id} exited {status:?} on SIGTERM");
         self.spawn(id);
+        status
     }
 
     fn spawn(&mut self, id: &str) {

@@ -122,6 +122,17 @@ impl RolloutFleet {
             .expect("create FleetMicroservice")
     }
 
+    /// Creates the FleetMicroservice and waits for its first `Complete`.
+    pub async fn create_complete(&self, fms: serde_json::Value) -> FleetMicroservice {
+        let name = fms["metadata"]["name"]
+            .as_str()
+            .expect("a name")
+            .to_string();
+        self.create(fms).await;
+        self.wait_phase(&name, RolloutPhase::Complete, Duration::from_secs(120))
+            .await
+    }
+
     pub async fn set_image(&self, name: &str, image: &str) {
         self.api()
             .patch(
@@ -228,6 +239,8 @@ pub struct FleetWrite {
     pub name: String,
     /// The revision annotation of the written object (none for deletes).
     pub revision: Option<String>,
+    /// The image it wrote (none for deletes).
+    pub image: Option<String>,
 }
 
 /// The fleet controller's successful Microservice writes in `namespace` of
@@ -274,6 +287,9 @@ pub fn fleet_writes(cluster: &str, namespace: &str) -> Vec<FleetWrite> {
                 revision: e["requestObject"]["metadata"]["annotations"][REVISION_ANNOTATION]
                     .as_str()
                     .map(str::to_string),
+                image: e["requestObject"]["spec"]["image"]
+                    .as_str()
+                    .map(str::to_string),
             })
         })
         .collect();
@@ -290,6 +306,23 @@ pub async fn flotilla(args: &[&str], limit: Duration) -> (i32, String, String) {
         .spawn()
         .expect("start flotilla");
     finish(child, limit).await
+}
+
+/// `flotilla rollout wait KEY --timeout 90s --server SERVER`, within 120 s.
+pub async fn rollout_wait(key: &str, server: &str) -> (i32, String, String) {
+    flotilla(
+        &[
+            "rollout",
+            "wait",
+            key,
+            "--timeout",
+            "90s",
+            "--server",
+            server,
+        ],
+        Duration::from_secs(120),
+    )
+    .await
 }
 
 pub async fn finish(child: std::process::Child, limit: Duration) -> (i32, String, String) {
@@ -360,6 +393,29 @@ pub fn assert_fleet_writes_inside_home_terms(
     slack: Duration,
 ) -> usize {
     let leases = super::lease_writes("home", namespace, lease);
+    let writes = fleet_controller_writes(namespace);
+    let limit = jiff::SignedDuration::try_from(renew_deadline + slack).expect("duration");
+    for (cluster, writer, at, what) in &writes {
+        let last = leases.iter().rev().find(|l| l.received <= *at);
+        let renewed = leases
+            .iter()
+            .rev()
+            .find(|r| r.received <= *at && r.writer == *writer && r.holder == *writer);
+        let ok = last.is_some_and(|l| l.holder == *writer)
+            && renewed.is_some_and(|r| at.duration_since(r.received) <= limit);
+        assert!(
+            ok,
+            "split brain: {writer} wrote {what} in {cluster} at {at} outside its home term; \
+             last home Lease write before it: {last:?}"
+        );
+    }
+    writes.len()
+}
+
+/// Every write the fleet controller made for `namespace`, wherever it
+/// landed: (cluster, writer, received, what). Home: FleetMicroservices,
+/// their status, ControllerRevisions and Events; members: Microservices.
+pub fn fleet_controller_writes(namespace: &str) -> Vec<(String, String, jiff::Timestamp, String)> {
     let mut writes: Vec<(String, String, jiff::Timestamp, String)> = Vec::new();
     for member in MEMBERS {
         for w in fleet_writes(member, namespace) {
@@ -395,6 +451,18 @@ pub fn assert_fleet_writes_inside_home_terms(
         else {
             continue;
         };
+        // A user's pause, resume or undo (served by any replica, no term
+        // fences it) and the DNS writer's marks (fenced by the DNS Lease)
+        // are not the rollout controller's writes.
+        if [
+            flotilla::rollout::edits::FIELD_MANAGER,
+            flotilla::dns::writer::FIELD_MANAGER,
+        ]
+        .iter()
+        .any(|m| written_by(&e, m))
+        {
+            continue;
+        }
         let writer = writer
             .split_whitespace()
             .next()
@@ -408,20 +476,12 @@ pub fn assert_fleet_writes_inside_home_terms(
         );
         writes.push(("home".into(), writer, super::received(&e), what));
     }
-    let limit = jiff::SignedDuration::try_from(renew_deadline + slack).expect("duration");
-    for (cluster, writer, at, what) in &writes {
-        let last = leases.iter().rev().find(|l| l.received <= *at);
-        let renewed = leases
-            .iter()
-            .rev()
-            .find(|r| r.received <= *at && r.writer == *writer && r.holder == *writer);
-        let ok = last.is_some_and(|l| l.holder == *writer)
-            && renewed.is_some_and(|r| at.duration_since(r.received) <= limit);
-        assert!(
-            ok,
-            "split brain: {writer} wrote {what} in {cluster} at {at} outside its home term; \
-             last home Lease write before it: {last:?}"
-        );
-    }
-    writes.len()
+    writes
+}
+
+/// Whether a home audit event's request named `field_manager`.
+pub fn written_by(e: &serde_json::Value, field_manager: &str) -> bool {
+    e["requestURI"]
+        .as_str()
+        .is_some_and(|u| u.contains(&format!("fieldManager={field_manager}")))
 }

@@ -1,0 +1,379 @@
+//! The invariants, pure: each takes what was recorded (the apiservers' audit
+//! logs, the workload's answers, the state read after the quiet period) and
+//! returns the violations it finds. No I/O here, so each is unit-tested on
+//! hand-made histories that break it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub at: Option<Timestamp>,
+    pub detail: String,
+}
+
+fn violation(invariant: &'static str, at: Option<Timestamp>, detail: String) -> Violation {
+    Violation {
+        invariant,
+        at,
+        detail,
+    }
+}
+
+pub const ONE_WRITER: &str = "one writer per member at a time";
+pub const FLEET_WRITER: &str = "fleet writes inside the rollout term";
+pub const DNS_WRITER: &str = "DNS marks inside the DNS term";
+pub const NO_FALSE_SUCCESS: &str = "no false success";
+pub const WAVE_ORDER: &str = "wave order and bake";
+pub const CONVERGED: &str = "convergence after the quiet period";
+pub const NOTHING_LEFT: &str = "no lost objects, orphans or stale DNS";
+pub const NO_EXIT: &str = "no replica exited unasked";
+
+/// Every invariant, in the order the table prints them.
+pub const INVARIANTS: [&str; 8] = [
+    ONE_WRITER,
+    FLEET_WRITER,
+    DNS_WRITER,
+    NO_FALSE_SUCCESS,
+    WAVE_ORDER,
+    CONVERGED,
+    NOTHING_LEFT,
+    NO_EXIT,
+];
+
+/// One successful write of a Lease: who sent it and whom it names.
+#[derive(Debug, Clone)]
+pub struct LeaseWrite {
+    pub at: Timestamp,
+    pub writer: String,
+    /// Empty when the write released the Lease.
+    pub holder: String,
+}
+
+/// One successful operator write, from a cluster's audit log.
+#[derive(Debug, Clone)]
+pub struct Write {
+    pub cluster: String,
+    pub writer: String,
+    pub at: Timestamp,
+    pub what: String,
+}
+
+/// Every write was received while its writer held the Lease: the last
+/// Lease write before it names the writer, and the writer renewed within
+/// `limit` (renew deadline plus network slack) before it.
+pub fn writes_inside_terms(
+    invariant: &'static str,
+    leases: &[LeaseWrite],
+    writes: &[Write],
+    limit: Duration,
+) -> Vec<Violation> {
+    let limit = jiff::SignedDuration::try_from(limit).expect("a short limit");
+    let mut out = Vec::new();
+    for w in writes {
+        let last = leases.iter().rev().find(|l| l.at <= w.at);
+        let renewed = leases
+            .iter()
+            .rev()
+            .find(|r| r.at <= w.at && r.writer == w.writer && r.holder == w.writer);
+        let inside = last.is_some_and(|l| l.holder == w.writer)
+            && renewed.is_some_and(|r| w.at.duration_since(r.at) <= limit);
+        if !inside {
+            out.push(violation(
+                invariant,
+                Some(w.at),
+                format!(
+                    "{} wrote {} in {} outside its term; the Lease's last write before it: {}",
+                    w.writer,
+                    w.what,
+                    w.cluster,
+                    last.map_or("none".into(), |l| format!(
+                        "{} by {} naming {:?}",
+                        l.at, l.writer, l.holder
+                    )),
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// One status write of a Microservice, from its body in the audit log.
+#[derive(Debug, Clone)]
+pub struct StatusWrite {
+    pub cluster: String,
+    pub name: String,
+    pub at: Timestamp,
+    pub generation: i64,
+    pub image: String,
+    /// Available=True for this generation, and observedGeneration caught up.
+    pub available: bool,
+}
+
+impl StatusWrite {
+    fn runs(&self, image: &str) -> bool {
+        self.available && self.image == image
+    }
+}
+
+/// A `flotilla wait` or `flotilla rollout wait` answer the workload got.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Answer {
+    pub command: String,
+    pub name: String,
+    pub image: String,
+    pub clusters: Vec<String>,
+    pub server: String,
+    pub started: Timestamp,
+    pub answered: Timestamp,
+    pub code: i32,
+}
+
+/// Every exit 0 is matched at that instant by every required cluster: the
+/// last status write before the answer shows the target image Available
+/// at the generation it was written for.
+pub fn no_false_success(answers: &[Answer], status: &[StatusWrite]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for a in answers.iter().filter(|a| a.code == 0) {
+        for c in &a.clusters {
+            let last = status
+                .iter()
+                .filter(|s| s.cluster == *c && s.name == a.name && s.at <= a.answered)
+                .max_by_key(|s| s.at);
+            if !last.is_some_and(|s| s.runs(&a.image)) {
+                out.push(violation(
+                    NO_FALSE_SUCCESS,
+                    Some(a.answered),
+                    format!(
+                        "`{}` for {} at {} said done (server {}), but {c}'s last status before it was {}",
+                        a.command,
+                        a.name,
+                        a.image,
+                        a.server,
+                        last.map_or("none".into(), |s| format!(
+                            "{} at generation {}, available {}, written {}",
+                            s.image, s.generation, s.available, s.at
+                        )),
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// One write of a member Microservice by the fleet controller.
+#[derive(Debug, Clone)]
+pub struct FleetWrite {
+    pub cluster: String,
+    pub name: String,
+    pub at: Timestamp,
+    pub image: String,
+}
+
+/// Where the canary label was: from `at`, `member` carries it.
+#[derive(Debug, Clone)]
+pub struct CanaryMove {
+    pub at: Timestamp,
+    pub member: String,
+}
+
+/// A new image (one never Available anywhere before) reaches a cluster
+/// outside the canary wave only after some cluster ran it Available for
+/// `bake`. A cluster counts as the canary if it carried the label within
+/// `grace` before the write (the replicas read label files a moment late).
+pub fn wave_order(
+    writes: &[FleetWrite],
+    status: &[StatusWrite],
+    canary: &[CanaryMove],
+    bake: Duration,
+    grace: Duration,
+) -> Vec<Violation> {
+    let bake = jiff::SignedDuration::try_from(bake).expect("a short bake");
+    let grace = jiff::SignedDuration::try_from(grace).expect("a short grace");
+    let canary_at = |t: Timestamp| canary.iter().rev().find(|m| m.at <= t).map(|m| &m.member);
+    let mut firsts: BTreeMap<(&str, &str, &str), Timestamp> = BTreeMap::new();
+    for w in writes {
+        firsts
+            .entry((&w.name, &w.image, &w.cluster))
+            .and_modify(|t| *t = (*t).min(w.at))
+            .or_insert(w.at);
+    }
+    let mut out = Vec::new();
+    for ((name, image, cluster), at) in &firsts {
+        let seen_before = firsts
+            .iter()
+            .filter(|((n, i, _), t)| n == name && i == image && *t < at)
+            .map(|(_, t)| *t)
+            .min()
+            .unwrap_or(*at);
+        let new_image = !status
+            .iter()
+            .any(|s| s.name == *name && s.runs(image) && s.at < seen_before);
+        if !new_image {
+            continue;
+        }
+        let from = at.checked_sub(grace).unwrap_or(*at);
+        let was_canary = canary_at(from).is_some_and(|m| m == cluster)
+            || canary
+                .iter()
+                .any(|m| m.at > from && m.at <= *at && m.member == *cluster);
+        if was_canary {
+            continue;
+        }
+        let evidence = status.iter().any(|s| {
+            s.name == *name
+                && s.runs(image)
+                && s.cluster != *cluster
+                && at.duration_since(s.at) >= bake
+        });
+        if !evidence {
+            out.push(violation(
+                WAVE_ORDER,
+                Some(*at),
+                format!(
+                    "{cluster} (not the canary) got {name} at {image} at {at} before any cluster ran it Available for {bake:#}"
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// One Microservice as a member holds it after the quiet period.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    pub image: String,
+    /// Available at its generation, observedGeneration caught up.
+    pub done: bool,
+}
+
+/// What the workload's own record says must be true at the end.
+#[derive(Debug, Clone, Default)]
+pub struct Expected {
+    /// Plain Microservices, created in every member: the last image, or
+    /// None when the last operation deleted it.
+    pub microservices: BTreeMap<String, Option<String>>,
+    /// FleetMicroservices: the (phase, image every member runs) pairs their
+    /// last release allows; any one of them is convergence.
+    pub fleet: BTreeMap<String, Vec<(String, String)>>,
+}
+
+/// What was read from the apiservers and the replicas after the quiet period.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    pub members: Vec<String>,
+    /// (cluster, name) -> the Microservice there.
+    pub microservices: BTreeMap<(String, String), Seen>,
+    /// FleetMicroservice -> its phase.
+    pub phases: BTreeMap<String, String>,
+    /// A watch client's view: name -> cluster -> image.
+    pub watch: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// Every Microservice matches its last spec and is Available; every
+/// FleetMicroservice ends as its last release deserves; the watch client's
+/// view equals the apiservers'.
+pub fn converged(expected: &Expected, observed: &Observed) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut miss = |d: String| out.push(violation(CONVERGED, None, d));
+    for (name, want) in &expected.microservices {
+        for m in &observed.members {
+            let seen = observed.microservices.get(&(m.clone(), name.clone()));
+            match (want, seen) {
+                (Some(image), Some(s)) if s.image == *image && s.done => {}
+                (None, None) => {}
+                (Some(image), s) => miss(format!(
+                    "{name} in {m}: want {image} Available, found {s:?}"
+                )),
+                (None, Some(s)) => {
+                    miss(format!("{name} in {m}: deleted last, still there ({s:?})"))
+                }
+            }
+        }
+    }
+    for (name, allowed) in &expected.fleet {
+        let phase = observed.phases.get(name);
+        let runs = |image: &str| {
+            observed.members.iter().all(|m| {
+                observed
+                    .microservices
+                    .get(&(m.clone(), name.clone()))
+                    .is_some_and(|s| s.image == image && s.done)
+            })
+        };
+        let fits = allowed
+            .iter()
+            .any(|(p, image)| Some(p) == phase && runs(image));
+        if !fits {
+            let found: Vec<_> = observed
+                .members
+                .iter()
+                .map(|m| (m, observed.microservices.get(&(m.clone(), name.clone()))))
+                .collect();
+            miss(format!(
+                "FleetMicroservice {name}: phase {phase:?} with members {found:?}; allowed: {allowed:?}"
+            ));
+        }
+    }
+    let mut truth: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for ((cluster, name), s) in &observed.microservices {
+        truth
+            .entry(name.clone())
+            .or_default()
+            .insert(cluster.clone(), s.image.clone());
+    }
+    if truth != observed.watch {
+        let names = |m: &BTreeMap<String, BTreeMap<String, String>>| {
+            m.iter()
+                .map(|(k, v)| format!("{k}{v:?}"))
+                .collect::<Vec<_>>()
+        };
+        miss(format!(
+            "the watch client's view differs from the apiservers': watch {:?}, apiservers {:?}",
+            names(&observed.watch),
+            names(&truth)
+        ));
+    }
+    out
+}
+
+/// Children with no living owner, and DNS names of deleted Microservices
+/// that still answer.
+pub fn nothing_left(orphans: &[String], stale_names: &[String]) -> Vec<Violation> {
+    orphans
+        .iter()
+        .map(|o| violation(NOTHING_LEFT, None, format!("orphaned child {o}")))
+        .chain(stale_names.iter().map(|n| {
+            violation(
+                NOTHING_LEFT,
+                None,
+                format!("{n} still resolves after its Microservice was deleted"),
+            )
+        }))
+        .collect()
+}
+
+/// A replica exit the nemesis did not cause.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Exit {
+    pub replica: String,
+    pub at: Timestamp,
+    pub status: String,
+}
+
+pub fn no_exit(exits: &[Exit]) -> Vec<Violation> {
+    exits
+        .iter()
+        .map(|e| {
+            violation(
+                NO_EXIT,
+                Some(e.at),
+                format!("{} exited by itself: {}", e.replica, e.status),
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,304 @@
+//! Each invariant on a hand-made history that keeps it and one that breaks it.
+
+use super::check::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+fn t(s: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + s).unwrap()
+}
+
+fn ms(s: i64, millis: i64) -> Timestamp {
+    Timestamp::from_millisecond((1_800_000_000 + s) * 1000 + millis).unwrap()
+}
+
+fn lease(at: Timestamp, writer: &str, holder: &str) -> LeaseWrite {
+    LeaseWrite {
+        at,
+        writer: writer.into(),
+        holder: holder.into(),
+    }
+}
+
+fn write(at: Timestamp, writer: &str) -> Write {
+    Write {
+        cluster: "member-1".into(),
+        writer: writer.into(),
+        at,
+        what: "update deployments web".into(),
+    }
+}
+
+const LIMIT: Duration = Duration::from_millis(1700);
+
+#[test]
+fn writes_inside_their_terms_pass() {
+    let leases = [
+        lease(t(0), "r1", "r1"),
+        lease(t(1), "r1", "r1"),
+        lease(t(5), "r2", "r2"),
+    ];
+    let writes = [write(ms(1, 500), "r1"), write(ms(5, 100), "r2")];
+    assert!(writes_inside_terms(ONE_WRITER, &leases, &writes, LIMIT).is_empty());
+}
+
+#[test]
+fn a_deposed_writer_and_a_writer_past_its_renewal_are_caught() {
+    let leases = [lease(t(0), "r1", "r1"), lease(t(5), "r2", "r2")];
+    // r1 writes after r2 took the Lease: split brain.
+    let late = writes_inside_terms(ONE_WRITER, &leases, &[write(ms(5, 200), "r1")], LIMIT);
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert!(late[0].detail.contains("r1 wrote"), "{late:?}");
+    // r1 still named holder, but 3 s after its last renewal: past the deadline.
+    let stale = writes_inside_terms(ONE_WRITER, &leases, &[write(t(3), "r1")], LIMIT);
+    assert_eq!(stale.len(), 1, "{stale:?}");
+    // Before any Lease write at all.
+    let early = [lease(t(2), "r1", "r1")];
+    assert_eq!(
+        writes_inside_terms(ONE_WRITER, &early, &[write(t(1), "r1")], LIMIT).len(),
+        1
+    );
+}
+
+fn status(cluster: &str, at: Timestamp, image: &str, available: bool) -> StatusWrite {
+    StatusWrite {
+        cluster: cluster.into(),
+        name: "web".into(),
+        at,
+        generation: 2,
+        image: image.into(),
+        available,
+    }
+}
+
+fn answer(answered: Timestamp, image: &str, code: i32) -> Answer {
+    Answer {
+        command: "wait".into(),
+        name: "web".into(),
+        image: image.into(),
+        clusters: vec!["member-1".into(), "member-2".into()],
+        server: "http://127.0.0.1:1".into(),
+        started: t(0),
+        answered,
+        code,
+    }
+}
+
+#[test]
+fn a_success_matched_by_every_cluster_passes() {
+    let s = [
+        status("member-1", t(1), "a:2", false),
+        status("member-1", t(2), "a:2", true),
+        status("member-2", t(3), "a:2", true),
+    ];
+    assert!(no_false_success(&[answer(t(4), "a:2", 0)], &s).is_empty());
+    // A failure or a timeout claims nothing.
+    assert!(no_false_success(&[answer(t(1), "a:2", 1)], &s).is_empty());
+}
+
+#[test]
+fn a_success_before_a_cluster_was_available_is_caught() {
+    let s = [
+        status("member-1", t(2), "a:2", true),
+        status("member-2", t(1), "a:1", true),
+        status("member-2", t(5), "a:2", true),
+    ];
+    // At 4, member-2 still ran a:1.
+    let v = no_false_success(&[answer(t(4), "a:2", 0)], &s);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].detail.contains("member-2"), "{v:?}");
+    // A cluster that went unavailable again before the answer.
+    let s = [
+        status("member-1", t(1), "a:2", true),
+        status("member-2", t(1), "a:2", true),
+        status("member-2", t(3), "a:2", false),
+    ];
+    assert_eq!(no_false_success(&[answer(t(4), "a:2", 0)], &s).len(), 1);
+    // A cluster never heard from.
+    let s = [status("member-1", t(1), "a:2", true)];
+    assert_eq!(no_false_success(&[answer(t(4), "a:2", 0)], &s).len(), 1);
+}
+
+fn fw(cluster: &str, at: Timestamp, image: &str) -> FleetWrite {
+    FleetWrite {
+        cluster: cluster.into(),
+        name: "web".into(),
+        at,
+        image: image.into(),
+    }
+}
+
+fn canary(at: Timestamp, member: &str) -> CanaryMove {
+    CanaryMove {
+        at,
+        member: member.into(),
+    }
+}
+
+const BAKE: Duration = Duration::from_secs(3);
+const GRACE: Duration = Duration::from_secs(5);
+
+#[test]
+fn a_release_through_its_canary_and_bake_passes() {
+    let writes = [
+        fw("member-1", t(10), "a:2"),
+        fw("member-2", t(15), "a:2"),
+        fw("member-3", t(15), "a:2"),
+        // A rollback to an image that ran before: written anywhere at once.
+        fw("member-2", t(30), "a:1"),
+    ];
+    let s = [
+        status("member-2", t(1), "a:1", true),
+        status("member-1", t(11), "a:2", true),
+    ];
+    let c = [canary(t(0), "member-1")];
+    assert!(wave_order(&writes, &s, &c, BAKE, GRACE).is_empty());
+}
+
+#[test]
+fn a_wave_opened_without_evidence_or_before_the_bake_is_caught() {
+    let c = [canary(t(0), "member-1")];
+    // The canary never became Available (a never-ready image), yet the rest got it.
+    let writes = [fw("member-1", t(10), "a:9"), fw("member-2", t(20), "a:9")];
+    let v = wave_order(
+        &writes,
+        &[status("member-1", t(11), "a:9", false)],
+        &c,
+        BAKE,
+        GRACE,
+    );
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].detail.contains("member-2"), "{v:?}");
+    // Available, but the next wave opened 1 s later with a 3 s bake.
+    let writes = [fw("member-1", t(10), "a:2"), fw("member-2", t(12), "a:2")];
+    let s = [status("member-1", t(11), "a:2", true)];
+    assert_eq!(wave_order(&writes, &s, &c, BAKE, GRACE).len(), 1);
+    // Every cluster at once, no canary at all.
+    let writes = [
+        fw("member-1", t(10), "a:3"),
+        fw("member-2", t(10), "a:3"),
+        fw("member-3", t(10), "a:3"),
+    ];
+    assert_eq!(wave_order(&writes, &[], &c, BAKE, GRACE).len(), 2);
+}
+
+#[test]
+fn the_canary_may_move_within_the_grace() {
+    // member-2 became the canary at 8; written at 10 as the new canary.
+    let c = [canary(t(0), "member-1"), canary(t(8), "member-2")];
+    let writes = [fw("member-2", t(10), "a:2")];
+    assert!(wave_order(&writes, &[], &c, BAKE, GRACE).is_empty());
+    // member-1 stopped being the canary at 8; still read as one at 10.
+    let writes = [fw("member-1", t(10), "a:3")];
+    assert!(wave_order(&writes, &[], &c, BAKE, GRACE).is_empty());
+    // ...but not at 20.
+    let writes = [fw("member-1", t(20), "a:4")];
+    assert_eq!(wave_order(&writes, &[], &c, BAKE, GRACE).len(), 1);
+}
+
+fn seen(image: &str, done: bool) -> Seen {
+    Seen {
+        image: image.into(),
+        done,
+    }
+}
+
+fn observed() -> Observed {
+    let members = vec!["member-1".to_string(), "member-2".to_string()];
+    let mut o = Observed {
+        members: members.clone(),
+        ..Default::default()
+    };
+    for m in &members {
+        o.microservices
+            .insert((m.clone(), "svc".into()), seen("s:3", true));
+        o.microservices
+            .insert((m.clone(), "fleet".into()), seen("f:2", true));
+    }
+    o.phases.insert("fleet".into(), "Complete".into());
+    for name in ["svc", "fleet"] {
+        let image = if name == "svc" { "s:3" } else { "f:2" };
+        o.watch.insert(
+            name.into(),
+            members
+                .iter()
+                .map(|m| (m.clone(), image.to_string()))
+                .collect(),
+        );
+    }
+    o
+}
+
+fn expected() -> Expected {
+    Expected {
+        microservices: BTreeMap::from([("svc".into(), Some("s:3".into())), ("gone".into(), None)]),
+        fleet: BTreeMap::from([("fleet".into(), vec![("Complete".into(), "f:2".into())])]),
+    }
+}
+
+#[test]
+fn a_converged_fleet_passes() {
+    assert_eq!(converged(&expected(), &observed()), vec![]);
+}
+
+#[test]
+fn each_way_of_not_converging_is_caught() {
+    // A lost edit.
+    let mut o = observed();
+    o.microservices
+        .insert(("member-2".into(), "svc".into()), seen("s:2", true));
+    o.watch
+        .get_mut("svc")
+        .unwrap()
+        .insert("member-2".into(), "s:2".into());
+    assert_eq!(converged(&expected(), &o).len(), 1);
+    // Not Available.
+    let mut o = observed();
+    o.microservices
+        .insert(("member-1".into(), "svc".into()), seen("s:3", false));
+    assert_eq!(converged(&expected(), &o).len(), 1);
+    // A deletion that did not happen.
+    let mut o = observed();
+    o.microservices
+        .insert(("member-1".into(), "gone".into()), seen("g:1", true));
+    assert_eq!(
+        converged(&expected(), &o).len(),
+        2,
+        "the watch lacks it too"
+    );
+    // A FleetMicroservice in the wrong phase.
+    let mut o = observed();
+    o.phases.insert("fleet".into(), "Progressing".into());
+    assert_eq!(converged(&expected(), &o).len(), 1);
+    // A watch client that missed a change.
+    let mut o = observed();
+    o.watch
+        .get_mut("svc")
+        .unwrap()
+        .insert("member-1".into(), "s:1".into());
+    let v = converged(&expected(), &o);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].detail.contains("watch"), "{v:?}");
+}
+
+#[test]
+fn orphans_stale_names_and_exits_are_violations() {
+    assert!(nothing_left(&[], &[]).is_empty());
+    assert_eq!(
+        nothing_left(
+            &["member-1 deployments/web".into()],
+            &["web.ns.zone".into()]
+        )
+        .len(),
+        2
+    );
+    let exit = Exit {
+        replica: "r2".into(),
+        at: t(1),
+        status: "exit status: 101".into(),
+    };
+    assert_eq!(no_exit(&[exit]).len(), 1);
+    assert!(no_exit(&[]).is_empty());
+}

@@ -1,0 +1,189 @@
+//! The nemesis at work: each planned fault applied at its time and taken
+//! back after its length, every step logged with the time it happened.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use tokio::time::Instant;
+
+use crate::check::{CanaryMove, Exit};
+use crate::proxy::Proxy;
+use crate::schedule::{Fault, MEMBERS, Planned, REPLICAS};
+use crate::support::replicas::Replicas;
+
+pub struct Bed {
+    pub replicas: Mutex<Replicas>,
+    pub urls: Arc<Mutex<BTreeMap<String, String>>>,
+    pub proxies: BTreeMap<&'static str, Proxy>,
+    /// Where the replicas read each member's labels.
+    pub labels: PathBuf,
+    pub canary: Mutex<Vec<CanaryMove>>,
+    pub exits: Mutex<Vec<Exit>>,
+    /// (time, what) for every fault step.
+    pub log: Mutex<Vec<(Timestamp, String)>>,
+    /// Processes the nemesis stopped and has not started again yet:
+    /// members, or "registry".
+    pub stopped: Mutex<Vec<String>>,
+    /// One fault per resource at a time, even when stopping or starting a
+    /// process takes longer than the plan allowed for.
+    pub turns: [tokio::sync::Mutex<()>; 3],
+}
+
+impl Bed {
+    pub fn note(&self, what: String) {
+        self.log.lock().unwrap().push((Timestamp::now(), what));
+    }
+
+    /// Moves `ring: canary` to `member`: off the old one first, so for a
+    /// moment there is none (a wave with no canary waits) and never two.
+    pub fn move_canary(&self, member: &str) {
+        let old = self.canary.lock().unwrap().last().map(|m| m.member.clone());
+        if let Some(old) = old.filter(|o| o != member) {
+            std::fs::write(self.labels.join(format!("{old}.labels")), "ring: rest\n")
+                .expect("labels");
+        }
+        std::fs::write(
+            self.labels.join(format!("{member}.labels")),
+            "ring: canary\n",
+        )
+        .expect("labels");
+        self.canary.lock().unwrap().push(CanaryMove {
+            at: Timestamp::now(),
+            member: member.to_string(),
+        });
+    }
+
+    fn refresh_urls(&self, r: &Replicas) {
+        let mut urls = self.urls.lock().unwrap();
+        for id in REPLICAS {
+            urls.insert(id.to_string(), r.grpc_url(id));
+        }
+    }
+
+    /// Replicas that exited without the nemesis asking: recorded, and
+    /// started again so the run goes on.
+    pub fn reap_unasked(&self) {
+        let mut r = self.replicas.lock().unwrap();
+        for id in REPLICAS {
+            if let Some(status) = r.exit_within(id, Duration::ZERO) {
+                self.exits.lock().unwrap().push(Exit {
+                    replica: id.into(),
+                    at: Timestamp::now(),
+                    status: format!("{status}"),
+                });
+                r.start(id);
+            }
+        }
+        self.refresh_urls(&r);
+    }
+
+    fn with_replicas<T>(&self, f: impl FnOnce(&mut Replicas) -> T) -> T {
+        let mut r = self.replicas.lock().unwrap();
+        let out = f(&mut r);
+        self.refresh_urls(&r);
+        out
+    }
+}
+
+/// Runs the plan from `start`; returns when every fault is over.
+pub async fn run(bed: Arc<Bed>, plan: Vec<Planned>, start: Instant) {
+    let mut tasks = Vec::new();
+    for p in plan {
+        tokio::time::sleep_until(start + p.at).await;
+        let bed = bed.clone();
+        tasks.push(tokio::spawn(async move { apply(&bed, &p).await }));
+    }
+    for t in tasks {
+        // A fault step that panicked (a fleet command failed) fails the run.
+        t.await.expect("a nemesis step");
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking step")
+}
+
+async fn apply(bed: &Arc<Bed>, p: &Planned) {
+    let down = p.down;
+    let _turn = match p.fault.resource() {
+        Some(r) => Some(bed.turns[r].lock().await),
+        None => None,
+    };
+    bed.note(format!(
+        "fault: {:?} for {:.1}s",
+        p.fault,
+        down.as_secs_f64()
+    ));
+    match p.fault.clone() {
+        Fault::KillReplica { replica } => {
+            bed.reap_unasked();
+            bed.with_replicas(|r| r.kill_9(replica));
+            tokio::time::sleep(down).await;
+            bed.with_replicas(|r| r.start(replica));
+        }
+        Fault::PauseReplica { replica } => {
+            bed.reap_unasked();
+            bed.with_replicas(|r| r.signal(replica, "STOP"));
+            tokio::time::sleep(down).await;
+            bed.with_replicas(|r| r.signal(replica, "CONT"));
+        }
+        Fault::RollingRestart => {
+            bed.reap_unasked();
+            for id in REPLICAS {
+                let b = bed.clone();
+                let status = blocking(move || b.with_replicas(|r| r.restart_status(id))).await;
+                if !status.success() {
+                    bed.exits.lock().unwrap().push(Exit {
+                        replica: id.into(),
+                        at: Timestamp::now(),
+                        status: format!("on SIGTERM: {status}"),
+                    });
+                }
+                bed.note(format!("restarted {id}"));
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+        }
+        Fault::StopMember { member } => {
+            bed.stopped.lock().unwrap().push(member.into());
+            blocking(move || crate::support::fleet_cmd(&["stop", member])).await;
+            tokio::time::sleep(down).await;
+            blocking(move || crate::support::fleet_cmd(&["start", member])).await;
+            bed.stopped.lock().unwrap().retain(|m| m != member);
+        }
+        Fault::BlackHoleMember { member } => {
+            bed.proxies[member].hole(true);
+            tokio::time::sleep(down).await;
+            bed.proxies[member].hole(false);
+        }
+        Fault::StopRegistry => {
+            bed.stopped.lock().unwrap().push("registry".into());
+            blocking(|| crate::support::registry::registry_etcd("stop")).await;
+            tokio::time::sleep(down).await;
+            blocking(|| crate::support::registry::registry_etcd("start")).await;
+            bed.stopped.lock().unwrap().retain(|m| m != "registry");
+        }
+        Fault::MoveCanary { member } => bed.move_canary(member),
+    }
+    bed.note(format!("healed: {:?}", p.fault));
+}
+
+/// Starts again whatever the nemesis left stopped (a failed step must not
+/// leave the fleet broken for the tests that follow).
+pub fn heal(bed: &Bed) {
+    for m in MEMBERS {
+        bed.proxies[m].hole(false);
+    }
+    for what in std::mem::take(&mut *bed.stopped.lock().unwrap()) {
+        let args: &[&str] = if what == "registry" {
+            &["registry", "start"]
+        } else {
+            &["start", &what]
+        };
+        let _ = std::process::Command::new(crate::support::fleet_script())
+            .args(args)
+            .output();
+    }
+}

@@ -1,0 +1,154 @@
+//! What the apiservers recorded, read from their audit logs into the
+//! checker's types: Lease writes, operator writes, status writes with
+//! their bodies, and the fleet controller's member writes.
+
+use std::time::Duration;
+
+use crate::check::{FleetWrite, LeaseWrite, StatusWrite, Write};
+use crate::support::replicas::{LEASE_NAMESPACE, MEMBERS};
+use crate::support::rollout::{fleet_controller_writes, fleet_writes, written_by};
+use crate::support::{audit_events, audited_writes, fleet_dir, lease_writes, received};
+
+fn leases(cluster: &str, namespace: &str, lease: &str) -> Vec<LeaseWrite> {
+    lease_writes(cluster, namespace, lease)
+        .into_iter()
+        .map(|l| LeaseWrite {
+            at: l.received,
+            writer: first_word(&l.writer),
+            holder: l.holder,
+        })
+        .collect()
+}
+
+fn first_word(s: &str) -> String {
+    s.split_whitespace().next().unwrap_or_default().to_string()
+}
+
+/// A member's Lease history and the member leaders' writes to `namespace`
+/// there (children and status).
+pub fn member_terms(member: &str, namespace: &str, lease: &str) -> (Vec<LeaseWrite>, Vec<Write>) {
+    let writes = audited_writes(member, namespace)
+        .into_iter()
+        .filter_map(|w| {
+            let writer = w.user_agent.strip_prefix("flotilla/")?;
+            Some(Write {
+                cluster: member.to_string(),
+                writer: first_word(writer),
+                at: w.received.parse().ok()?,
+                what: format!("{} {} {}", w.verb, w.resource, w.name),
+            })
+        })
+        .collect();
+    (leases(member, LEASE_NAMESPACE, lease), writes)
+}
+
+/// The home rollout Lease's history and every fleet-controller write.
+pub fn fleet_terms(namespace: &str, lease: &str) -> (Vec<LeaseWrite>, Vec<Write>) {
+    let writes = fleet_controller_writes(namespace)
+        .into_iter()
+        .map(|(cluster, writer, at, what)| Write {
+            cluster,
+            writer: first_word(&writer),
+            at,
+            what,
+        })
+        .collect();
+    (leases("home", namespace, lease), writes)
+}
+
+/// The DNS Lease's history and the DNS writer's FleetMicroservice status
+/// writes (FleetDnsDegraded), which that Lease fences.
+pub fn dns_terms(namespace: &str, lease: &str) -> (Vec<LeaseWrite>, Vec<Write>) {
+    let writes = audit_events("home")
+        .into_iter()
+        .filter(|e| {
+            e["objectRef"]["namespace"] == namespace
+                && e["objectRef"]["resource"] == "fleetmicroservices"
+                && written_by(e, flotilla::dns::writer::FIELD_MANAGER)
+        })
+        .filter_map(|e| {
+            Some(Write {
+                cluster: "home".into(),
+                writer: first_word(e["userAgent"].as_str()?.strip_prefix("flotilla/")?),
+                at: received(&e),
+                what: format!("FleetDnsDegraded of {}", e["objectRef"]["name"].as_str()?),
+            })
+        })
+        .collect();
+    (leases("home", namespace, lease), writes)
+}
+
+/// The fleet controller's Microservice writes that carried an image.
+pub fn fleet_member_writes(namespace: &str) -> Vec<FleetWrite> {
+    MEMBERS
+        .iter()
+        .flat_map(|m| {
+            fleet_writes(m, namespace).into_iter().filter_map(move |w| {
+                Some(FleetWrite {
+                    cluster: m.to_string(),
+                    name: w.name,
+                    at: w.received,
+                    image: w.image?,
+                })
+            })
+        })
+        .collect()
+}
+
+/// Every successful status write of a Microservice in `namespace`, with
+/// what its body says (the audit policy keeps status bodies).
+pub fn status_writes(namespace: &str) -> Vec<StatusWrite> {
+    let mut out = Vec::new();
+    for m in MEMBERS {
+        let path = fleet_dir().join("logs").join(format!("{m}-audit.log"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("audit log {}: {e}", path.display()));
+        for line in text
+            .lines()
+            .filter(|l| l.contains("\"subresource\":\"status\"") && l.contains(namespace))
+        {
+            let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if e["objectRef"]["namespace"] != namespace
+                || e["objectRef"]["resource"] != "microservices"
+                || e["responseStatus"]["code"]
+                    .as_u64()
+                    .is_none_or(|c| c >= 300)
+            {
+                continue;
+            }
+            if let Some(s) = status_write(m, &e) {
+                out.push(s);
+            }
+        }
+    }
+    out.sort_by_key(|s| s.at);
+    out
+}
+
+fn status_write(cluster: &str, e: &serde_json::Value) -> Option<StatusWrite> {
+    let body = &e["requestObject"];
+    let generation = body["metadata"]["generation"].as_i64()?;
+    let observed = body["status"]["observedGeneration"].as_i64();
+    let available = body["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c["type"] == "Available"
+                && c["status"] == "True"
+                && c["observedGeneration"].as_i64() == Some(generation)
+        });
+    Some(StatusWrite {
+        cluster: cluster.to_string(),
+        name: e["objectRef"]["name"].as_str()?.to_string(),
+        at: e["requestReceivedTimestamp"].as_str()?.parse().ok()?,
+        generation,
+        image: body["spec"]["image"].as_str()?.to_string(),
+        available: available && observed == Some(generation),
+    })
+}
+
+/// The renew deadline the chaos replicas run with, plus network slack.
+pub const TERM_LIMIT: Duration = Duration::from_millis(1500 + 200);

@@ -1,0 +1,492 @@
+//! The workload the nemesis runs against: plain Microservices created,
+//! edited and deleted in every member; FleetMicroservice releases (good
+//! and never-ready), pauses and undos; `flotilla wait` and `flotilla
+//! rollout wait` against random replicas; a gRPC watch kept open and
+//! resumed. Every answer is recorded with its time.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Client};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::check::Answer;
+use crate::schedule::MEMBERS;
+use flotilla::crd::Microservice;
+use flotilla::rollout::spec::FleetMicroservice;
+
+/// Plain Microservices per worker, and workers.
+pub const PLAIN_WORKERS: usize = 2;
+pub const PER_WORKER: usize = 3;
+pub const FLEET_OBJECTS: usize = 2;
+pub const NEVER_READY: &str = "never-ready";
+
+/// What the workload did and was told, shared by its tasks.
+#[derive(Default)]
+pub struct Record {
+    pub answers: Mutex<Vec<Answer>>,
+    /// (time, what): every operation, for the history excerpt.
+    pub ops: Mutex<Vec<(Timestamp, String)>>,
+    /// Plain Microservice -> its last image, None once deleted.
+    pub plain: Mutex<BTreeMap<String, Option<String>>>,
+    /// FleetMicroservice -> its releases, oldest first.
+    pub releases: Mutex<BTreeMap<String, Vec<Release>>>,
+    /// The gRPC watch client's view: name -> cluster -> image.
+    pub watch: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
+    pub watch_resumes: Mutex<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Release {
+    pub image: String,
+    /// Its `rollout wait` exit code, once answered.
+    pub code: Option<i32>,
+}
+
+impl Record {
+    pub fn op(&self, what: String) {
+        self.ops.lock().unwrap().push((Timestamp::now(), what));
+    }
+}
+
+/// Where the workload reaches the fleet.
+#[derive(Clone)]
+pub struct Target {
+    pub namespace: String,
+    pub home: Client,
+    pub members: BTreeMap<&'static str, Client>,
+    /// Each replica's gRPC URL, kept current by the nemesis.
+    pub urls: Arc<Mutex<BTreeMap<String, String>>>,
+    pub read_token: String,
+    pub write_token: String,
+}
+
+impl Target {
+    fn url(&self, rng: &mut StdRng) -> String {
+        let urls = self.urls.lock().unwrap();
+        let all: Vec<&String> = urls.values().collect();
+        all[rng.random_range(0..all.len())].clone()
+    }
+}
+
+pub fn plain_name(worker: usize, k: usize) -> String {
+    format!("svc-{worker}-{k}")
+}
+
+pub fn fleet_name(f: usize) -> String {
+    format!("fleet-{f}")
+}
+
+/// `flotilla ARGS`, killed after `limit`: the exit code (-1 when killed).
+pub async fn cli(args: &[String], limit: Duration) -> (i32, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    cmd.args(args).kill_on_drop(true);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let Ok(child) = cmd.spawn() else {
+        return (-1, "could not start flotilla".into());
+    };
+    match tokio::time::timeout(limit, child.wait_with_output()).await {
+        Ok(Ok(out)) => (
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ),
+        _ => (-1, format!("no answer within {limit:?}")),
+    }
+}
+
+/// Applies `spec` to `name` in every member (create or update), retrying
+/// each member for up to three minutes: the nemesis stops an apiserver for
+/// up to 30 s, and stopping and starting it takes about 15 s more, back to
+/// back with the next member fault.
+async fn apply_everywhere(t: &Target, name: &str, image: &str) {
+    let body = json!({
+        "apiVersion": "platform.example.io/v1alpha1",
+        "kind": "Microservice",
+        "metadata": {"name": name},
+        "spec": {"image": image, "port": 8080, "replicas": 1},
+    });
+    for m in MEMBERS {
+        let api: Api<Microservice> = Api::namespaced(t.members[m].clone(), &t.namespace);
+        let pp = PatchParams::apply("chaos-workload").force();
+        let patch = Patch::Apply(&body);
+        retry(|| api.patch(name, &pp, &patch)).await;
+    }
+}
+
+/// Deletes `name` in every member and waits until it is gone: a
+/// Microservice whose registry cleanup is held stays while its finalizer
+/// does, and an apply to it then would not create it again.
+async fn delete_everywhere(t: &Target, name: &str) {
+    for m in MEMBERS {
+        let api: Api<Microservice> = Api::namespaced(t.members[m].clone(), &t.namespace);
+        retry(|| async {
+            match api.delete(name, &DeleteParams::default()).await {
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                r => r.map(|_| ()),
+            }
+        })
+        .await;
+    }
+    let until = Instant::now() + Duration::from_secs(120);
+    for m in MEMBERS {
+        let api: Api<Microservice> = Api::namespaced(t.members[m].clone(), &t.namespace);
+        while !matches!(api.get_opt(name).await, Ok(None)) {
+            assert!(
+                Instant::now() < until,
+                "{name} still in {m} two minutes after its deletion"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+async fn retry<T, F, Fut>(mut call: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let until = Instant::now() + Duration::from_secs(180);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), call()).await {
+            Ok(Ok(_)) => return,
+            _ if Instant::now() > until => panic!("a workload write failed for three minutes"),
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// `flotilla wait` for `name` at `image` in every member, recorded.
+/// A wait's timeout: `most`, but none runs more than a minute past the end
+/// of the run (the quiet period judges what is left).
+fn tail(until: Instant, most: Duration) -> Duration {
+    let left = until.saturating_duration_since(Instant::now()) + Duration::from_secs(60);
+    most.min(left).max(Duration::from_secs(5))
+}
+
+async fn wait_for(
+    t: &Target,
+    rec: &Record,
+    rng: &mut StdRng,
+    name: &str,
+    image: &str,
+    until: Instant,
+) {
+    let server = t.url(rng);
+    let mut args: Vec<String> = ["wait", &format!("{}/{name}", t.namespace), "--image", image]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for m in MEMBERS {
+        args.extend(["--cluster".into(), m.into()]);
+    }
+    let limit = tail(until, Duration::from_secs(60));
+    args.extend([
+        "--timeout".into(),
+        format!("{}s", limit.as_secs()),
+        "--server".into(),
+        server.clone(),
+        "--token-file".into(),
+        t.read_token.clone(),
+    ]);
+    let started = Timestamp::now();
+    let (code, _) = cli(&args, limit + Duration::from_secs(30)).await;
+    rec.answers.lock().unwrap().push(Answer {
+        command: "wait".into(),
+        name: name.into(),
+        image: image.into(),
+        clusters: MEMBERS.iter().map(|m| m.to_string()).collect(),
+        server,
+        started,
+        answered: Timestamp::now(),
+        code,
+    });
+}
+
+/// One plain worker: its own Microservices, one operation at a time, each
+/// create or edit followed by a wait (so no edit races its own wait).
+pub async fn plain_worker(t: Target, rec: Arc<Record>, seed: u64, worker: usize, until: Instant) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut tag = 100;
+    while Instant::now() < until {
+        let name = plain_name(worker, rng.random_range(0..PER_WORKER));
+        let exists = rec
+            .plain
+            .lock()
+            .unwrap()
+            .get(&name)
+            .cloned()
+            .flatten()
+            .is_some();
+        if exists && rng.random_bool(0.25) {
+            rec.op(format!("delete {name} everywhere"));
+            delete_everywhere(&t, &name).await;
+            rec.plain.lock().unwrap().insert(name.clone(), None);
+            rec.op(format!("deleted {name} everywhere"));
+        } else {
+            tag += 1;
+            let image = format!("ghcr.io/acme/{name}:{tag}");
+            rec.op(format!("apply {name} {image} everywhere"));
+            apply_everywhere(&t, &name, &image).await;
+            rec.plain
+                .lock()
+                .unwrap()
+                .insert(name.clone(), Some(image.clone()));
+            wait_for(&t, &rec, &mut rng, &name, &image, until).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..2000))).await;
+    }
+}
+
+/// Creates the plain Microservices and FleetMicroservices the run starts with.
+pub async fn seed_objects(t: &Target, rec: &Record) {
+    for w in 0..PLAIN_WORKERS {
+        for k in 0..PER_WORKER {
+            let name = plain_name(w, k);
+            let image = format!("ghcr.io/acme/{name}:1");
+            apply_everywhere(t, &name, &image).await;
+            rec.plain.lock().unwrap().insert(name, Some(image));
+        }
+    }
+    let api: Api<FleetMicroservice> = Api::namespaced(t.home.clone(), &t.namespace);
+    for f in 0..FLEET_OBJECTS {
+        let name = fleet_name(f);
+        let image = format!("ghcr.io/acme/{name}:1");
+        let fms: FleetMicroservice = crate::support::from_json(json!({
+            "apiVersion": "platform.example.io/v1alpha1",
+            "kind": "FleetMicroservice",
+            "metadata": {"name": name},
+            "spec": {
+                "template": {"image": image, "port": 8080, "replicas": 1},
+                "rollout": {
+                    "waves": [{"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}}],
+                    "bake": format!("{}s", crate::BAKE.as_secs()),
+                    "progressDeadline": "30s",
+                    "onFailure": "Rollback",
+                },
+            }
+        }));
+        api.create(&Default::default(), &fms)
+            .await
+            .expect("create FleetMicroservice");
+        rec.releases
+            .lock()
+            .unwrap()
+            .insert(name, vec![Release { image, code: None }]);
+    }
+}
+
+/// One FleetMicroservice's releases: good images, never-ready ones, pauses
+/// and undos, each release followed by `flotilla rollout wait`.
+pub async fn fleet_worker(t: Target, rec: Arc<Record>, seed: u64, f: usize, until: Instant) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let name = fleet_name(f);
+    let key = format!("{}/{name}", t.namespace);
+    let api: Api<FleetMicroservice> = Api::namespaced(t.home.clone(), &t.namespace);
+    let mut tag = 1;
+    while Instant::now() < until {
+        let roll = rng.random_range(0..100);
+        let image = if roll < 15 {
+            // Undo: the spec takes a stored revision's template back.
+            let (code, out) = cli(
+                &rollout_args(&t, &mut rng, "undo", &key, &t.write_token),
+                Duration::from_secs(60),
+            )
+            .await;
+            rec.op(format!("rollout undo {name}: exit {code}: {}", out.trim()));
+            if code != 0 {
+                continue;
+            }
+            let Ok(fms) = api.get(&name).await else {
+                continue;
+            };
+            fms.spec.template.image.clone()
+        } else if roll < 30 {
+            let (code, _) = cli(
+                &rollout_args(&t, &mut rng, "pause", &key, &t.write_token),
+                Duration::from_secs(60),
+            )
+            .await;
+            rec.op(format!("rollout pause {name}: exit {code}"));
+            tokio::time::sleep(Duration::from_millis(rng.random_range(1000..5000))).await;
+            // Resume until it takes: a pause left behind would hold the rollout.
+            loop {
+                let (code, _) = cli(
+                    &rollout_args(&t, &mut rng, "resume", &key, &t.write_token),
+                    Duration::from_secs(60),
+                )
+                .await;
+                rec.op(format!("rollout resume {name}: exit {code}"));
+                if code == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            continue;
+        } else {
+            tag += 1;
+            let tag = if roll < 45 {
+                NEVER_READY.to_string()
+            } else {
+                tag.to_string()
+            };
+            let image = format!("ghcr.io/acme/{name}:{tag}");
+            let body = json!({"spec": {"template": {"image": image}}});
+            let (pp, patch) = (PatchParams::default(), Patch::Merge(&body));
+            retry(|| api.patch(&name, &pp, &patch)).await;
+            rec.op(format!("release {name} {image}"));
+            image
+        };
+        let started = Timestamp::now();
+        rec.releases
+            .lock()
+            .unwrap()
+            .entry(name.clone())
+            .or_default()
+            .push(Release {
+                image: image.clone(),
+                code: None,
+            });
+        let server = t.url(&mut rng);
+        let limit = tail(until, Duration::from_secs(100));
+        let mut args = vec![
+            "rollout".to_string(),
+            "wait".into(),
+            key.clone(),
+            "--timeout".into(),
+        ];
+        args.push(format!("{}s", limit.as_secs()));
+        args.extend([
+            "--server".into(),
+            server.clone(),
+            "--token-file".into(),
+            t.read_token.clone(),
+        ]);
+        let (code, _) = cli(&args, limit + Duration::from_secs(30)).await;
+        let answered = Timestamp::now();
+        if let Some(r) = rec
+            .releases
+            .lock()
+            .unwrap()
+            .get_mut(&name)
+            .and_then(|v| v.last_mut())
+        {
+            r.code = Some(code);
+        }
+        rec.answers.lock().unwrap().push(Answer {
+            command: "rollout wait".into(),
+            name: name.clone(),
+            image,
+            clusters: MEMBERS.iter().map(|m| m.to_string()).collect(),
+            server,
+            started,
+            answered,
+            code,
+        });
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..2000))).await;
+    }
+}
+
+fn rollout_args(t: &Target, rng: &mut StdRng, verb: &str, key: &str, token: &str) -> Vec<String> {
+    [
+        "rollout",
+        verb,
+        key,
+        "--server",
+        &t.url(rng),
+        "--token-file",
+        token,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// A gRPC watch of the namespace, kept open and resumed against random
+/// replicas until `stop`; its view is kept in `rec.watch`.
+pub async fn watcher(
+    t: Target,
+    rec: Arc<Record>,
+    seed: u64,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use flotilla::api::client::{ClientOptions, connect};
+    use flotilla::api::pb;
+    use futures::StreamExt;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut resume, mut index) = (0u64, String::new());
+    let token = std::fs::read_to_string(&t.read_token)
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    while !*stop.borrow() {
+        let server = t.url(&mut rng);
+        let opts = ClientOptions {
+            server,
+            token: Some(token.clone()),
+            ..Default::default()
+        };
+        let stream = async {
+            let mut c = connect(&opts).await.ok()?;
+            let req = pb::WatchMicroservicesRequest {
+                namespace: t.namespace.clone(),
+                resume_revision: resume,
+                index_id: index.clone(),
+                ..Default::default()
+            };
+            Some(c.watch_microservices(req).await.ok()?.into_inner())
+        };
+        let Ok(Some(mut stream)) = tokio::time::timeout(Duration::from_secs(10), stream).await
+        else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        *rec.watch_resumes.lock().unwrap() += 1;
+        // A bookmark comes every 20 s on an idle stream: 45 s of nothing is a dead one.
+        while let Ok(Some(Ok(e))) =
+            tokio::time::timeout(Duration::from_secs(45), stream.next()).await
+        {
+            if *stop.borrow() {
+                return;
+            }
+            let kind = pb::WatchEventType::try_from(e.r#type).unwrap_or_default();
+            let mut view = rec.watch.lock().unwrap();
+            match kind {
+                pb::WatchEventType::Reset => {
+                    view.clear();
+                    resume = 0;
+                }
+                pb::WatchEventType::Snapshot | pb::WatchEventType::Upsert => {
+                    if let Some(m) = &e.microservice {
+                        let clusters = m
+                            .clusters
+                            .iter()
+                            .map(|c| (c.cluster.clone(), c.image.clone()))
+                            .collect();
+                        view.insert(m.name.clone(), clusters);
+                    }
+                }
+                pb::WatchEventType::Delete => {
+                    if let Some(m) = &e.microservice {
+                        view.remove(&m.name);
+                    }
+                }
+                _ => {}
+            }
+            if e.revision > 0 && kind != pb::WatchEventType::Snapshot {
+                resume = e.revision;
+                index = e.index_id.clone();
+            }
+        }
+    }
+}
