@@ -1031,3 +1031,71 @@ async fn a_child_watch_that_fails_after_its_first_listing_makes_available_unknow
     wait_condition(&api, "stale", "Available", "True", None).await;
     println!("figure: a failing EndpointSlice watch made Available Unknown after {after:?}");
 }
+
+/// Found by `make chaos`: a Microservice deleted and made again right after
+/// its member's apiserver restarted found the Deployment and Service of its
+/// earlier incarnation still there minutes later (the garbage collector
+/// lagged), and stayed `OwnershipConflict`. Children controlled by an
+/// earlier Microservice of the same name are garbage (a name holds one
+/// object at a time): they are deleted, exactly those objects, and ours
+/// are created. Here the earlier owner's apiVersion is one the cluster does
+/// not serve, so the garbage collector cannot resolve it and leaves them,
+/// as a lagging one does.
+#[tokio::test]
+async fn children_of_an_earlier_microservice_of_the_same_name_are_replaced() {
+    let (client, ns) = setup("rec-leftover").await;
+    let owner = json!([{
+        "apiVersion": "platform.example.io/v9",
+        "kind": "Microservice",
+        "name": "web",
+        "uid": "00000000-0000-4000-8000-00000000dead",
+        "controller": true,
+    }]);
+    let old_deployment: Deployment = from_json(json!({
+        "metadata": {"name": "web", "ownerReferences": owner},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "web-old"}},
+            "template": {"metadata": {"labels": {"app": "web-old"}},
+                "spec": {"containers": [{"name": "web", "image": "ghcr.io/acme/web:0"}]}},
+        },
+    }));
+    let old_service: Service = from_json(json!({
+        "metadata": {"name": "web", "ownerReferences": owner},
+        "spec": {"selector": {"app": "web-old"}, "ports": [{"port": 8080}]},
+    }));
+    let old_d = ns
+        .api::<Deployment>()
+        .create(&PostParams::default(), &old_deployment)
+        .await
+        .expect("the earlier Deployment");
+    let old_s = ns
+        .api::<Service>()
+        .create(&PostParams::default(), &old_service)
+        .await
+        .expect("the earlier Service");
+    let op = Operator::start(&client, settings(CLUSTER, &ns.name), Hooks::default());
+    let api = ns.api::<Microservice>();
+    support::create_available(&api, "web", "ghcr.io/acme/web:1").await;
+    let ms = api.get("web").await.expect("web");
+    let uid = ms.metadata.uid.clone().expect("uid");
+    let d = ns.api::<Deployment>().get("web").await.expect("Deployment");
+    let s = ns.api::<Service>().get("web").await.expect("Service");
+    for (kind, meta, old) in [
+        ("Deployment", &d.metadata, &old_d.metadata),
+        ("Service", &s.metadata, &old_s.metadata),
+    ] {
+        assert_ne!(meta.uid, old.uid, "the earlier {kind} was replaced");
+        let controller = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+            .expect("a controller");
+        assert_eq!(
+            controller.uid, uid,
+            "{kind} is controlled by the live Microservice"
+        );
+    }
+    op.stop().await;
+}

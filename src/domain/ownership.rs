@@ -10,8 +10,13 @@ pub enum Ownership {
     /// Controlled by this very CR: same uid, kind and API group, at any
     /// version, so that serving a new version of the CRD orphans nothing.
     Ours,
-    /// Exists but is someone else's: unowned, owned by another controller, or
-    /// by an earlier CR of the same name (a different uid).
+    /// Controlled by an earlier Microservice of the same name (another uid):
+    /// that owner is gone, since a name holds one object at a time, so the
+    /// child is garbage the cluster's garbage collector has not collected
+    /// yet. It can lag for minutes after an apiserver restart.
+    Leftover { uid: String },
+    /// Exists but is someone else's: unowned, or owned by another
+    /// controller (another kind, group or name).
     Foreign { controller: Option<String> },
 }
 
@@ -31,6 +36,13 @@ pub fn ownership(child: &ObjectMeta, owner: &OwnerIdentity) -> Ownership {
                 && group(&r.api_version) == group(&owner.api_version) =>
         {
             Ownership::Ours
+        }
+        Some(r)
+            if r.kind == owner.kind
+                && r.name == owner.name
+                && group(&r.api_version) == group(&owner.api_version) =>
+        {
+            Ownership::Leftover { uid: r.uid.clone() }
         }
         Some(r) => Ownership::Foreign {
             controller: Some(format!("{} {} (uid {})", r.kind, r.name, r.uid)),
@@ -100,14 +112,34 @@ mod tests {
     }
 
     #[test]
-    fn other_uid_kind_or_group_is_foreign() {
+    fn an_earlier_microservice_of_the_same_name_left_it() {
+        for v in ["platform.example.io/v1alpha1", "platform.example.io/v9"] {
+            let m = meta(vec![oref(v, "Microservice", "old-uid", Some(true))]);
+            assert_eq!(
+                ownership(&m, &owner()),
+                Ownership::Leftover {
+                    uid: "old-uid".into()
+                },
+                "{v}"
+            );
+        }
+        // Another name's child is never garbage of ours.
+        let mut r = oref(
+            "platform.example.io/v1alpha1",
+            "Microservice",
+            "old-uid",
+            Some(true),
+        );
+        r.name = "other".into();
+        assert!(matches!(
+            ownership(&meta(vec![r]), &owner()),
+            Ownership::Foreign { .. }
+        ));
+    }
+
+    #[test]
+    fn other_kind_or_group_is_foreign() {
         for r in [
-            oref(
-                "platform.example.io/v1alpha1",
-                "Microservice",
-                "old-uid",
-                Some(true),
-            ),
             oref("platform.example.io/v1alpha1", "Other", "u1", Some(true)),
             oref(
                 "other.example.io/v1alpha1",

@@ -10,7 +10,8 @@
 use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
-use kube::api::PostParams;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, PostParams, Preconditions, PropagationPolicy};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
 use serde::Serialize;
@@ -79,6 +80,47 @@ where
         .get_opt(name)
         .await
         .map_err(|e| ReconcileError::api("get", child.kind, e))
+}
+
+/// Deletes a child an earlier Microservice of the same name left, exactly
+/// that object (a uid precondition), unless it is already being deleted.
+/// Gone already, or replaced meanwhile: nothing to do.
+pub async fn delete_leftover<K>(
+    ctx: &Context,
+    child: &Child<'_, K>,
+    ns: &str,
+    meta: &ObjectMeta,
+) -> Result<()>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + 'static,
+{
+    if meta.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    ctx.ensure_leading()?;
+    let kind = child.kind;
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: meta.uid.clone(),
+            resource_version: None,
+        }),
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    let name = meta.name.clone().unwrap_or_default();
+    match Api::<K>::namespaced(ctx.client.clone(), ns)
+        .delete(&name, &params)
+        .instrument(tracing::info_span!("k8s.write", verb = "delete", kind))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(ReconcileError::api("delete", kind, e)),
+    }
 }
 
 pub(super) fn post_params() -> PostParams {

@@ -192,6 +192,34 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
     let (deployments, services) = (ctx.deployment_child(), ctx.service_child());
     let live_deployment = children::live(ctx, &deployments, ns, name).await?;
     let live_service = children::live(ctx, &services, ns, name).await?;
+    // Children an earlier Microservice of this name left: garbage the
+    // garbage collector has not reached (found by `make chaos`, after a
+    // member's apiserver restart). Delete exactly those objects; their
+    // deletion events wake us to create ours.
+    let mut leftovers = Vec::new();
+    if let Some(d) = &live_deployment
+        && let Ownership::Leftover { .. } = ownership(&d.metadata, &owner)
+    {
+        children::delete_leftover(ctx, &deployments, ns, &d.metadata).await?;
+        leftovers.push("Deployment");
+    }
+    if let Some(s) = &live_service
+        && let Ownership::Leftover { .. } = ownership(&s.metadata, &owner)
+    {
+        children::delete_leftover(ctx, &services, ns, &s.metadata).await?;
+        leftovers.push("Service");
+    }
+    if !leftovers.is_empty() {
+        let msg = format!(
+            "{} {name} of an earlier Microservice of this name is being deleted",
+            leftovers.join(" and ")
+        );
+        let outcome = Outcome::ChildTerminating(msg);
+        return Ok(match conclude(ctx, ms, &outcome).await? {
+            Concluded::Dropped => "Dropped",
+            _ => CHILD_TERMINATING,
+        });
+    }
     let mut strangers = Vec::new();
     if let Some(d) = &live_deployment
         && let Ownership::Foreign { controller } = ownership(&d.metadata, &owner)
