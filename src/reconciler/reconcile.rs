@@ -214,11 +214,7 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
             "{} {name} of an earlier Microservice of this name is being deleted",
             leftovers.join(" and ")
         );
-        let outcome = Outcome::ChildTerminating(msg);
-        return Ok(match conclude(ctx, ms, &outcome).await? {
-            Concluded::Dropped => "Dropped",
-            _ => CHILD_TERMINATING,
-        });
+        return child_terminating(ctx, ms, msg).await;
     }
     let mut strangers = Vec::new();
     if let Some(d) = &live_deployment
@@ -255,11 +251,7 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
     .collect();
     if !terminating.is_empty() {
         let msg = format!("{} {name} is being deleted", terminating.join(" and "));
-        let outcome = Outcome::ChildTerminating(msg);
-        return Ok(match conclude(ctx, ms, &outcome).await? {
-            Concluded::Dropped => "Dropped",
-            _ => CHILD_TERMINATING,
-        });
+        return child_terminating(ctx, ms, msg).await;
     }
 
     // The registry's finalizer goes on before anything is registered.
@@ -352,6 +344,15 @@ fn describe(kind: &str, name: &str, controller: Option<String>) -> String {
 
 /// A permanent error: record it in status and as a Warning Event, then wait
 /// for the next spec change or resync instead of retrying hot.
+/// A child is going away: say so, and wait for its deletion event.
+async fn child_terminating(ctx: &Context, ms: &Microservice, msg: String) -> Result<&'static str> {
+    let outcome = Outcome::ChildTerminating(msg);
+    Ok(match conclude(ctx, ms, &outcome).await? {
+        Concluded::Dropped => "Dropped",
+        _ => CHILD_TERMINATING,
+    })
+}
+
 async fn permanent(
     ctx: &Context,
     ms: &Microservice,

@@ -102,14 +102,18 @@ impl RolloutCache {
             ),
             None => (Api::all(client.clone()), Api::all(client)),
         };
-        let delay = crate::supervise::rollout_cache_delay();
-        let lagging = watcher(fms_api, watcher::Config::default()).then(move |e| async move {
-            if let Some(d) = delay {
-                tokio::time::sleep(d).await;
-            }
-            e
-        });
-        let fleet_events = reflector::reflector(fleet_writer, lagging).default_backoff();
+        // The test hook's lag wraps the stream only when asked for.
+        let fleet_watch = watcher(fms_api, watcher::Config::default());
+        let fleet_watch = match crate::supervise::rollout_cache_delay() {
+            Some(d) => fleet_watch
+                .then(move |e| async move {
+                    tokio::time::sleep(d).await;
+                    e
+                })
+                .boxed(),
+            None => fleet_watch.boxed(),
+        };
+        let fleet_events = reflector::reflector(fleet_writer, fleet_watch).default_backoff();
         let revision_events = reflector::reflector(
             revisions_writer,
             watcher(cr_api, watcher::Config::default().labels(FLEET_LABEL)),
