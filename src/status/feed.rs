@@ -65,9 +65,25 @@ enum Item {
 const STALE_AFTER: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often a synced feed compares what its watches delivered with a
-/// consistent list: a silent stall is proven at the second probe, so
-/// within two periods of the first change it missed.
+/// consistent list, at the most: a silent stall is proven at the second
+/// probe, so within two periods of the first change it missed.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// The share of a member's request budget the probe may take. Its two
+/// lists draw from the same budget as the leader's writes, and on a small
+/// budget a probe every 5 s took most of it (0.4 of 0.5 requests a second).
+const PROBE_SHARE: f64 = 0.1;
+
+/// The probe's period on a member whose budget is `qps` requests a second:
+/// every `PROBE_EVERY`, or less often when that would take more than
+/// `PROBE_SHARE` of the budget.
+pub fn probe_period(qps: f64) -> Duration {
+    let share = 2.0 / (PROBE_SHARE * qps);
+    if share.is_finite() && share > PROBE_EVERY.as_secs_f64() {
+        Duration::from_secs_f64(share.min(3600.0))
+    } else {
+        PROBE_EVERY
+    }
+}
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why both watches stopped.
@@ -87,6 +103,7 @@ pub async fn run(
     cluster: String,
     namespace: Option<String>,
     streaming_lists: bool,
+    probe_every: Duration,
     hub: Arc<Hub>,
 ) {
     let mut health = Health::default();
@@ -96,6 +113,7 @@ pub async fn run(
             &cluster,
             namespace.as_deref(),
             streaming_lists,
+            probe_every,
             &hub,
             &mut health,
         )
@@ -205,6 +223,7 @@ async fn watch_until_error(
     cluster: &str,
     namespace: Option<&str>,
     streaming_lists: bool,
+    probe_every: Duration,
     hub: &Hub,
     health: &mut Health,
 ) -> Ended {
@@ -229,7 +248,7 @@ async fn watch_until_error(
     let mut stable_at: Option<Instant> = None;
     let (mut ms_seen, mut dep_seen) = (Delivered::default(), Delivered::default());
     let (mut ms_stall, mut dep_stall) = (Stall::default(), Stall::default());
-    let mut probe = tokio::time::interval_at(Instant::now() + PROBE_EVERY, PROBE_EVERY);
+    let mut probe = tokio::time::interval_at(Instant::now() + probe_every, probe_every);
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut probing: Option<ProbeRead> = None;
     let delay = crate::supervise::feed_delay(cluster);
@@ -275,7 +294,7 @@ async fn watch_until_error(
                     if let Probe::Stalled((ns, name)) = verdict {
                         return Ended::Stalled(format!(
                             "the watch stalled: {kind} {ns}/{name} changed on the apiserver and the watch has not shown it for {}s",
-                            PROBE_EVERY.as_secs()
+                            probe_every.as_secs()
                         ));
                     }
                 }
@@ -340,4 +359,21 @@ async fn watch_until_error(
         }
     }
     Ended::Failed("the watch ended".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stall_probe_takes_at_most_a_tenth_of_a_small_budget() {
+        // The default budget (100 a second), and any above 4: every 5 s.
+        assert_eq!(probe_period(100.0), PROBE_EVERY);
+        assert_eq!(probe_period(4.0), PROBE_EVERY);
+        // Half a request a second: two lists every 40 s, a tenth of it.
+        assert_eq!(probe_period(0.5), Duration::from_secs(40));
+        // Nothing absurd from a budget that cannot be set anyway.
+        assert_eq!(probe_period(0.0), PROBE_EVERY);
+        assert_eq!(probe_period(1e-9), Duration::from_secs(3600));
+    }
 }

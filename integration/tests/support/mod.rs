@@ -547,7 +547,7 @@ pub struct LeaseWrite {
 }
 
 /// Every entry of `cluster`'s audit log.
-fn audit_log(cluster: &str) -> Vec<serde_json::Value> {
+pub fn audit_log(cluster: &str) -> Vec<serde_json::Value> {
     let path = fleet_dir()
         .join("logs")
         .join(format!("{cluster}-audit.log"));
