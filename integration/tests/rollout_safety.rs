@@ -641,9 +641,25 @@ async fn a_member_that_alters_the_spec_is_spec_rejected_and_not_rewritten() {
     let tries = attempts("member-3", &ns, "api");
     // The term already running, and every one begun since.
     let terms = rollout_terms(&fleet) - terms_before + 1;
+    // What the replicas saw of each write, for a failure to explain itself.
+    let seen: Vec<String> = REPLICA_IDS
+        .iter()
+        .flat_map(|id| {
+            fleet
+                .replicas
+                .log(id)
+                .lines()
+                .filter(|l| {
+                    l.contains("member-3")
+                        && (l.contains("member write failed") || l.contains("different spec"))
+                })
+                .map(|l| format!("{id}: {l}"))
+                .collect::<Vec<_>>()
+        })
+        .collect();
     assert!(
         !tries.is_empty() && tries.len() <= 2 * terms,
-        "a write and one retry per rollout term ({terms}), not one every round: {tries:?}"
+        "a write and one retry per rollout term ({terms}), not one every round: {tries:?}; the replicas saw: {seen:#?}"
     );
     assert!(tries.iter().all(|(_, code)| *code < 300), "{tries:?}");
 }

@@ -553,6 +553,9 @@ impl Write {
             },
             (Err(_), None) => Outcome::DeleteFailed,
         };
+        if let Outcome::Altered { revision, .. } = &outcome {
+            tracing::info!(k8s.cluster.name = %cluster, revision = %revision, "the member stored a different spec than was written");
+        }
         ctx.write_log()
             .record(&uid, &cluster, outcome, tokio::time::Instant::now());
         // Wakes the planner: the outcome may change a plan.

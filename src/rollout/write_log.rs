@@ -34,6 +34,10 @@ struct Noted {
     trouble: Option<Trouble>,
     attempts: u32,
     next_try: Instant,
+    /// How often the member altered which (revision, digest), kept across
+    /// failed writes: a timeout or a conflict between two alterations must
+    /// not start the count over, or the planner writes again and again.
+    altered: Option<(String, u64, u32)>,
 }
 
 /// What a plan read from the log: the troubles, and how many outcomes of
@@ -109,25 +113,23 @@ impl WriteLog {
         let before = object.remove(cluster);
         let attempts = before.as_ref().map_or(0, |n| n.attempts) + 1;
         let backoff = Duration::from_secs(1 << attempts.min(6).saturating_sub(1)).min(MAX_BACKOFF);
+        let altered_before = before.as_ref().and_then(|n| n.altered.clone());
         let noted = match outcome {
             Outcome::Ok => return,
             Outcome::Altered { revision, digest } => {
-                let times = match before.and_then(|n| n.trouble) {
-                    Some(Trouble {
-                        revision: r,
-                        digest: d,
-                        kind: Kind::Altered { times },
-                    }) if r == revision && d == digest => times + 1,
+                let times = match altered_before {
+                    Some((r, d, times)) if r == revision && d == digest => times + 1,
                     _ => 1,
                 };
                 Noted {
                     trouble: Some(Trouble {
-                        revision,
+                        revision: revision.clone(),
                         digest,
                         kind: Kind::Altered { times },
                     }),
                     attempts,
                     next_try: now,
+                    altered: Some((revision, digest, times)),
                 }
             }
             Outcome::ApplyFailed {
@@ -142,11 +144,13 @@ impl WriteLog {
                 }),
                 attempts,
                 next_try: now + backoff,
+                altered: altered_before,
             },
             Outcome::DeleteFailed => Noted {
                 trouble: before.and_then(|n| n.trouble),
                 attempts,
                 next_try: now + backoff,
+                altered: altered_before,
             },
         };
         object.insert(cluster.to_string(), noted);
@@ -172,6 +176,14 @@ mod tests {
                 code: 503,
                 message: "busy".into(),
             },
+        }
+    }
+
+    /// The member stored another spec than revision `rev` gives it.
+    fn altered(rev: &str) -> Outcome {
+        Outcome::Altered {
+            revision: rev.into(),
+            digest: 7,
         }
     }
 
@@ -204,10 +216,6 @@ mod tests {
     fn an_altered_spec_counts_per_revision_and_digest() {
         let mut log = WriteLog::default();
         let t0 = Instant::now();
-        let altered = |rev: &str| Outcome::Altered {
-            revision: rev.into(),
-            digest: 7,
-        };
         log.record("u", "m1", altered("r1"), t0);
         assert!(!log.troubles("u")["m1"].permanent());
         log.record("u", "m1", Outcome::DeleteFailed, t0);
@@ -225,6 +233,30 @@ mod tests {
         assert!(log.troubles("u").is_empty());
     }
 
+    /// A write that timed out or met a conflict between two alterations
+    /// (the member's leader writes the object's status right after it is
+    /// created) shows as the failure it was, and the alteration after it
+    /// still makes two.
+    #[test]
+    fn a_failed_write_between_two_alterations_does_not_start_the_count_over() {
+        let mut log = WriteLog::default();
+        let t0 = Instant::now();
+        log.record("u", "m1", altered("r1"), t0);
+        log.record("u", "m1", refused(), t0);
+        assert_eq!(log.troubles("u")["m1"].reason(), "WriteFailed");
+        log.record("u", "m1", altered("r1"), t0);
+        assert!(
+            log.troubles("u")["m1"].permanent(),
+            "altered twice, with a failed write between"
+        );
+        log.record("u", "m1", Outcome::Ok, t0);
+        log.record("u", "m1", altered("r1"), t0);
+        assert!(
+            !log.troubles("u")["m1"].permanent(),
+            "a write the member kept starts over"
+        );
+    }
+
     /// The flaky SpecRejected test's third write: a plan read "altered
     /// once", a retry ended "altered twice" while the round wrote its
     /// status, and the stale plan then wrote a third time.
@@ -232,15 +264,11 @@ mod tests {
     fn a_plan_read_before_an_outcome_starts_no_write() {
         let mut log = WriteLog::default();
         let t0 = Instant::now();
-        let altered = || Outcome::Altered {
-            revision: "r1".into(),
-            digest: 7,
-        };
-        log.record("u", "m1", altered(), t0);
+        log.record("u", "m1", altered("r1"), t0);
         let reading = log.read("u");
         assert!(log.current("u", &reading));
         log.start("u", "m1");
-        log.record("u", "m1", altered(), t0);
+        log.record("u", "m1", altered("r1"), t0);
         assert!(log.due("u", "m1", t0), "the retry ended");
         assert!(!log.current("u", &reading), "but the plan did not see how");
         assert!(log.current("u", &log.read("u")), "a new plan may write");
