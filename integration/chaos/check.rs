@@ -272,11 +272,13 @@ pub struct Observed {
     pub phases: BTreeMap<String, String>,
     /// A watch client's view: name -> cluster -> image.
     pub watch: BTreeMap<String, BTreeMap<String, String>>,
+    /// The dashboard event stream's view, the same way.
+    pub dashboard: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// Every Microservice matches its last spec and is Available; every
-/// FleetMicroservice ends as its last release deserves; the watch client's
-/// view equals the apiservers'.
+/// FleetMicroservice ends as its last release deserves; the views of the
+/// gRPC watch client and of the dashboard stream equal the apiservers'.
 pub fn converged(expected: &Expected, observed: &Observed) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut miss = |d: String| out.push(violation(CONVERGED, None, d));
@@ -326,17 +328,22 @@ pub fn converged(expected: &Expected, observed: &Observed) -> Vec<Violation> {
             .or_default()
             .insert(cluster.clone(), s.image.clone());
     }
-    if truth != observed.watch {
-        let names = |m: &BTreeMap<String, BTreeMap<String, String>>| {
-            m.iter()
-                .map(|(k, v)| format!("{k}{v:?}"))
-                .collect::<Vec<_>>()
-        };
-        miss(format!(
-            "the watch client's view differs from the apiservers': watch {:?}, apiservers {:?}",
-            names(&observed.watch),
-            names(&truth)
-        ));
+    let names = |m: &BTreeMap<String, BTreeMap<String, String>>| {
+        m.iter()
+            .map(|(k, v)| format!("{k}{v:?}"))
+            .collect::<Vec<_>>()
+    };
+    for (client, view) in [
+        ("the watch client", &observed.watch),
+        ("the dashboard stream", &observed.dashboard),
+    ] {
+        if truth != *view {
+            miss(format!(
+                "{client}'s view differs from the apiservers': {client} {:?}, apiservers {:?}",
+                names(view),
+                names(&truth)
+            ));
+        }
     }
     out
 }

@@ -228,6 +228,7 @@ fn observed() -> Observed {
                 .collect(),
         );
     }
+    o.dashboard = o.watch.clone();
     o
 }
 
@@ -249,10 +250,11 @@ fn each_way_of_not_converging_is_caught() {
     let mut o = observed();
     o.microservices
         .insert(("member-2".into(), "svc".into()), seen("s:2", true));
-    o.watch
-        .get_mut("svc")
-        .unwrap()
-        .insert("member-2".into(), "s:2".into());
+    for view in [&mut o.watch, &mut o.dashboard] {
+        view.get_mut("svc")
+            .unwrap()
+            .insert("member-2".into(), "s:2".into());
+    }
     assert_eq!(converged(&expected(), &o).len(), 1);
     // Not Available.
     let mut o = observed();
@@ -265,8 +267,8 @@ fn each_way_of_not_converging_is_caught() {
         .insert(("member-1".into(), "gone".into()), seen("g:1", true));
     assert_eq!(
         converged(&expected(), &o).len(),
-        2,
-        "the watch lacks it too"
+        3,
+        "the watch and the dashboard stream lack it too"
     );
     // A FleetMicroservice in the wrong phase.
     let mut o = observed();
@@ -281,6 +283,15 @@ fn each_way_of_not_converging_is_caught() {
     let v = converged(&expected(), &o);
     assert_eq!(v.len(), 1, "{v:?}");
     assert!(v[0].detail.contains("watch"), "{v:?}");
+    // A dashboard stream that missed a deletion.
+    let mut o = observed();
+    o.dashboard.insert(
+        "gone".into(),
+        BTreeMap::from([("member-1".into(), "g:1".into())]),
+    );
+    let v = converged(&expected(), &o);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].detail.contains("dashboard stream"), "{v:?}");
 }
 
 #[test]

@@ -12,7 +12,8 @@ use tokio::time::Instant;
 use crate::check::{CanaryMove, Exit};
 use crate::proxy::Proxy;
 use crate::schedule::{Fault, MEMBERS, Planned, REPLICAS};
-use crate::support::replicas::Replicas;
+use crate::support::replicas::{Replicas, holder};
+use crate::workload::{self, Record, Target};
 
 pub struct Bed {
     pub replicas: Mutex<Replicas>,
@@ -30,6 +31,11 @@ pub struct Bed {
     /// One fault per resource at a time, even when stopping or starting a
     /// process takes longer than the plan allowed for.
     pub turns: [tokio::sync::Mutex<()>; 3],
+    /// For the bursts of edits: where the workload writes and what it expects.
+    pub target: Target,
+    pub rec: Arc<Record>,
+    /// The member Leases' name.
+    pub member_lease: String,
 }
 
 impl Bed {
@@ -166,8 +172,53 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
             bed.stopped.lock().unwrap().retain(|m| m != "registry");
         }
         Fault::MoveCanary { member } => bed.move_canary(member),
+        Fault::PauseLeader { member, after } => pause_leader(bed, member, after, down, p).await,
     }
     bed.note(format!("healed: {:?}", p.fault));
+}
+
+/// A burst of edits in `member`, and its leader stopped `after` it began,
+/// for `down`: on waking it still holds reconciles it had not written,
+/// and by then another replica leads. The burst then reaches the other
+/// members too, so every copy ends at the same image.
+async fn pause_leader(
+    bed: &Arc<Bed>,
+    member: &'static str,
+    after: Duration,
+    down: Duration,
+    p: &Planned,
+) {
+    bed.reap_unasked();
+    let client = bed.target.members[member].clone();
+    let lease = bed.member_lease.clone();
+    let leader = tokio::time::timeout(Duration::from_secs(5), holder(&client, &lease))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|h| REPLICAS.into_iter().find(|id| *id == h));
+    let Some(leader) = leader else {
+        bed.note(format!("no leader of {member} known: no burst"));
+        return;
+    };
+    let image = format!("ghcr.io/acme/burst:{}", p.at.as_millis());
+    {
+        let mut plain = bed.rec.plain.lock().unwrap();
+        for i in 0..workload::BURST {
+            plain.insert(workload::burst_name(i), Some(image.clone()));
+        }
+    }
+    bed.rec.op(format!("burst {image} in {member}"));
+    let (t, img) = (bed.target.clone(), image.clone());
+    let edits = tokio::spawn(async move { workload::burst_in(&t, member, &img).await });
+    tokio::time::sleep(after).await;
+    bed.with_replicas(|r| r.signal(leader, "STOP"));
+    bed.note(format!("stopped {leader}, the leader of {member}"));
+    tokio::time::sleep(down).await;
+    bed.with_replicas(|r| r.signal(leader, "CONT"));
+    edits.await.expect("the burst's edits");
+    for m in MEMBERS.into_iter().filter(|m| *m != member) {
+        workload::burst_in(&bed.target, m, &image).await;
+    }
 }
 
 /// Starts again whatever the nemesis left stopped (a failed step must not

@@ -69,6 +69,10 @@ pub async fn chaos(seed: u64, length: Duration) {
             std::fs::write(r.dir.join(format!("{m}.yaml")), yaml).expect("kubeconfig");
         }
         r.env.extend(crate::support::registry::env());
+        for id in schedule::REPLICAS {
+            r.ui_ports
+                .insert(id.into(), crate::support::replicas::free_port());
+        }
         r.grpc_args.extend([
             "--grpc-token-file".into(),
             rt.display().to_string(),
@@ -80,9 +84,25 @@ pub async fn chaos(seed: u64, length: Duration) {
     let member_lease = replicas.lease_name();
     let home_lease = format!("{member_lease}-rollouts");
     let labels_dir = replicas.dir.clone();
+    let dashboards = replicas
+        .ui_ports
+        .values()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let urls: Arc<Mutex<BTreeMap<String, String>>> = Default::default();
+    let target = Target {
+        namespace: namespace.clone(),
+        home: home.clone(),
+        members: members.clone(),
+        urls: urls.clone(),
+        read_token: read_token.display().to_string(),
+        write_token: write_token.display().to_string(),
+        dashboards,
+    };
+    let rec = Arc::new(Record::default());
     let bed = Arc::new(Bed {
         replicas: Mutex::new(replicas),
-        urls: Default::default(),
+        urls,
         proxies,
         labels: labels_dir,
         canary: Default::default(),
@@ -90,23 +110,23 @@ pub async fn chaos(seed: u64, length: Duration) {
         log: Default::default(),
         stopped: Default::default(),
         turns: Default::default(),
+        target: target.clone(),
+        rec: rec.clone(),
+        member_lease: member_lease.clone(),
     });
     bed.move_canary("member-1");
     bed.reap_unasked();
-    let target = Target {
-        namespace: namespace.clone(),
-        home: home.clone(),
-        members: members.clone(),
-        urls: bed.urls.clone(),
-        read_token: read_token.display().to_string(),
-        write_token: write_token.display().to_string(),
-    };
-    let rec = Arc::new(Record::default());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let watcher = tokio::spawn(workload::watcher(
         target.clone(),
         rec.clone(),
         seed ^ 0xa,
+        stop_rx.clone(),
+    ));
+    let dashboard = tokio::spawn(workload::dashboard_watcher(
+        target.clone(),
+        rec.clone(),
+        seed ^ 0xd,
         stop_rx,
     ));
     workload::seed_objects(&target, &rec).await;
@@ -163,6 +183,7 @@ pub async fn chaos(seed: u64, length: Duration) {
     let convergence = last_fault.elapsed();
     stop_tx.send_replace(true);
     watcher.abort();
+    dashboard.abort();
     bed.reap_unasked();
 
     // From the apiservers' records.
@@ -233,8 +254,9 @@ pub async fn chaos(seed: u64, length: Duration) {
     let ok = answers.iter().filter(|a| a.code == 0).count();
     println!("faults by kind: {by_kind}");
     println!(
-        "answers: {waits} waits ({ok} said done), watch resumed {} times; settled {:.1} s after the last fault",
+        "answers: {waits} waits ({ok} said done), watch resumed {} times, dashboard stream {} times; settled {:.1} s after the last fault",
         rec.watch_resumes.lock().unwrap(),
+        rec.dashboard_resumes.lock().unwrap(),
         convergence.as_secs_f64()
     );
     let operations = rec.ops.lock().unwrap().len() + waits;
@@ -346,6 +368,7 @@ async fn observe(t: &Target, rec: &Record) -> (Observed, Vec<String>) {
         }
     }
     o.watch = rec.watch.lock().unwrap().clone();
+    o.dashboard = rec.dashboard.lock().unwrap().clone();
     (o, orphans)
 }
 

@@ -25,6 +25,14 @@ pub enum Fault {
     StopRegistry,
     /// The `ring: canary` label moves to this member (waves move).
     MoveCanary { member: &'static str },
+    /// A burst of edits in the member, then SIGSTOP of whichever replica
+    /// leads it `after` the burst began (so it holds writes it has not
+    /// sent), and SIGCONT after `down`, past its Lease: what the write
+    /// fence is for.
+    PauseLeader {
+        member: &'static str,
+        after: Duration,
+    },
 }
 
 impl Fault {
@@ -37,6 +45,7 @@ impl Fault {
             Fault::BlackHoleMember { .. } => "black-hole member",
             Fault::StopRegistry => "stop registry etcd",
             Fault::MoveCanary { .. } => "move member labels",
+            Fault::PauseLeader { .. } => "SIGSTOP member leader mid-burst",
         }
     }
 
@@ -48,9 +57,10 @@ impl Fault {
     /// What it takes away while it lasts: at most one of each at a time.
     fn takes(&self) -> Option<Resource> {
         match self {
-            Fault::KillReplica { .. } | Fault::PauseReplica { .. } | Fault::RollingRestart => {
-                Some(Resource::Replica)
-            }
+            Fault::KillReplica { .. }
+            | Fault::PauseReplica { .. }
+            | Fault::RollingRestart
+            | Fault::PauseLeader { .. } => Some(Resource::Replica),
             Fault::StopMember { .. } | Fault::BlackHoleMember { .. } => Some(Resource::Member),
             Fault::StopRegistry => Some(Resource::Registry),
             Fault::MoveCanary { .. } => None,
@@ -75,7 +85,7 @@ pub struct Planned {
 }
 
 /// Every kind the nemesis knows, for the "K kinds" of the summary.
-pub const KINDS: usize = 7;
+pub const KINDS: usize = 8;
 
 /// Faults over `length`, one every 3–10 s, never two replica faults, two
 /// member faults or two registry faults at once, each over before `length`
@@ -94,6 +104,8 @@ pub fn plan(seed: u64, length: Duration) -> Vec<Planned> {
             Fault::StopMember { .. } | Fault::BlackHoleMember { .. } => secs(&mut rng, 1, 30),
             Fault::StopRegistry => secs(&mut rng, 1, 20),
             Fault::MoveCanary { .. } => Duration::ZERO,
+            // Past the chaos replicas' 2 s Lease, so another takes over.
+            Fault::PauseLeader { .. } => secs(&mut rng, 3, 12),
         };
         let slot = fault.takes().map(|r| r as usize);
         let free = slot.is_none_or(|s| busy_until[s] <= at);
@@ -118,7 +130,11 @@ fn pick(rng: &mut StdRng) -> Fault {
         3 => Fault::StopMember { member },
         4 => Fault::BlackHoleMember { member },
         5 => Fault::StopRegistry,
-        _ => Fault::MoveCanary { member },
+        6 => Fault::MoveCanary { member },
+        _ => Fault::PauseLeader {
+            member,
+            after: Duration::from_millis(rng.random_range(50..=500)),
+        },
     }
 }
 

@@ -55,9 +55,10 @@ enum Class {
 
 fn class(f: &Fault) -> Class {
     match f {
-        Fault::KillReplica { .. } | Fault::PauseReplica { .. } | Fault::RollingRestart => {
-            Class::Replica
-        }
+        Fault::KillReplica { .. }
+        | Fault::PauseReplica { .. }
+        | Fault::RollingRestart
+        | Fault::PauseLeader { .. } => Class::Replica,
         Fault::StopMember { .. } | Fault::BlackHoleMember { .. } => Class::Member,
         Fault::StopRegistry => Class::Registry,
         Fault::MoveCanary { .. } => Class::Labels,

@@ -40,6 +40,9 @@ pub struct Record {
     /// The gRPC watch client's view: name -> cluster -> image.
     pub watch: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
     pub watch_resumes: Mutex<usize>,
+    /// The dashboard event stream's view, the same way.
+    pub dashboard: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
+    pub dashboard_resumes: Mutex<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -65,6 +68,8 @@ pub struct Target {
     pub urls: Arc<Mutex<BTreeMap<String, String>>>,
     pub read_token: String,
     pub write_token: String,
+    /// Each replica's dashboard, host:port.
+    pub dashboards: Vec<String>,
 }
 
 impl Target {
@@ -110,18 +115,37 @@ pub async fn cli(args: &[String], limit: Duration) -> (i32, String) {
 /// up to 30 s, and stopping and starting it takes about 15 s more, back to
 /// back with the next member fault.
 async fn apply_everywhere(t: &Target, name: &str, image: &str) {
+    for m in MEMBERS {
+        apply_in(t, m, name, image).await;
+    }
+}
+
+/// Applies `image` to `name` in one member, retried like `apply_everywhere`.
+pub async fn apply_in(t: &Target, member: &str, name: &str, image: &str) {
     let body = json!({
         "apiVersion": "platform.example.io/v1alpha1",
         "kind": "Microservice",
         "metadata": {"name": name},
         "spec": {"image": image, "port": 8080, "replicas": 1},
     });
-    for m in MEMBERS {
-        let api: Api<Microservice> = Api::namespaced(t.members[m].clone(), &t.namespace);
-        let pp = PatchParams::apply("chaos-workload").force();
-        let patch = Patch::Apply(&body);
-        retry(|| api.patch(name, &pp, &patch)).await;
-    }
+    let api: Api<Microservice> = Api::namespaced(t.members[member].clone(), &t.namespace);
+    let pp = PatchParams::apply("chaos-workload").force();
+    let patch = Patch::Apply(&body);
+    retry(|| api.patch(name, &pp, &patch)).await;
+}
+
+/// The Microservices the nemesis edits all at once in one member before it
+/// stops that member's leader (`Fault::PauseLeader`); in every member.
+pub const BURST: usize = 6;
+
+pub fn burst_name(i: usize) -> String {
+    format!("burst-{i}")
+}
+
+/// Every burst Microservice in `member` set to `image`, the edits at once.
+pub async fn burst_in(t: &Target, member: &str, image: &str) {
+    let names: Vec<String> = (0..BURST).map(burst_name).collect();
+    futures::future::join_all(names.iter().map(|n| apply_in(t, member, n, image))).await;
 }
 
 /// Deletes `name` in every member and waits until it is gone: a
@@ -257,6 +281,14 @@ pub async fn seed_objects(t: &Target, rec: &Record) {
             apply_everywhere(t, &name, &image).await;
             rec.plain.lock().unwrap().insert(name, Some(image));
         }
+    }
+    for i in 0..BURST {
+        let image = "ghcr.io/acme/burst:1";
+        apply_everywhere(t, &burst_name(i), image).await;
+        rec.plain
+            .lock()
+            .unwrap()
+            .insert(burst_name(i), Some(image.into()));
     }
     let api: Api<FleetMicroservice> = Api::namespaced(t.home.clone(), &t.namespace);
     for f in 0..FLEET_OBJECTS {
@@ -489,4 +521,181 @@ pub async fn watcher(
             }
         }
     }
+}
+
+/// The dashboard's event stream (Server-Sent Events) of the namespace, kept
+/// open and resumed with `Last-Event-ID` against random replicas until
+/// `stop`, as a browser does; its view is kept in `rec.dashboard`.
+pub async fn dashboard_watcher(
+    t: Target,
+    rec: Arc<Record>,
+    seed: u64,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut last_id: Option<String> = None;
+    let token = std::fs::read_to_string(&t.read_token)
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    while !*stop.borrow() {
+        let addr = t.dashboards[rng.random_range(0..t.dashboards.len())].clone();
+        let Some(mut lines) = open_events(&addr, &token, last_id.as_deref()).await else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        *rec.dashboard_resumes.lock().unwrap() += 1;
+        let mut frame = SseFrame::default();
+        // A keep-alive comes every 15 s: 45 s of nothing is a dead stream.
+        while let Ok(Ok(Some(line))) =
+            tokio::time::timeout(Duration::from_secs(45), lines.next_line()).await
+        {
+            if *stop.borrow() {
+                return;
+            }
+            if !line.is_empty() {
+                frame.push(&line);
+                continue;
+            }
+            let f = std::mem::take(&mut frame);
+            if f.event == "end" {
+                break;
+            }
+            if let Some(id) = f.id {
+                last_id = Some(id);
+            }
+            apply_frame(
+                &mut rec.dashboard.lock().unwrap(),
+                &t.namespace,
+                &f.event,
+                &f.data,
+            );
+        }
+    }
+}
+
+/// One event of the stream, as its lines came.
+#[derive(Default)]
+struct SseFrame {
+    event: String,
+    id: Option<String>,
+    data: String,
+}
+
+impl SseFrame {
+    fn push(&mut self, line: &str) {
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "event" => self.event = value.to_string(),
+            "id" => self.id = Some(value.to_string()),
+            "data" => self.data.push_str(value),
+            _ => {}
+        }
+    }
+}
+
+/// A row of the stream into `view` (name -> cluster -> image), this
+/// namespace only.
+fn apply_frame(
+    view: &mut BTreeMap<String, BTreeMap<String, String>>,
+    namespace: &str,
+    event: &str,
+    data: &str,
+) {
+    let Ok(row) = serde_json::from_str::<serde_json::Value>(data) else {
+        return;
+    };
+    let ours = row["namespace"] == namespace;
+    let name = row["name"].as_str().unwrap_or_default().to_string();
+    match event {
+        "reset" => view.clear(),
+        "item" | "upsert" if ours => {
+            let cells = row["cells"].as_array().into_iter().flatten();
+            let clusters = cells
+                .filter_map(|c| {
+                    Some((
+                        c["cluster"].as_str()?.to_string(),
+                        c["image"].as_str().unwrap_or_default().to_string(),
+                    ))
+                })
+                .collect();
+            view.insert(name, clusters);
+        }
+        "delete" if ours => {
+            view.remove(&name);
+        }
+        _ => {}
+    }
+}
+
+/// `GET /api/events` over HTTP/1.0, so the body comes as it is, unchunked,
+/// until the server closes: the stream's lines after the headers.
+async fn open_events(
+    addr: &str,
+    token: &str,
+    last_id: Option<&str>,
+) -> Option<tokio::io::Lines<tokio::io::BufReader<tokio::net::TcpStream>>> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let open = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let resume = last_id
+            .map(|id| format!("Last-Event-ID: {id}\r\n"))
+            .unwrap_or_default();
+        let request = format!(
+            "GET /api/events HTTP/1.0\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\
+             Authorization: Bearer {token}\r\n{resume}\r\n"
+        );
+        s.write_all(request.as_bytes()).await.ok()?;
+        let mut lines = tokio::io::BufReader::new(s).lines();
+        let status = lines.next_line().await.ok()??;
+        if status.split_whitespace().nth(1) != Some("200") {
+            return None;
+        }
+        while !lines.next_line().await.ok()??.is_empty() {}
+        Some(lines)
+    };
+    tokio::time::timeout(Duration::from_secs(10), open)
+        .await
+        .ok()
+        .flatten()
+}
+
+#[test]
+fn the_dashboard_streams_frames_make_the_view() {
+    let mut view = BTreeMap::new();
+    let row = |name: &str, ns: &str, image: &str| {
+        json!({"namespace": ns, "name": name, "cells": [
+            {"cluster": "member-1", "image": image},
+            {"cluster": "member-2", "image": image},
+        ]})
+        .to_string()
+    };
+    let mut f = SseFrame::default();
+    let data = format!("data: {}", row("a", "ns", "a:1"));
+    for line in ["event: upsert", "id: idx/7", data.as_str()] {
+        f.push(line);
+    }
+    assert_eq!(
+        (f.event.as_str(), f.id.as_deref()),
+        ("upsert", Some("idx/7"))
+    );
+    apply_frame(&mut view, "ns", &f.event, &f.data);
+    apply_frame(&mut view, "ns", "item", &row("b", "ns", "b:1"));
+    apply_frame(&mut view, "ns", "upsert", &row("c", "other", "c:1"));
+    assert_eq!(
+        view.keys().collect::<Vec<_>>(),
+        ["a", "b"],
+        "another namespace is not ours"
+    );
+    assert_eq!(view["a"]["member-2"], "a:1");
+    apply_frame(
+        &mut view,
+        "ns",
+        "delete",
+        r#"{"namespace":"ns","name":"a"}"#,
+    );
+    assert_eq!(view.keys().collect::<Vec<_>>(), ["b"]);
+    apply_frame(&mut view, "ns", "reset", "{}");
+    assert!(view.is_empty(), "a snapshot starts over");
 }

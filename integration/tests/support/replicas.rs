@@ -27,6 +27,8 @@ pub struct Replicas {
     pub grpc_ports: BTreeMap<String, u16>,
     /// Each running replica's /metrics, /healthz and /readyz port.
     pub metrics_ports: BTreeMap<String, u16>,
+    /// Replicas that serve the dashboard (plain HTTP), on these ports.
+    pub ui_ports: BTreeMap<String, u16>,
     /// Extra environment, e.g. OTEL_* variables.
     pub env: Vec<(String, String)>,
     /// Lease timings: FAST_ELECTION unless a caller wants the defaults.
@@ -88,6 +90,7 @@ impl Replicas {
             grpc_args: vec!["--grpc-insecure".into()],
             grpc_ports: BTreeMap::new(),
             metrics_ports: BTreeMap::new(),
+            ui_ports: BTreeMap::new(),
             env: Vec::new(),
             election: FAST_ELECTION.iter().map(|a| a.to_string()).collect(),
             extra_args: Vec::new(),
@@ -166,6 +169,13 @@ impl Replicas {
             .args(&self.grpc_args)
             .arg("--metrics-addr")
             .arg(format!("127.0.0.1:{metrics_port}"))
+            .args(self.ui_ports.get(id).into_iter().flat_map(|p| {
+                [
+                    "--ui-insecure".to_string(),
+                    "--ui-addr".into(),
+                    format!("127.0.0.1:{p}"),
+                ]
+            }))
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("RUST_LOG", "info,kube=warn")
             .stdout(Stdio::null())
