@@ -313,3 +313,16 @@ fn orphans_stale_names_and_exits_are_violations() {
     assert_eq!(no_exit(&[exit]).len(), 1);
     assert!(no_exit(&[]).is_empty());
 }
+
+#[test]
+fn a_write_answered_504_may_have_been_stored() {
+    use crate::records::may_be_stored;
+    assert!(may_be_stored(200) && may_be_stored(201));
+    assert!(
+        may_be_stored(504),
+        "the write may complete after the timeout"
+    );
+    for refused in [409, 422, 500, 503] {
+        assert!(!may_be_stored(refused), "{refused}");
+    }
+}

@@ -139,6 +139,12 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
         Fault::RollingRestart => {
             bed.reap_unasked();
             for id in REPLICAS {
+                // As a Deployment's rolling update does, each replica is
+                // replaced once it has started (a kill -9 may have just
+                // started it again): its metrics port answers only after
+                // it listens for SIGTERM.
+                let port = bed.replicas.lock().unwrap().metrics_ports[id];
+                blocking(move || started(port)).await;
                 let b = bed.clone();
                 let status = blocking(move || b.with_replicas(|r| r.restart_status(id))).await;
                 if !status.success() {
@@ -175,6 +181,17 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
         Fault::PauseLeader { member, after } => pause_leader(bed, member, after, down, p).await,
     }
     bed.note(format!("healed: {:?}", p.fault));
+}
+
+/// Waits up to 15 s for a replica's metrics port to accept a connection.
+fn started(port: u16) {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    while std::time::Instant::now() < until
+        && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err()
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A burst of edits in `member`, and its leader stopped `after` it began,

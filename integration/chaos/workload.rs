@@ -211,8 +211,14 @@ async fn wait_for(
         .iter()
         .map(|s| s.to_string())
         .collect();
-    for m in MEMBERS {
-        args.extend(["--cluster".into(), m.into()]);
+    // Half the waits name every member; the rest name none, as most users
+    // ask, and then the replica must know every cluster that holds it (the
+    // NotListed rule and the live reads). It is in every member either way.
+    let named = rng.random_bool(0.5);
+    if named {
+        for m in MEMBERS {
+            args.extend(["--cluster".into(), m.into()]);
+        }
     }
     let limit = tail(until, Duration::from_secs(60));
     args.extend([
@@ -226,7 +232,7 @@ async fn wait_for(
     let started = Timestamp::now();
     let (code, _) = cli(&args, limit + Duration::from_secs(30)).await;
     rec.answers.lock().unwrap().push(Answer {
-        command: "wait".into(),
+        command: if named { "wait" } else { "wait (no --cluster)" }.into(),
         name: name.into(),
         image: image.into(),
         clusters: MEMBERS.iter().map(|m| m.to_string()).collect(),
