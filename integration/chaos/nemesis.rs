@@ -141,8 +141,8 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
             for id in REPLICAS {
                 // As a Deployment's rolling update does, each replica is
                 // replaced once it has started (a kill -9 may have just
-                // started it again): its metrics port answers only after
-                // it listens for SIGTERM.
+                // started it again): a process signalled before its main
+                // runs dies by the signal's default action.
                 let port = bed.replicas.lock().unwrap().metrics_ports[id];
                 blocking(move || started(port)).await;
                 let b = bed.clone();
