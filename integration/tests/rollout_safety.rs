@@ -241,8 +241,21 @@ fn attempts(member: &str, ns: &str, name: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Releases `api` over every member with a generous deadline, and waits
-/// for it to fail: a failure that comes from a member's answer, not the clock.
+/// `rollout_terms` matches "home_lease: leading", which the replicas' log
+/// only holds once its colour codes are taken out.
+#[test]
+fn a_replica_log_is_read_without_its_colour_codes() {
+    let line = "\u{1b}[2mflotilla::fleet::home_lease\u{1b}[0m\u{1b}[2m:\u{1b}[0m leading \u{1b}[3mlease\u{1b}[0m\u{1b}[2m=\u{1b}[0m\"fleet rollouts\"";
+    assert_eq!(
+        support::replicas::without_colour(line),
+        "flotilla::fleet::home_lease: leading lease=\"fleet rollouts\""
+    );
+    assert_eq!(
+        support::replicas::without_colour("plain [text]"),
+        "plain [text]"
+    );
+}
+
 /// How many rollout terms this test's replicas have begun, by their logs
 /// (a replica that steps down and takes the Lease again starts a term
 /// without a new holder, so the Lease's transitions miss it).
@@ -260,6 +273,8 @@ fn rollout_terms(fleet: &RolloutFleet) -> usize {
         .sum()
 }
 
+/// Releases `api` over every member with a generous deadline, and waits
+/// for it to fail: a failure that comes from a member's answer, not the clock.
 async fn released_until_failed(fleet: &RolloutFleet) -> FleetMicroservice {
     fleet
         .create(fleet_microservice(
@@ -447,22 +462,32 @@ async fn a_rollout_leader_stopped_mid_wave_writes_nothing_after_its_term() {
     let names: Vec<String> = (0..6).map(|i| format!("svc-{i}")).collect();
     let rollout = json!({
         "waves": [{"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}}],
-        "bake": "2s",
+        "bake": "5s",
     });
     for n in &names {
         fleet
             .create(fleet_microservice(n, "ghcr.io/acme/svc:1", rollout.clone()))
             .await;
     }
-    let leader = fleet.rollout_leader().await;
-    let agent = format!("flotilla-fleet/{leader}");
-    // Stopped while it is writing.
-    eventually("the leader writing", Duration::from_secs(60), || {
-        let n = fleet_writes("member-1", &ns)
+    let names_len = names.len();
+    // Stopped while it is writing: the holder of the Lease once it has
+    // made two member writes and at least a wave's worth are still to come.
+    // The holder is read with the writes, since a loaded machine may move
+    // the Lease between the creates and the first write.
+    let (leader, agent) = eventually("the leader writing", Duration::from_secs(60), || {
+        let written: Vec<String> = MEMBERS_OF_FLEET
             .iter()
-            .filter(|w| w.user_agent == agent)
-            .count();
-        async move { (n >= 2).then_some(()) }
+            .flat_map(|m| fleet_writes(m, &ns))
+            .map(|w| w.user_agent)
+            .filter(|u| u.starts_with("flotilla-fleet/"))
+            .collect();
+        let (lease, home, ns) = (lease.clone(), fleet.home.clone(), ns.clone());
+        async move {
+            let held = support::replicas::holder_in(&home, &ns, &lease).await?;
+            let by = format!("flotilla-fleet/{held}");
+            let mine = written.iter().filter(|u| **u == by).count();
+            (mine >= 2 && written.len() <= 2 * names_len).then_some((held, by))
+        }
     })
     .await;
     fleet.replicas.signal(&leader, "STOP");

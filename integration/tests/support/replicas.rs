@@ -266,14 +266,37 @@ impl Replicas {
         format!("flotilla-{}", self.fleet)
     }
 
+    /// The replica's log as plain text: its colour codes removed, so a
+    /// test can match "home_lease: leading" as a reader sees it.
     pub fn log(&self, id: &str) -> String {
-        std::fs::read_to_string(
+        let raw = std::fs::read_to_string(
             fleet_dir()
                 .join("logs")
                 .join(format!("test-{}-{id}.log", self.fleet)),
         )
-        .unwrap_or_default()
+        .unwrap_or_default();
+        without_colour(&raw)
     }
+}
+
+/// `text` without ANSI escape sequences (`ESC [ ... final-byte`).
+pub fn without_colour(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            // Parameters and intermediates, up to the final byte.
+            for c in chars.by_ref() {
+                if ('\u{40}'..='\u{7e}').contains(&c) {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl Drop for Replicas {
