@@ -542,6 +542,71 @@ async fn a_replica_that_never_listed_a_member_does_not_call_the_rollout_done() {
     }
 }
 
+/// A member that stops answering stays "listed and answering" in the
+/// replica's index for the seconds its feed takes to notice. A wait that
+/// names no cluster, asked in those seconds about a Microservice created
+/// there meanwhile, must not leave the member out: its live read fails,
+/// and the member is Unknown until it answers.
+#[tokio::test]
+async fn a_member_gone_silent_is_not_left_out_before_the_replica_notices() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "wait-silent").await;
+    let gate = support::gate::Gate::start(support::kubeconfig_via("member-3", 0).1).await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    // One replica, with the shipped election timings (a 15 s Lease, not the
+    // tests' 2 s): it notices a silent member as a deployed one does, after
+    // the seconds this test is about.
+    replicas.election.clear();
+    let dir = replicas.own_dir("r1", &["member-1", "member-2"]);
+    std::fs::write(
+        dir.join("member-3.yaml"),
+        support::kubeconfig_via("member-3", gate.port).0,
+    )
+    .expect("member-3 via the gate");
+    replicas.start("r1");
+    let url = replicas.grpc_url("r1");
+    serving(&url).await;
+    // web:1 in member-1 and member-2; member-3 listed, and without it.
+    for m in ["member-1", "member-2"] {
+        create(&clients[m], &ns, "web", "web:1").await;
+    }
+    let (code, stdout, stderr) = wait_web(&ns, &["--image", "web:1"], &url).await;
+    assert_eq!(code, 0, "web:1 where it is: {stdout}{stderr}");
+
+    // member-3 goes silent, and gets web:2 from its own admin; the others
+    // move to web:2. The wait starts at once, inside the seconds before
+    // the replica's feed of member-3 notices the silence.
+    gate.silence();
+    create(&clients["member-3"], &ns, "web", "web:2").await;
+    for m in ["member-1", "member-2"] {
+        set_image(&clients[m], &ns, "web", "web:2").await;
+    }
+    let (code, stdout, stderr) = wait_done(
+        &[
+            &format!("{ns}/web"),
+            "--image",
+            "web:2",
+            "--timeout",
+            "20s",
+            "--server",
+            &url,
+        ],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        code, 2,
+        "member-3 holds web:2 unseen: a timeout, never done: {stdout}{stderr}"
+    );
+    assert!(stdout.contains("member-3"), "{stdout}{stderr}");
+
+    // It answers again: done, and truly.
+    gate.release();
+    let (code, stdout, stderr) = wait_web(&ns, &["--image", "web:2"], &url).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_rolled_out(&clients, &ns, "web:2").await;
+}
+
 #[tokio::test]
 async fn apply_then_wait_with_no_pause_never_ends_on_the_previous_generation() {
     let clients = member_clients().await;

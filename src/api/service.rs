@@ -243,7 +243,8 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                             snap.clusters(),
                         );
                         let to_read = wait::to_read(&required, &named, snap.clusters());
-                        let required = wait::judged(required, &named, &floors);
+                        let required =
+                            wait::judged(required, &named, &floors, snap.clusters());
                         let (entries, result) =
                             wait::progress(v.as_ref(), &required, &target, &floors, &snap);
                         (entries, result, snap.revision(), required, to_read)

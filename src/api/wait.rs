@@ -2,8 +2,9 @@
 //! the fleet until a verdict, its deadline or shutdown. The verdict is
 //! recomputed on every pass from the index (pure, in `status::view`), with
 //! two inputs the index cannot give: which clusters must be judged (every
-//! registered one whose absence is not known) and, for "current" targets,
-//! the generation each cluster's live object had when the wait began.
+//! registered one whose absence is not known, or whose live read found the
+//! object or failed) and, for "current" targets, the generation each
+//! cluster's live object had when the wait began.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -18,11 +19,15 @@ use crate::status::view::{self, Entry, EntryState, RolloutResult, Target};
 /// A floor that could not be read is read again after this.
 pub const FLOOR_RETRY: Duration = Duration::from_secs(1);
 
-/// The generation each cluster's live object had when the wait began, for
-/// targets that mean "what is there now": an image (so an older
-/// generation that carried it never counts) or `--generation` alone.
+/// What a read of each member found when the wait began: whether the
+/// Microservice is there (so a cluster whose index feed lags, or that
+/// stopped answering before the replica noticed, is still judged) and, for
+/// targets that mean "what is there now", its generation, the floor: an
+/// image (so an older generation that carried it never counts) or
+/// `--generation` alone.
 #[derive(Debug, Default)]
 pub struct Floors {
+    /// Whether the generation read is the target's floor.
     wanted: bool,
     /// Clusters given a generation of their own: the caller's number wins.
     exempt: BTreeSet<String>,
@@ -61,10 +66,16 @@ impl Floors {
         if !self.wanted || self.exempt.contains(cluster) {
             return Ok(None);
         }
+        self.live(cluster).unwrap_or(Err("not read yet"))
+    }
+
+    /// What the live read of `cluster` found (`None` where the object was
+    /// not there), why it failed, or `None` before it was tried.
+    pub fn live(&self, cluster: &str) -> Option<Result<Option<i64>, &str>> {
         match (self.read.get(cluster), self.failed.get(cluster)) {
-            (Some(g), _) => Ok(*g),
-            (None, Some((_, why))) => Err(why),
-            (None, None) => Err("not read yet"),
+            (Some(g), _) => Some(Ok(*g)),
+            (None, Some((_, why))) => Some(Err(why.as_str())),
+            (None, None) => None,
         }
     }
 
@@ -76,11 +87,18 @@ impl Floors {
             .map(|(c, _)| c.clone())
     }
 
-    /// The required clusters whose floor should be read now.
+    /// The clusters whose live read failed and has not succeeded since:
+    /// the object may be there.
+    pub fn unread(&self) -> impl Iterator<Item = &String> + '_ {
+        self.failed.keys().filter(|c| !self.read.contains_key(*c))
+    }
+
+    /// The clusters to read now: every one not read yet, whatever the
+    /// target, since a read also says whether the object is there.
     pub fn due(&self, required: &BTreeSet<String>, now: Instant) -> Vec<String> {
         required
             .iter()
-            .filter(|c| self.get(c).is_err())
+            .filter(|c| !self.read.contains_key(*c))
             .filter(|c| {
                 self.failed
                     .get(*c)
@@ -139,14 +157,24 @@ pub fn to_read(
 }
 
 /// The clusters judged: the required ones and, in follow mode, every
-/// cluster whose live read found the Microservice.
+/// registered cluster whose live read found the Microservice or failed. A
+/// member that stops answering is "reachable and listed" in the index for
+/// a few seconds, until its feed notices; its failed read keeps it judged
+/// (Unknown) through those seconds instead of leaving it out.
 pub fn judged(
     mut required: BTreeSet<String>,
     named: &BTreeSet<String>,
     floors: &Floors,
+    registered: &BTreeMap<String, view::ClusterInfo>,
 ) -> BTreeSet<String> {
     if named.is_empty() {
         required.extend(floors.present());
+        required.extend(
+            floors
+                .unread()
+                .filter(|c| registered.contains_key(*c))
+                .cloned(),
+        );
     }
     required
 }
@@ -165,15 +193,26 @@ pub fn progress(
         .map(|cluster| {
             let seen = v.and_then(|v| v.entries.iter().find(|e| e.cluster == *cluster));
             let floor = floors.get(cluster);
-            let mut e = match (seen, &floor) {
+            let mut e = match (seen, floors.live(cluster)) {
                 (Some(e), _) => view::rollout_entry(target, floor.ok().flatten(), e),
-                (None, Ok(Some(g))) => {
+                (None, Some(Ok(Some(g)))) => {
                     let mut e = view::absent_entry(cluster, snap.clusters().get(cluster));
                     e.state = EntryState::Unknown;
                     e.reason = "NotSeenYet".into();
                     e.message = format!(
                         "the cluster holds generation {g}, which this replica has not seen yet"
                     );
+                    e
+                }
+                (None, Some(Err(why))) => {
+                    let mut e = view::absent_entry(cluster, snap.clusters().get(cluster));
+                    if e.state != EntryState::Unknown {
+                        e.state = EntryState::Unknown;
+                        e.reason = "LiveReadFailed".into();
+                        e.message = format!(
+                            "the cluster could not be read, so the Microservice may be there: {why}"
+                        );
+                    }
                     e
                 }
                 (None, _) => view::absent_entry(cluster, snap.clusters().get(cluster)),
@@ -325,6 +364,7 @@ mod tests {
             v.as_ref().map(|v| v.entries.as_slice()),
             snap.clusters(),
         );
+        let required = judged(required, &named, floors, snap.clusters());
         progress(v.as_ref(), &required, target, floors, &snap).1
     }
 
@@ -471,7 +511,7 @@ mod tests {
             read.contains("member-2"),
             "every registered cluster is read"
         );
-        let judged = judged(required, &none, &floors);
+        let judged = judged(required, &none, &floors, snap.clusters());
         let (entries, result) = progress(v.as_ref(), &judged, &image, &floors, &snap);
         assert_eq!(result, RolloutResult::InProgress);
         let m2 = entries.iter().find(|e| e.cluster == "member-2").unwrap();
@@ -501,5 +541,87 @@ mod tests {
                 .starts_with("not registered: nope;")
         );
         assert!(unregistered(&BTreeSet::new(), &Target::Generation(1), snap.clusters()).is_ok());
+    }
+
+    #[test]
+    fn a_member_whose_live_read_failed_is_judged_before_its_feed_notices() {
+        // member-2 stopped answering a moment ago: the index still has it
+        // listed and answering, without web (created there since), and the
+        // wait's read of it failed. For any target, it is judged Unknown.
+        let ix = index(|_| {});
+        let now = Instant::now();
+        for target in [
+            Target::Image("web:2".into()),
+            Target::Generation(2),
+            Target::Generations {
+                at_least: BTreeMap::new(),
+                otherwise: 2,
+            },
+        ] {
+            let mut floors = Floors::new(&target, true);
+            floors.record("member-1", Ok(Some(2)), now);
+            floors.record("member-2", Err("no answer within 3s".into()), now);
+            floors.record("member-3", Ok(Some(2)), now);
+            assert_eq!(
+                judge(&ix, &[], &target, &floors),
+                RolloutResult::InProgress,
+                "{target:?}"
+            );
+            let snap = ix.snapshot();
+            let v = snap.view(&key(), None);
+            let m2 = progress(
+                v.as_ref(),
+                &BTreeSet::from(["member-2".to_string()]),
+                &target,
+                &floors,
+                &snap,
+            )
+            .0
+            .remove(0);
+            assert_eq!(
+                (m2.state, m2.reason.as_str()),
+                (EntryState::Unknown, "LiveReadFailed"),
+                "{target:?}"
+            );
+            assert!(m2.message.contains("no answer within 3s"), "{m2:?}");
+            // Read again and found empty: absent, and the rest decide.
+            floors.record("member-2", Ok(None), now);
+            assert_eq!(
+                judge(&ix, &[], &target, &floors),
+                RolloutResult::Succeeded,
+                "{target:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_failed_read_of_a_cluster_no_longer_registered_holds_nothing() {
+        let mut ix = index(|_| {});
+        ix.retain_clusters(&["member-1", "member-3"].map(String::from).into());
+        let target = Target::Image("web:2".into());
+        let mut floors = Floors::new(&target, false);
+        let now = Instant::now();
+        floors.record("member-1", Ok(Some(2)), now);
+        floors.record("member-2", Err("no client".into()), now);
+        floors.record("member-3", Ok(Some(2)), now);
+        assert_eq!(judge(&ix, &[], &target, &floors), RolloutResult::Succeeded);
+    }
+
+    #[test]
+    fn every_target_reads_each_cluster_once_for_presence() {
+        let clusters: BTreeSet<String> = ["member-1", "member-2"].map(String::from).into();
+        let now = Instant::now();
+        for target in [Target::Image("web:2".into()), Target::Generation(2)] {
+            let mut floors = Floors::new(&target, false);
+            assert_eq!(floors.due(&clusters, now).len(), 2, "{target:?}");
+            floors.record("member-1", Ok(None), now);
+            floors.record("member-2", Err("refused".into()), now);
+            assert!(floors.due(&clusters, now).is_empty(), "{target:?}");
+            assert_eq!(
+                floors.due(&clusters, now + FLOOR_RETRY),
+                vec!["member-2".to_string()],
+                "{target:?}"
+            );
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! A loopback TCP proxy that can hold requests: while held, bytes from
 //! the client wait in the proxy (nothing fails, nothing is answered) and
-//! go on, in order, once released.
+//! go on, in order, once released. Silenced, it holds the server's bytes
+//! too, so a watch open before delivers nothing: a member gone silent.
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -13,6 +14,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct Gate {
     pub port: u16,
     held: Arc<AtomicBool>,
+    /// The server's bytes wait too.
+    silent: Arc<AtomicBool>,
     /// Bytes that arrived from a client while held.
     waiting: Arc<AtomicUsize>,
     /// Hold as soon as an etcd write (a Txn with compares) passes.
@@ -24,9 +27,10 @@ impl Gate {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let held = Arc::new(AtomicBool::new(false));
+        let silent = Arc::new(AtomicBool::new(false));
         let waiting = Arc::new(AtomicUsize::new(0));
         let armed = Arc::new(AtomicBool::new(false));
-        let (h, w, a) = (held.clone(), waiting.clone(), armed.clone());
+        let (h, s, w, a) = (held.clone(), silent.clone(), waiting.clone(), armed.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(&upstream).await else {
@@ -38,15 +42,22 @@ impl Gate {
                     held: h.clone(),
                     waiting: w.clone(),
                     armed: a.clone(),
-                    frames: Frames::default(),
+                    frames: Some(Frames::default()),
+                };
+                let back = Held {
+                    held: s.clone(),
+                    waiting: Arc::new(AtomicUsize::new(0)),
+                    armed: Arc::new(AtomicBool::new(false)),
+                    frames: None,
                 };
                 tokio::spawn(pump(cr, sw, Some(gate)));
-                tokio::spawn(pump(sr, cw, None));
+                tokio::spawn(pump(sr, cw, Some(back)));
             }
         });
         Gate {
             port,
             held,
+            silent,
             waiting,
             armed,
         }
@@ -67,9 +78,17 @@ impl Gate {
         self.held.store(true, Ordering::SeqCst);
     }
 
+    /// Holds both ways: nothing reaches the server, and nothing it sends,
+    /// a watch event included, reaches the client.
+    pub fn silence(&self) {
+        self.silent.store(true, Ordering::SeqCst);
+        self.hold();
+    }
+
     pub fn release(&self) {
         self.armed.store(false, Ordering::SeqCst);
         self.held.store(false, Ordering::SeqCst);
+        self.silent.store(false, Ordering::SeqCst);
     }
 
     /// Bytes a client sent since `hold`.
@@ -82,7 +101,8 @@ struct Held {
     held: Arc<AtomicBool>,
     waiting: Arc<AtomicUsize>,
     armed: Arc<AtomicBool>,
-    frames: Frames,
+    /// Read for etcd writes on the client's side only.
+    frames: Option<Frames>,
 }
 
 /// Reads HTTP/2 frames off a client's bytes, enough to see gRPC requests.
@@ -146,7 +166,9 @@ async fn pump(
             Ok(n) => n,
         };
         if let Some(g) = &mut gate {
-            if g.frames.write_in(&buf[..n]) && g.armed.swap(false, Ordering::SeqCst) {
+            if g.frames.as_mut().is_some_and(|f| f.write_in(&buf[..n]))
+                && g.armed.swap(false, Ordering::SeqCst)
+            {
                 g.held.store(true, Ordering::SeqCst);
             }
             if g.held.load(Ordering::SeqCst) {
