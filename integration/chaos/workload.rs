@@ -202,8 +202,8 @@ async fn wait_for(
     t: &Target,
     rec: &Record,
     rng: &mut StdRng,
-    name: &str,
-    image: &str,
+    (name, image): (&str, &str),
+    created: bool,
     until: Instant,
 ) {
     let server = t.url(rng);
@@ -211,10 +211,13 @@ async fn wait_for(
         .iter()
         .map(|s| s.to_string())
         .collect();
-    // Half the waits name every member; the rest name none, as most users
-    // ask, and then the replica must know every cluster that holds it (the
-    // NotListed rule and the live reads). It is in every member either way.
-    let named = rng.random_bool(0.5);
+    // Half the waits after an edit name every member; the rest, and every
+    // wait after a create (a new service, whose clusters a user does not
+    // list), name none. The replica must then know every cluster that
+    // holds it (the NotListed rule and the live reads): a create into a
+    // member gone silent after the deletion was seen is what tests that.
+    // It is in every member either way.
+    let named = !created && rng.random_bool(0.5);
     if named {
         for m in MEMBERS {
             args.extend(["--cluster".into(), m.into()]);
@@ -258,7 +261,7 @@ pub async fn plain_worker(t: Target, rec: Arc<Record>, seed: u64, worker: usize,
             .cloned()
             .flatten()
             .is_some();
-        if exists && rng.random_bool(0.25) {
+        if exists && rng.random_bool(0.4) {
             rec.op(format!("delete {name} everywhere"));
             delete_everywhere(&t, &name).await;
             rec.plain.lock().unwrap().insert(name.clone(), None);
@@ -272,7 +275,7 @@ pub async fn plain_worker(t: Target, rec: Arc<Record>, seed: u64, worker: usize,
                 .lock()
                 .unwrap()
                 .insert(name.clone(), Some(image.clone()));
-            wait_for(&t, &rec, &mut rng, &name, &image, until).await;
+            wait_for(&t, &rec, &mut rng, (&name, &image), !exists, until).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..2000))).await;
     }
