@@ -202,7 +202,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             .map_err(ApiError::InvalidArgument)?;
         let live = self.live.clone();
         let mut floors = match &live {
-            Some(_) => Floors::new(&target, current),
+            Some(_) => Floors::new(&target, current).following(named.is_empty()),
             None if current => {
                 return Err(ApiError::InvalidArgument(
                     "this server cannot read its members' live generations".into(),

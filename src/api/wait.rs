@@ -35,6 +35,11 @@ pub struct Floors {
     read: BTreeMap<String, Option<i64>>,
     /// Not read yet: when it was last tried, and why it failed.
     failed: BTreeMap<String, (Instant, String)>,
+    /// The server can read its members (false for `none`).
+    reads: bool,
+    /// The wait names no cluster: every registered one is read for
+    /// presence, whatever the target.
+    follow: bool,
 }
 
 impl Floors {
@@ -47,8 +52,16 @@ impl Floors {
         Floors {
             wanted,
             exempt,
+            reads: true,
             ..Default::default()
         }
+    }
+
+    /// In follow mode (no cluster named), every cluster is read once for
+    /// presence, whatever the target.
+    pub fn following(mut self, follow: bool) -> Self {
+        self.follow = follow;
+        self
     }
 
     /// No floors at all (a server that cannot read its members).
@@ -87,18 +100,24 @@ impl Floors {
             .map(|(c, _)| c.clone())
     }
 
-    /// The clusters whose live read failed and has not succeeded since:
-    /// the object may be there.
-    pub fn unread(&self) -> impl Iterator<Item = &String> + '_ {
-        self.failed.keys().filter(|c| !self.read.contains_key(*c))
+    /// The registered clusters no read has settled yet (it failed, or is
+    /// still under way when the deadline comes): the object may be there.
+    /// None for a server that cannot read its members.
+    pub fn unsettled<'a>(
+        &'a self,
+        registered: &'a BTreeMap<String, view::ClusterInfo>,
+    ) -> impl Iterator<Item = &'a String> + 'a {
+        registered
+            .keys()
+            .filter(move |c| self.reads && !self.read.contains_key(*c))
     }
 
-    /// The clusters to read now: every one not read yet, whatever the
-    /// target, since a read also says whether the object is there.
+    /// The clusters to read now, each until one read succeeds: for the
+    /// floor, and in follow mode for presence whatever the target.
     pub fn due(&self, required: &BTreeSet<String>, now: Instant) -> Vec<String> {
         required
             .iter()
-            .filter(|c| !self.read.contains_key(*c))
+            .filter(|c| !self.read.contains_key(*c) && (self.follow || self.get(c).is_err()))
             .filter(|c| {
                 self.failed
                     .get(*c)
@@ -157,10 +176,11 @@ pub fn to_read(
 }
 
 /// The clusters judged: the required ones and, in follow mode, every
-/// registered cluster whose live read found the Microservice or failed. A
-/// member that stops answering is "reachable and listed" in the index for
-/// a few seconds, until its feed notices; its failed read keeps it judged
-/// (Unknown) through those seconds instead of leaving it out.
+/// registered cluster whose live read found the Microservice, failed or
+/// has not ended. A member that stops answering is "reachable and listed"
+/// in the index for a few seconds, until its feed notices; its failed read
+/// keeps it judged (Unknown) through those seconds instead of leaving it
+/// out. A cluster no longer registered is not judged for its read.
 pub fn judged(
     mut required: BTreeSet<String>,
     named: &BTreeSet<String>,
@@ -168,13 +188,8 @@ pub fn judged(
     registered: &BTreeMap<String, view::ClusterInfo>,
 ) -> BTreeSet<String> {
     if named.is_empty() {
-        required.extend(floors.present());
-        required.extend(
-            floors
-                .unread()
-                .filter(|c| registered.contains_key(*c))
-                .cloned(),
-        );
+        required.extend(floors.present().filter(|c| registered.contains_key(c)));
+        required.extend(floors.unsettled(registered).cloned());
     }
     required
 }
@@ -558,7 +573,7 @@ mod tests {
                 otherwise: 2,
             },
         ] {
-            let mut floors = Floors::new(&target, true);
+            let mut floors = Floors::new(&target, true).following(true);
             floors.record("member-1", Ok(Some(2)), now);
             floors.record("member-2", Err("no answer within 3s".into()), now);
             floors.record("member-3", Ok(Some(2)), now);
@@ -595,16 +610,41 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_read_of_a_cluster_no_longer_registered_holds_nothing() {
+    fn a_read_of_a_cluster_no_longer_registered_holds_nothing() {
         let mut ix = index(|_| {});
         ix.retain_clusters(&["member-1", "member-3"].map(String::from).into());
+        for member_2 in [Err("no client".to_string()), Ok(Some(2))] {
+            let target = Target::Generation(2);
+            let mut floors = Floors::new(&target, false).following(true);
+            let now = Instant::now();
+            floors.record("member-1", Ok(Some(2)), now);
+            floors.record("member-2", member_2.clone(), now);
+            floors.record("member-3", Ok(Some(2)), now);
+            assert_eq!(
+                judge(&ix, &[], &target, &floors),
+                RolloutResult::Succeeded,
+                "{member_2:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cluster_whose_read_has_not_ended_is_not_left_out() {
+        // The deadline can come while member-2's read is under way: the
+        // verdict then stands on what was judged before, which must not
+        // be "done on the two others".
+        let ix = index(|_| {});
         let target = Target::Image("web:2".into());
-        let mut floors = Floors::new(&target, false);
+        let mut floors = Floors::new(&target, false).following(true);
         let now = Instant::now();
         floors.record("member-1", Ok(Some(2)), now);
-        floors.record("member-2", Err("no client".into()), now);
         floors.record("member-3", Ok(Some(2)), now);
-        assert_eq!(judge(&ix, &[], &target, &floors), RolloutResult::Succeeded);
+        assert_eq!(judge(&ix, &[], &target, &floors), RolloutResult::InProgress);
+        // A server that cannot read its members judges by its index alone.
+        assert_eq!(
+            judge(&ix, &[], &target, &Floors::none()),
+            RolloutResult::Succeeded
+        );
     }
 
     #[test]
@@ -612,7 +652,7 @@ mod tests {
         let clusters: BTreeSet<String> = ["member-1", "member-2"].map(String::from).into();
         let now = Instant::now();
         for target in [Target::Image("web:2".into()), Target::Generation(2)] {
-            let mut floors = Floors::new(&target, false);
+            let mut floors = Floors::new(&target, false).following(true);
             assert_eq!(floors.due(&clusters, now).len(), 2, "{target:?}");
             floors.record("member-1", Ok(None), now);
             floors.record("member-2", Err("refused".into()), now);
@@ -623,5 +663,8 @@ mod tests {
                 "{target:?}"
             );
         }
+        // Named clusters of an explicit generation need no read at all.
+        let named = Floors::new(&Target::Generation(2), false);
+        assert!(named.due(&clusters, now).is_empty());
     }
 }
