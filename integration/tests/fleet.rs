@@ -404,8 +404,19 @@ async fn a_starved_request_budget_never_costs_the_lease() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // Its member-1 term never ended (a step-down the holder check cannot
+    // see, since r1 takes the Lease back). The elector's own line does not
+    // name its Lease, and the home rollout Lease (2 s here) may step down
+    // on a loaded machine without touching member-1.
     let log = replicas.log("r1");
-    assert!(!log.contains("stepping down"), "r1 stepped down:\n{log}");
+    let ended: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("leadership term over") && l.contains("member-1"))
+        .collect();
+    assert!(
+        ended.is_empty(),
+        "r1 stepped down from member-1: {ended:#?}\n{log}"
+    );
     // The budget really was the bottleneck: at 1 request/s the 20 objects
     // (about six requests each) cannot all be reconciled yet.
     let reconciled = api

@@ -469,35 +469,28 @@ async fn a_rollout_leader_stopped_mid_wave_writes_nothing_after_its_term() {
             .create(fleet_microservice(n, "ghcr.io/acme/svc:1", rollout.clone()))
             .await;
     }
-    let names_len = names.len();
-    // Stopped while it is writing: the holder of the Lease once it has
-    // made two member writes and at least a wave's worth are still to come.
-    // The holder is read with the writes, since a loaded machine may move
-    // the Lease between the creates and the first write.
-    let (leader, agent) = eventually("the leader writing", Duration::from_secs(60), || {
-        let written: Vec<String> = MEMBERS_OF_FLEET
-            .iter()
-            .flat_map(|m| fleet_writes(m, &ns))
-            .map(|w| w.user_agent)
-            .filter(|u| u.starts_with("flotilla-fleet/"))
-            .collect();
+    let all_member_writes = names.len() * MEMBERS_OF_FLEET.len();
+    // Stopped mid-rollout: the holder of the Lease, once it has written
+    // (home or member) and member writes are still to come. The holder is
+    // read with the writes: a loaded machine moves the Lease between
+    // replicas, and a holder may write a whole wave between two looks.
+    let leader = eventually("the leader writing", Duration::from_secs(60), || {
+        let writes = support::rollout::fleet_controller_writes(&ns);
+        let member_writes = writes.iter().filter(|w| w.0 != "home").count();
         let (lease, home, ns) = (lease.clone(), fleet.home.clone(), ns.clone());
         async move {
             let held = support::replicas::holder_in(&home, &ns, &lease).await?;
-            let by = format!("flotilla-fleet/{held}");
-            let mine = written.iter().filter(|u| **u == by).count();
-            (mine >= 2 && written.len() <= 2 * names_len).then_some((held, by))
+            let mine = writes.iter().filter(|w| w.1 == held).count();
+            (mine >= 2 && member_writes < all_member_writes).then_some(held)
         }
     })
     .await;
+    let stopped_at = jiff::Timestamp::now();
     fleet.replicas.signal(&leader, "STOP");
+    // Another holder writes after the stop: a member write, or at least
+    // the status, which it writes before the rollouts can be Complete.
     let successor = eventually("a successor writing", Duration::from_secs(60), || {
-        let written: Vec<String> = MEMBERS_OF_FLEET
-            .iter()
-            .flat_map(|m| fleet_writes(m, &ns))
-            .map(|w| w.user_agent)
-            .filter(|u| u.starts_with("flotilla-fleet/") && *u != agent)
-            .collect();
+        let writes = support::rollout::fleet_controller_writes(&ns);
         let (lease, home, ns, leader) = (
             lease.clone(),
             fleet.home.clone(),
@@ -506,8 +499,8 @@ async fn a_rollout_leader_stopped_mid_wave_writes_nothing_after_its_term() {
         );
         async move {
             let held = support::replicas::holder_in(&home, &ns, &lease).await?;
-            let by = format!("flotilla-fleet/{held}");
-            (held != leader && written.contains(&by)).then_some(held)
+            let wrote = writes.iter().any(|w| w.1 == held && w.2 > stopped_at);
+            (held != leader && wrote).then_some(held)
         }
     })
     .await;

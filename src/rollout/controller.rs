@@ -537,27 +537,26 @@ impl Write {
             }
         };
         let result = bounded(ctx.write_timeout, &cluster, work.instrument(span)).await;
-        if let Err(e) = &result {
-            tracing::warn!(k8s.cluster.name = %cluster, error = %e, category = e.category(), "member write failed");
+        match &result {
+            Err(e) if e.fenced() => {
+                tracing::info!(k8s.cluster.name = %cluster, error = %e, "member write stopped by the fence: this rollout term ended");
+            }
+            Err(e) => {
+                tracing::warn!(k8s.cluster.name = %cluster, error = %e, category = e.category(), "member write failed");
+            }
+            Ok(_) => {}
         }
         let meant = meant.map(|(revision, spec)| (revision, super::placement::digest(&spec)));
-        let outcome = match (result, meant) {
-            (Ok(Written::Altered), Some((revision, digest))) => {
-                Outcome::Altered { revision, digest }
+        match super::write_log::outcome_of(&result, meant) {
+            Some(outcome) => {
+                if let Outcome::Altered { revision, .. } = &outcome {
+                    tracing::info!(k8s.cluster.name = %cluster, revision = %revision, "the member stored a different spec than was written");
+                }
+                ctx.write_log()
+                    .record(&uid, &cluster, outcome, tokio::time::Instant::now());
             }
-            (Ok(_), _) => Outcome::Ok,
-            (Err(e), Some((revision, digest))) => Outcome::ApplyFailed {
-                revision,
-                digest,
-                kind: e.trouble(),
-            },
-            (Err(_), None) => Outcome::DeleteFailed,
-        };
-        if let Outcome::Altered { revision, .. } = &outcome {
-            tracing::info!(k8s.cluster.name = %cluster, revision = %revision, "the member stored a different spec than was written");
+            None => ctx.write_log().abandon(&uid, &cluster),
         }
-        ctx.write_log()
-            .record(&uid, &cluster, outcome, tokio::time::Instant::now());
         // Wakes the planner: the outcome may change a plan.
         ctx.write_done.notify_one();
     }

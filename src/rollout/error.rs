@@ -65,6 +65,11 @@ impl RolloutError {
         }
     }
 
+    /// This replica's own fence stopped the write: its term ended.
+    pub fn fenced(&self) -> bool {
+        self.source().is_some_and(fence::is_fenced)
+    }
+
     /// A bounded label for metrics and logs.
     pub fn category(&self) -> &'static str {
         match self.source() {

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::error::RolloutError;
+use super::members::Written;
 use super::trouble::{Kind, Trouble};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -28,6 +30,27 @@ pub enum Outcome {
     /// off, and keeps what the last write found (an altered count must not
     /// start over).
     DeleteFailed,
+}
+
+/// What a finished write tells the log, given the (revision, digest) it
+/// meant to write: nothing when this replica's own fence stopped it (its
+/// term ended: the member never answered, and the next term reads and
+/// writes again), else the member's answer.
+pub fn outcome_of(
+    result: &Result<Written, RolloutError>,
+    meant: Option<(String, u64)>,
+) -> Option<Outcome> {
+    Some(match (result, meant) {
+        (Err(e), _) if e.fenced() => return None,
+        (Ok(Written::Altered), Some((revision, digest))) => Outcome::Altered { revision, digest },
+        (Ok(_), _) => Outcome::Ok,
+        (Err(e), Some((revision, digest))) => Outcome::ApplyFailed {
+            revision,
+            digest,
+            kind: e.trouble(),
+        },
+        (Err(_), None) => Outcome::DeleteFailed,
+    })
 }
 
 struct Noted {
@@ -100,6 +123,13 @@ impl WriteLog {
             .insert((uid.to_string(), cluster.to_string()));
     }
 
+    /// A write that ended without an outcome (the fence stopped it): no
+    /// longer under way, and nothing learned.
+    pub fn abandon(&mut self, uid: &str, cluster: &str) {
+        self.in_flight
+            .remove(&(uid.to_string(), cluster.to_string()));
+    }
+
     /// A new term: the writes of the last one were cut.
     pub fn new_term(&mut self) {
         self.in_flight.clear();
@@ -167,6 +197,39 @@ impl WriteLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_the_fence_stopped_teaches_nothing_about_the_member() {
+        use crate::fleet::fence::FenceError;
+        let meant = || Some(("r1".to_string(), 7));
+        for fence in [
+            FenceError::NotLeading { armed: Some(0) },
+            FenceError::TermEnded,
+        ] {
+            let e = RolloutError::member("m1", "create", kube::Error::Service(Box::new(fence)));
+            assert!(outcome_of(&Err(e), meant()).is_none());
+        }
+        let refused = RolloutError::member(
+            "m1",
+            "create",
+            kube::Error::Api(
+                kube::core::Status::failure("no", "Forbidden")
+                    .with_code(403)
+                    .boxed(),
+            ),
+        );
+        assert!(matches!(
+            outcome_of(&Err(refused), meant()),
+            Some(Outcome::ApplyFailed {
+                kind: Kind::Refused { code: 403, .. },
+                ..
+            })
+        ));
+        assert!(matches!(
+            outcome_of(&Ok(Written::Altered), meant()),
+            Some(Outcome::Altered { .. })
+        ));
+    }
 
     fn refused() -> Outcome {
         Outcome::ApplyFailed {
