@@ -548,18 +548,30 @@ pub struct LeaseWrite {
 
 /// Every entry of `cluster`'s audit log.
 pub fn audit_log(cluster: &str) -> Vec<serde_json::Value> {
+    audit_log_with(cluster, "")
+}
+
+/// The events of lines holding `needle` (a namespace): only those lines
+/// are parsed, since late in a run the home log is large.
+pub fn audit_log_with(cluster: &str, needle: &str) -> Vec<serde_json::Value> {
     let path = fleet_dir()
         .join("logs")
         .join(format!("{cluster}-audit.log"));
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("audit log {}: {e}", path.display()));
     text.lines()
+        .filter(|l| l.contains(needle))
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .collect()
 }
 
 pub fn audit_events(cluster: &str) -> Vec<serde_json::Value> {
-    audit_log(cluster)
+    audit_events_with(cluster, "")
+}
+
+/// The successful events among `audit_log_with`'s.
+pub fn audit_events_with(cluster: &str, needle: &str) -> Vec<serde_json::Value> {
+    audit_log_with(cluster, needle)
         .into_iter()
         .filter(|e| {
             e["responseStatus"]["code"]
@@ -578,7 +590,7 @@ pub fn received(e: &serde_json::Value) -> jiff::Timestamp {
 
 /// Successful writes of one Lease in `cluster`, in the order received.
 pub fn lease_writes(cluster: &str, namespace: &str, lease: &str) -> Vec<LeaseWrite> {
-    let mut out: Vec<LeaseWrite> = audit_events(cluster)
+    let mut out: Vec<LeaseWrite> = audit_events_with(cluster, lease)
         .into_iter()
         .filter(|e| e["objectRef"]["resource"] == "leases")
         .filter(|e| e["objectRef"]["namespace"] == namespace && e["objectRef"]["name"] == lease)

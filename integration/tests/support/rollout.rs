@@ -431,7 +431,7 @@ pub fn fleet_controller_writes(namespace: &str) -> Vec<(String, String, jiff::Ti
             ));
         }
     }
-    for e in super::audit_events("home") {
+    for e in super::audit_events_with("home", namespace) {
         let resource = e["objectRef"]["resource"].as_str().unwrap_or_default();
         if e["objectRef"]["namespace"] != namespace
             || !matches!(
