@@ -92,24 +92,17 @@ impl Floors {
         }
     }
 
-    /// The clusters whose live read found the Microservice.
-    pub fn present(&self) -> impl Iterator<Item = String> + '_ {
-        self.read
-            .iter()
-            .filter(|(_, g)| g.is_some())
-            .map(|(c, _)| c.clone())
-    }
-
-    /// The registered clusters no read has settled yet (it failed, or is
-    /// still under way when the deadline comes): the object may be there.
-    /// None for a server that cannot read its members.
-    pub fn unsettled<'a>(
+    /// The registered clusters that may hold the Microservice as far as
+    /// the reads know: every one but those a read found without it (a
+    /// failed read, or one still under way when the deadline comes, settles
+    /// nothing). None for a server that cannot read its members.
+    pub fn may_hold<'a>(
         &'a self,
         registered: &'a BTreeMap<String, view::ClusterInfo>,
     ) -> impl Iterator<Item = &'a String> + 'a {
         registered
             .keys()
-            .filter(move |c| self.reads && !self.read.contains_key(*c))
+            .filter(move |c| self.reads && self.read.get(*c) != Some(&None))
     }
 
     /// The clusters to read now, each until one read succeeds: for the
@@ -188,8 +181,7 @@ pub fn judged(
     registered: &BTreeMap<String, view::ClusterInfo>,
 ) -> BTreeSet<String> {
     if named.is_empty() {
-        required.extend(floors.present().filter(|c| registered.contains_key(c)));
-        required.extend(floors.unsettled(registered).cloned());
+        required.extend(floors.may_hold(registered).cloned());
     }
     required
 }

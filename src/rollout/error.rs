@@ -73,7 +73,7 @@ impl RolloutError {
     /// A bounded label for metrics and logs.
     pub fn category(&self) -> &'static str {
         match self.source() {
-            Some(e) if fence::is_fenced(e) => "not_leader",
+            _ if self.fenced() => "not_leader",
             Some(kube::Error::Api(s)) if s.is_conflict() => "conflict",
             _ => match self {
                 RolloutError::Home { .. } => "home_api",
