@@ -12,6 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::client_budget::Budget;
 use super::credentials::{self, Trust};
@@ -407,9 +408,14 @@ pub async fn run(
         }
     });
     let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
-    let elector_task = tokio::spawn(elector.run(async move {
-        stop_elector_rx.wait_for(|s| *s).await.ok();
-    }));
+    // The elector's own lines name their member: a replica runs several.
+    let elector_task = tokio::spawn(
+        elector
+            .run(async move {
+                stop_elector_rx.wait_for(|s| *s).await.ok();
+            })
+            .instrument(tracing::info_span!("elector", cluster = %name)),
+    );
 
     loop {
         let state = leadership.borrow_and_update().clone();

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::elector::{Elector, Leadership, release};
 use super::lease_store::LeaseStore;
@@ -27,9 +28,14 @@ pub async fn lead<S, F, Fut>(
     Fut: Future<Output = ()>,
 {
     let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
-    let elector_task = tokio::spawn(elector.run(async move {
-        stop_elector_rx.wait_for(|s| *s).await.ok();
-    }));
+    // The elector's own lines name their Lease: a replica runs several.
+    let elector_task = tokio::spawn(
+        elector
+            .run(async move {
+                stop_elector_rx.wait_for(|s| *s).await.ok();
+            })
+            .instrument(tracing::info_span!("elector", lease = what)),
+    );
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let state = leadership.borrow_and_update().clone();
