@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod authz;
 pub mod cli;
 pub mod crd;
 pub mod dns;

@@ -320,6 +320,7 @@ fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
     let mut o = ServerOptions::new(args.grpc_addr);
     o.insecure = args.grpc_insecure;
     o.reflection = args.grpc_reflection;
+    o.kube_auth = args.grpc_kube_auth;
     o.max_wait = args.grpc_max_wait;
     o.max_streams = args.grpc_max_streams as usize;
     o.max_stream_age = args.grpc_max_stream_age;

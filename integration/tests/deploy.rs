@@ -80,7 +80,7 @@ fn can(cluster: &str, args: &[&str]) -> bool {
 
 #[test]
 fn rbac_manifests_name_no_wildcards_and_no_cluster_wide_secrets() {
-    for file in ["home/rbac.yaml", "member/rbac.yaml"] {
+    for file in ["home/rbac.yaml", "home/user-roles.yaml", "member/rbac.yaml"] {
         let text = std::fs::read_to_string(deploy_dir(file)).unwrap();
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let v = serde_yaml::Value::deserialize(doc).unwrap();
@@ -301,6 +301,12 @@ async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
                 "-n",
                 "flotilla-system",
             ][..],
+            true,
+        ),
+        // #34: it asks the apiserver who a caller is and what they may do.
+        (&["create", "tokenreviews.authentication.k8s.io"][..], true),
+        (
+            &["create", "subjectaccessreviews.authorization.k8s.io"][..],
             true,
         ),
         (&["list", "secrets", "-A"][..], false),

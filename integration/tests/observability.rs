@@ -235,6 +235,8 @@ async fn reconcile_and_grpc_spans_reach_a_real_otlp_receiver() {
     assert_eq!(a["rpc.service"], "flotilla.v1.FleetStatus");
     assert_eq!(a["rpc.method"], "GetMicroservice");
     assert_eq!(a["rpc.grpc.status_code"], "0");
+    // Who called (#34): no credential is configured here.
+    assert_eq!(a["enduser.id"], "anonymous");
 
     // WaitForRollout links its span to the reconcile that concluded the
     // cluster, since this replica ran it.

@@ -1,6 +1,7 @@
-//! The optional bearer token: every FleetStatus call must carry
-//! `authorization: Bearer <token>` when the server has one. The token can
-//! be replaced while the server runs (see `reload`).
+//! The static bearer tokens (read and write), replaceable while the
+//! server runs (see `reload`), and the interceptor that picks each call's
+//! door among them, the home cluster's TokenReview and a client
+//! certificate (`authz::doors`).
 
 use std::sync::{Arc, RwLock};
 
@@ -8,6 +9,8 @@ use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
+
+use crate::authz::doors::{self, Door, Setup};
 
 /// SHA-256 of a token. Comparing digests of equal length in constant time
 /// reveals neither a prefix nor the token's length.
@@ -101,35 +104,47 @@ impl BearerToken {
     }
 }
 
-/// FleetRollouts: reads take the read token or the write token.
+/// Chooses each call's door (`authz::doors`) and leaves it on the
+/// request, for the service to finish: a token for the home cluster to
+/// judge is reviewed there, in the call, not in this synchronous hook.
 #[derive(Clone)]
-pub struct ReadOrWrite {
+pub struct Doors {
     pub read: BearerToken,
     pub write: BearerToken,
+    /// `--grpc-kube-auth`: other bearer tokens go to a TokenReview.
+    pub kube: bool,
+    /// Every connection carries a certificate the client CA signed.
+    pub client_certs: bool,
 }
 
-impl Interceptor for ReadOrWrite {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        if self.write.admits(&request) {
-            return Ok(request);
-        }
-        self.read.call(request)
+impl Doors {
+    fn door<T>(&self, request: &Request<T>) -> Result<Door, Status> {
+        let token = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(bearer)
+            .map(str::trim);
+        // The same comparison as `accepts`, so every door trims alike.
+        let door = doors::choose(
+            token,
+            token.is_some_and(|t| self.read.accepts(t)),
+            token.is_some_and(|t| self.write.accepts(t)),
+            Setup {
+                read_token: self.read.configured(),
+                kube: self.kube,
+                client_certs: self.client_certs,
+            },
+        )?;
+        Ok(door)
     }
 }
 
-/// Mutations need the write token; the read token is not enough.
-pub fn require_write<T>(write: &BearerToken, request: &Request<T>) -> Result<(), Status> {
-    if !write.configured() {
-        return Err(Status::permission_denied(
-            "this server takes no rollout mutations: it has no write token (--grpc-write-token-file)",
-        ));
-    }
-    if write.admits(request) {
-        Ok(())
-    } else {
-        Err(Status::permission_denied(
-            "this call changes a rollout and needs the write token",
-        ))
+impl Interceptor for Doors {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let door = self.door(&request)?;
+        request.extensions_mut().insert(door);
+        Ok(request)
     }
 }
 
@@ -142,30 +157,10 @@ pub fn bearer(value: &str) -> Option<&str> {
         .then(|| rest.trim_start_matches(' '))
 }
 
-impl Interceptor for BearerToken {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        if !self.configured() {
-            return Ok(request);
-        }
-        let got = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer);
-        match got {
-            // The same comparison as `accepts`, so every door trims alike.
-            Some(token) if self.accepts(token) => Ok(request),
-            Some(_) => Err(Status::unauthenticated("the bearer token is not valid")),
-            None => Err(Status::unauthenticated(
-                "a bearer token is required (authorization: Bearer <token>)",
-            )),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::authz::access::Caller;
 
     fn with(header: Option<&str>) -> Request<()> {
         let mut r = Request::new(());
@@ -175,13 +170,36 @@ mod tests {
         r
     }
 
+    fn doors(read: Option<&str>, write: Option<&str>) -> Doors {
+        Doors {
+            read: BearerToken::new(read),
+            write: BearerToken::new(write),
+            kube: false,
+            client_certs: false,
+        }
+    }
+
+    fn caller(d: &mut Doors, header: Option<&str>) -> Result<Caller, tonic::Code> {
+        match d.call(with(header)) {
+            Ok(r) => match r.extensions().get::<Door>() {
+                Some(Door::Decided(c)) => Ok(c.clone()),
+                other => panic!("{other:?}"),
+            },
+            Err(s) => Err(s.code()),
+        }
+    }
+
     #[test]
     fn tokens_are_required_only_when_configured() {
-        let mut open = BearerToken::new(None);
-        assert!(open.call(with(None)).is_ok());
-        let mut guarded = BearerToken::new(Some("s3cret\n"));
+        let mut open = doors(None, None);
+        assert_eq!(caller(&mut open, None), Ok(Caller::Open));
+        let mut guarded = doors(Some("s3cret\n"), None);
         for good in ["Bearer s3cret", "bearer s3cret", "BEARER s3cret"] {
-            assert!(guarded.call(with(Some(good))).is_ok(), "{good}");
+            assert_eq!(
+                caller(&mut guarded, Some(good)),
+                Ok(Caller::ReadToken),
+                "{good}"
+            );
         }
         for bad in [
             None,
@@ -191,39 +209,50 @@ mod tests {
             Some("Bearers3cret"),
             Some("Basic s3cret"),
         ] {
-            let err = guarded.call(with(bad)).unwrap_err();
-            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{bad:?}");
+            assert_eq!(
+                caller(&mut guarded, bad),
+                Err(tonic::Code::Unauthenticated),
+                "{bad:?}"
+            );
         }
     }
 
     #[test]
-    fn mutations_need_the_write_token_and_reads_take_either() {
-        let read = BearerToken::new(Some("reader"));
-        let write = BearerToken::new(Some("writer"));
-        let mut either = ReadOrWrite {
-            read: read.clone(),
-            write: write.clone(),
-        };
-        assert!(either.call(with(Some("Bearer reader"))).is_ok());
-        assert!(either.call(with(Some("Bearer writer"))).is_ok());
-        assert!(either.call(with(Some("Bearer other"))).is_err());
-        let denied = require_write(&write, &with(Some("Bearer reader"))).unwrap_err();
-        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
-        assert!(require_write(&write, &with(Some("Bearer writer"))).is_ok());
-        let none =
-            require_write(&BearerToken::new(None), &with(Some("Bearer writer"))).unwrap_err();
-        assert_eq!(none.code(), tonic::Code::PermissionDenied);
-        assert!(none.message().contains("--grpc-write-token-file"));
+    fn either_token_is_a_caller_and_only_the_write_token_is_a_writer() {
+        let mut d = doors(Some("reader"), Some("writer"));
+        assert_eq!(caller(&mut d, Some("Bearer reader")), Ok(Caller::ReadToken));
+        assert_eq!(
+            caller(&mut d, Some("Bearer writer")),
+            Ok(Caller::WriteToken)
+        );
+        assert!(caller(&mut d, Some("Bearer other")).is_err());
+    }
+
+    #[test]
+    fn with_kube_auth_an_unknown_token_goes_to_review() {
+        let mut d = doors(Some("reader"), None);
+        d.kube = true;
+        let r = d.call(with(Some("Bearer eyJhbGciOi"))).unwrap();
+        assert!(matches!(
+            r.extensions().get::<Door>(),
+            Some(Door::Review(_))
+        ));
+        assert_eq!(caller(&mut d, Some("Bearer reader")), Ok(Caller::ReadToken));
     }
 
     #[test]
     fn a_replaced_token_takes_effect_at_once() {
-        let mut t = BearerToken::new(Some("old"));
-        let mut shared = t.clone();
+        let t = BearerToken::new(Some("old"));
+        let mut shared = Doors {
+            read: t.clone(),
+            ..doors(None, None)
+        };
         t.set(Some("new"));
-        assert!(shared.call(with(Some("Bearer old"))).is_err());
-        assert!(shared.call(with(Some("Bearer new"))).is_ok());
-        assert!(t.call(with(Some("Bearer new"))).is_ok());
+        assert!(caller(&mut shared, Some("Bearer old")).is_err());
+        assert_eq!(
+            caller(&mut shared, Some("Bearer new")),
+            Ok(Caller::ReadToken)
+        );
     }
 
     #[test]
@@ -238,9 +267,10 @@ mod tests {
 
     #[test]
     fn every_door_trims_alike() {
-        let mut t = BearerToken::new(Some("tok"));
+        let t = BearerToken::new(Some("tok"));
         assert!(t.accepts("tok "));
         assert!(t.admits(&with(Some("Bearer tok "))));
-        assert!(t.call(with(Some("Bearer tok "))).is_ok());
+        let mut d = doors(Some("tok"), None);
+        assert_eq!(caller(&mut d, Some("Bearer tok ")), Ok(Caller::ReadToken));
     }
 }

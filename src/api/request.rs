@@ -48,6 +48,7 @@ pub fn filter(namespace: &str, selector: &str, cluster: &str) -> Result<Filter, 
         namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
         selector: Selector::parse(selector).map_err(ApiError::InvalidArgument)?,
         cluster: (!cluster.is_empty()).then(|| cluster.to_string()),
+        visible: None,
     })
 }
 

@@ -12,7 +12,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
-use super::auth::{BearerToken, require_write};
 use super::fresh;
 use super::pb::fleet_rollouts_server::FleetRollouts;
 use super::pb::{self, WatchEventType};
@@ -20,6 +19,8 @@ use super::request;
 use super::rollout_convert::{deleted, rollout};
 use super::streams::{self, Outbox, Streams};
 use super::watch::WatchLimits;
+use crate::authz::access::{self, Access, Caller, Resource};
+use crate::authz::gate::Gate;
 use crate::rollout::cache::{Key, RolloutCache};
 use crate::rollout::edits::{self, EditError};
 use crate::rollout::home::revisions_of;
@@ -29,7 +30,8 @@ pub struct FleetRolloutsService {
     pub cache: Arc<RolloutCache>,
     /// The home cluster, for the spec edits users ask for.
     pub home: Client,
-    pub write: BearerToken,
+    /// Who calls, and whether they may (#34).
+    pub gate: Gate,
     pub streams: Arc<Streams>,
     pub stall: Duration,
     pub watch: WatchLimits,
@@ -80,17 +82,37 @@ impl FleetRolloutsService {
         Ok(rollout(&f, &self.cache.history(&f), true))
     }
 
+    /// The caller, once they hold `verb` on the named FleetMicroservice.
+    async fn permitted<T>(
+        &self,
+        r: &Request<T>,
+        verb: &'static str,
+        (ns, name): (&str, &str),
+        method: &'static str,
+    ) -> Result<Caller, Status> {
+        let caller = self.gate.caller(r, method).await?;
+        let access = Access::new(verb, Resource::FleetMicroservices)
+            .in_namespace(ns)
+            .named(name);
+        self.gate.require(&caller, &access, method).await?;
+        Ok(caller)
+    }
+
     async fn set_paused(
         &self,
         r: Request<pb::RolloutRef>,
         paused: bool,
     ) -> Result<Response<pb::Rollout>, Status> {
-        require_write(&self.write, &r)?;
+        let (method, verb) = match paused {
+            true => ("PauseRollout", access::PAUSE),
+            false => ("ResumeRollout", access::RESUME),
+        };
         let (ns, name) = request::key(&r.get_ref().namespace, &r.get_ref().name)?;
-        let f = edits::set_paused(&self.home, &ns, &name, paused)
+        let caller = self.permitted(&r, verb, (&ns, &name), method).await?;
+        let f = edits::set_paused(&self.home, &ns, &name, paused, caller.name())
             .await
             .map_err(edit_status)?;
-        tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), paused, "rollout paused or resumed over gRPC");
+        tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), paused, enduser.id = caller.name(), "rollout paused or resumed over gRPC");
         Ok(Response::new(rollout(&f, &self.cache.history(&f), true)))
     }
 }
@@ -109,6 +131,8 @@ impl FleetRollouts for FleetRolloutsService {
         r: Request<pb::RolloutRef>,
     ) -> Result<Response<pb::Rollout>, Status> {
         let (ns, name) = request::key(&r.get_ref().namespace, &r.get_ref().name)?;
+        self.permitted(&r, "get", (&ns, &name), "GetRollout")
+            .await?;
         self.ready()?;
         fresh::barrier(
             &self.home,
@@ -125,11 +149,30 @@ impl FleetRollouts for FleetRolloutsService {
         &self,
         r: Request<pb::ListRolloutsRequest>,
     ) -> Result<Response<pb::ListRolloutsResponse>, Status> {
+        const METHOD: &str = "ListRollouts";
+        let caller = self.gate.caller(&r, METHOD).await?;
         let ns = namespace_filter(&r.get_ref().namespace)?;
         self.ready()?;
+        if let Some(n) = &ns {
+            let access = Access::new("list", Resource::FleetMicroservices).in_namespace(n);
+            self.gate.require(&caller, &access, METHOD).await?;
+        }
         fresh::barrier(&self.home, &self.cache, ns.as_deref(), None, fresh::LIMIT).await?;
+        // After the barrier: a namespace just created is asked about too.
+        let visible = match &ns {
+            Some(_) => None,
+            None => {
+                let present = self.cache.namespaces();
+                let list = Resource::FleetMicroservices;
+                let gate = &self.gate;
+                gate.visible(&caller, "list", list, present, METHOD).await?
+            }
+        };
         let revision = self.cache.revision();
-        let rollouts = listed(&self.cache, &ns);
+        let mut rollouts = listed(&self.cache, &ns);
+        if let Some(v) = visible {
+            rollouts.retain(|r| v.contains(&r.namespace));
+        }
         Ok(Response::new(pb::ListRolloutsResponse {
             rollouts,
             revision,
@@ -143,8 +186,21 @@ impl FleetRollouts for FleetRolloutsService {
         &self,
         r: Request<pb::WatchRolloutsRequest>,
     ) -> Result<Response<Self::WatchRolloutsStream>, Status> {
+        const METHOD: &str = "WatchRollouts";
+        let standing = self.gate.standing(&r, METHOD).await?;
         let req = r.into_inner();
         let ns = namespace_filter(&req.namespace)?;
+        // Unscoped, the right must hold in every namespace (decisions.md).
+        let access = Access::new("watch", Resource::FleetMicroservices);
+        let access = match &ns {
+            Some(n) => access.in_namespace(n),
+            None => access,
+        };
+        self.gate.require(&standing.caller, &access, METHOD).await?;
+        // A Kubernetes identity's token and right are asked again while the
+        // stream runs; losing either ends it.
+        let revoked = streams::Revocation::new(self.credentials.clone())
+            .with_rights(standing, access, METHOD);
         self.ready()?;
         let slot = self.streams.open()?;
         let resume =
@@ -162,7 +218,7 @@ impl FleetRollouts for FleetRolloutsService {
             out,
             self.watch,
             self.shutdown.clone(),
-            streams::Revocation::new(self.credentials.clone()),
+            revoked,
         ));
         Ok(Response::new(Box::pin(inbox)))
     }
@@ -185,14 +241,23 @@ impl FleetRollouts for FleetRolloutsService {
         &self,
         r: Request<pb::UndoRolloutRequest>,
     ) -> Result<Response<pb::Rollout>, Status> {
-        require_write(&self.write, &r)?;
-        self.ready()?;
         let req = r.get_ref();
         let (ns, name) = request::key(&req.namespace, &req.name)?;
-        let (f, target) = edits::undo(&self.home, &self.cache, &ns, &name, req.to_revision)
-            .await
-            .map_err(edit_status)?;
-        tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), to = %target.name, number = target.number, "rollout undone over gRPC");
+        let caller = self
+            .permitted(&r, access::UNDO, (&ns, &name), "UndoRollout")
+            .await?;
+        self.ready()?;
+        let req = r.get_ref();
+        let edit = edits::undo(
+            &self.home,
+            &self.cache,
+            &ns,
+            &name,
+            req.to_revision,
+            caller.name(),
+        );
+        let (f, target) = edit.await.map_err(edit_status)?;
+        tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), to = %target.name, number = target.number, enduser.id = caller.name(), "rollout undone over gRPC");
         Ok(Response::new(rollout(&f, &self.cache.history(&f), true)))
     }
 }

@@ -12,7 +12,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
-use super::auth::{BearerToken, ReadOrWrite};
+use super::auth::{BearerToken, Doors};
 use super::pb::fleet_rollouts_server::FleetRolloutsServer;
 use super::pb::fleet_status_server::FleetStatusServer;
 use super::rollouts::FleetRolloutsService;
@@ -21,6 +21,8 @@ use super::streams::Streams;
 use super::tls::{Alpn, Rotating, watch_files};
 use super::watch::WatchLimits;
 use super::{ApiError, pb};
+use crate::authz::gate::Gate;
+use crate::authz::review::Reviews;
 use crate::status::hub::Hub;
 use crate::telemetry::grpc_layer::GrpcTelemetryLayer;
 
@@ -61,6 +63,9 @@ pub struct ServerOptions {
     pub live: Option<super::live::Live>,
     /// Reads of fleet-wide DNS names, for GetMicroservice's `dns` field.
     pub dns: Option<crate::dns::lookup::DnsLookup>,
+    /// Bearer tokens other than the static ones are Kubernetes identities,
+    /// and every call is checked against the home cluster's RBAC (#34).
+    pub kube_auth: bool,
 }
 
 impl ServerOptions {
@@ -86,6 +91,7 @@ impl ServerOptions {
             conns: Default::default(),
             live: None,
             dns: None,
+            kube_auth: false,
         }
     }
 
@@ -193,6 +199,22 @@ pub async fn serve(
     let token = BearerToken::new(opts.token.as_deref());
     let write = BearerToken::new(opts.write_token.as_deref());
     let credentials = super::tls::changes(&[&token, &write], tls.as_ref());
+    let reviews = match (opts.kube_auth, &rollouts) {
+        (false, _) => None,
+        (true, Some(r)) => Some(Arc::new(Reviews::new(r.home.clone()))),
+        (true, None) => {
+            return Err(ApiError::Config(
+                "--grpc-kube-auth needs the home cluster".into(),
+            ));
+        }
+    };
+    let gate = Gate::new(reviews, write.configured());
+    let doors = Doors {
+        read: token.clone(),
+        write: write.clone(),
+        kube: opts.kube_auth,
+        client_certs: opts.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+    };
     let streams = Streams::new(opts.max_streams);
     let watch_limits = WatchLimits {
         bookmark_every: opts.bookmark_every,
@@ -208,15 +230,16 @@ pub async fn serve(
         credentials: credentials.clone(),
         live: opts.live.clone(),
         dns: opts.dns.clone(),
+        gate: gate.clone(),
     })
     .max_decoding_message_size(opts.max_request_bytes)
     .max_encoding_message_size(opts.max_response_bytes);
-    let guarded = InterceptedService::new(service, token.clone());
+    let guarded = InterceptedService::new(service, doors.clone());
     let rollouts_guarded = rollouts.map(|r| {
         let service = FleetRolloutsServer::new(FleetRolloutsService {
             cache: r.cache,
             home: r.home,
-            write: write.clone(),
+            gate,
             streams: streams.clone(),
             stall: opts.stream_stall,
             watch: watch_limits,
@@ -225,13 +248,7 @@ pub async fn serve(
         })
         .max_decoding_message_size(opts.max_request_bytes)
         .max_encoding_message_size(opts.max_response_bytes);
-        InterceptedService::new(
-            service,
-            ReadOrWrite {
-                read: token.clone(),
-                write: write.clone(),
-            },
-        )
+        InterceptedService::new(service, doors)
     });
     let tokens =
         super::tls::token_files([(&opts.token_file, &token), (&opts.write_token_file, &write)]);

@@ -16,8 +16,10 @@ use super::streams::{self, Streams};
 use super::wait::{self, Floors};
 use super::watch::{self as watch_stream, WatchLimits};
 use super::{ApiError, convert, pb};
+use crate::authz::access::{Access, Caller, Resource};
+use crate::authz::gate::Gate;
 use crate::status::hub::Hub;
-use crate::status::index::{Key, MicroserviceView};
+use crate::status::index::{Filter, Key, MicroserviceView};
 use crate::status::view::{self, Entry, RolloutResult};
 use crate::telemetry::links;
 use tracing::Instrument;
@@ -42,6 +44,8 @@ pub struct FleetStatusService {
     pub live: Option<Live>,
     /// The registry's fleet-wide names, when fleet DNS is on.
     pub dns: Option<crate::dns::lookup::DnsLookup>,
+    /// Who calls, and whether they may (#34).
+    pub gate: Gate,
 }
 
 impl FleetStatusService {
@@ -59,6 +63,35 @@ impl FleetStatusService {
     }
 }
 
+impl FleetStatusService {
+    /// Narrows `filter` to what `caller` may `verb`: a named namespace
+    /// needs the right there; no namespace shows only those where it holds.
+    async fn restrict(
+        &self,
+        caller: &Caller,
+        filter: &mut Filter,
+        verb: &'static str,
+        method: &'static str,
+    ) -> Result<(), Status> {
+        match &filter.namespace {
+            Some(ns) => {
+                let access = Access::new(verb, Resource::Microservices).in_namespace(ns);
+                self.gate.require(caller, &access, method).await
+            }
+            None => {
+                // The scan runs outside the index lock.
+                let present = self.hub.read(|ix| ix.snapshot()).namespaces();
+                let visible = self
+                    .gate
+                    .visible(caller, verb, Resource::Microservices, present, method)
+                    .await?;
+                filter.visible = visible.map(Arc::new);
+                Ok(())
+            }
+        }
+    }
+}
+
 fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
     req.metadata()
         .get("grpc-timeout")
@@ -70,8 +103,12 @@ fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
 impl pb::fleet_status_server::FleetStatus for FleetStatusService {
     async fn list_clusters(
         &self,
-        _request: Request<pb::ListClustersRequest>,
+        request: Request<pb::ListClustersRequest>,
     ) -> Result<Response<pb::ListClustersResponse>, Status> {
+        const METHOD: &str = "ListClusters";
+        let caller = self.gate.caller(&request, METHOD).await?;
+        let access = Access::new("list", Resource::MemberClusters);
+        self.gate.require(&caller, &access, METHOD).await?;
         self.registry_read()?;
         let snap = self.hub.read(|ix| ix.snapshot());
         let clusters = snap
@@ -89,8 +126,14 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         &self,
         request: Request<pb::GetMicroserviceRequest>,
     ) -> Result<Response<pb::Microservice>, Status> {
+        const METHOD: &str = "GetMicroservice";
+        let caller = self.gate.caller(&request, METHOD).await?;
         let r = request.into_inner();
         let key = request::key(&r.namespace, &r.name)?;
+        let access = Access::new("get", Resource::Microservices)
+            .in_namespace(&key.0)
+            .named(&key.1);
+        self.gate.require(&caller, &access, METHOD).await?;
         self.registry_read()?;
         let snap = self.hub.read(|ix| ix.snapshot());
         if let Some(v) = snap.view(&key, None) {
@@ -129,11 +172,14 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         &self,
         request: Request<pb::ListMicroservicesRequest>,
     ) -> Result<Response<pb::ListMicroservicesResponse>, Status> {
+        const METHOD: &str = "ListMicroservices";
+        let caller = self.gate.caller(&request, METHOD).await?;
         let r = request.into_inner();
-        let filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
+        let mut filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
         let after = request::after(&r.page_token)?;
         let size = request::page_size(r.page_size);
         self.registry_read()?;
+        self.restrict(&caller, &mut filter, "list", METHOD).await?;
         let item = match request::basic_view(r.view)? {
             true => convert::basic_microservice,
             false => convert::microservice,
@@ -163,21 +209,47 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         &self,
         request: Request<pb::WatchMicroservicesRequest>,
     ) -> Result<Response<Self::WatchMicroservicesStream>, Status> {
+        const METHOD: &str = "WatchMicroservices";
+        let standing = self.gate.standing(&request, METHOD).await?;
         let r = request.into_inner();
-        let filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
+        let mut filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
         self.registry_read()?;
+        let verb = if filter.namespace.is_some() {
+            "watch"
+        } else {
+            "list"
+        };
+        self.restrict(&standing.caller, &mut filter, verb, METHOD)
+            .await?;
+        // A Kubernetes identity's token and rights are asked again while
+        // the stream runs: a named namespace's right ends it, an unscoped
+        // stream is narrowed or widened.
+        let mut revoked = streams::Revocation::new(self.credentials.clone());
+        let mut rights = None;
+        if standing.may_change() {
+            match &filter.namespace {
+                Some(ns) => {
+                    let access = Access::new(verb, Resource::Microservices).in_namespace(ns);
+                    revoked = revoked.with_rights(standing, access, METHOD);
+                }
+                None => rights = Some(watch_stream::Rights { standing, verb }),
+            }
+        }
         let hub = self.hub.clone();
-        let resume =
-            (r.resume_revision > 0 && r.index_id == hub.index_id).then_some(r.resume_revision);
+        // A resume would filter out what the caller lost meanwhile without
+        // a DELETE: such a caller starts over with a snapshot.
+        let may_resume = rights.is_none();
+        let resume = (may_resume && r.resume_revision > 0 && r.index_id == hub.index_id)
+            .then_some(r.resume_revision);
         let (out, inbox) = streams::channel(self.streams.open()?, self.stall);
         tokio::spawn(watch_stream::run(
             hub,
-            filter,
+            watch_stream::Scope { filter, rights },
             resume,
             out,
             self.watch,
             self.shutdown.clone(),
-            streams::Revocation::new(self.credentials.clone()),
+            revoked,
         ));
         Ok(Response::new(Box::pin(inbox)))
     }
@@ -188,9 +260,17 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         &self,
         request: Request<pb::WaitForRolloutRequest>,
     ) -> Result<Response<Self::WaitForRolloutStream>, Status> {
+        const METHOD: &str = "WaitForRollout";
+        let standing = self.gate.standing(&request, METHOD).await?;
         let header = grpc_timeout(&request);
         let r = request.into_inner();
         let key = request::key(&r.namespace, &r.name)?;
+        let access = Access::new("get", Resource::Microservices)
+            .in_namespace(&key.0)
+            .named(&key.1);
+        self.gate.require(&standing.caller, &access, METHOD).await?;
+        // The wait ends once its caller loses the right (#34).
+        let mut revoked = streams::Revocation::new(vec![]).with_rights(standing, access, METHOD);
         let target = request::target(r.target.as_ref())?;
         let wait =
             deadline::effective(request::timeout(r.timeout.as_ref())?, header, self.max_wait);
@@ -255,6 +335,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                         tokio::select! {
                             _ = out.closed() => return,
                             _ = streams::shutting_down(&mut shutdown) => return shut_down(&span, &mut out),
+                            status = revoked.changed() => return out.end(status),
                             _ = tokio::time::sleep_until(until) => {}
                             _ = floors.read_due(live, &key, due) => continue,
                         }
@@ -291,6 +372,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
                     tokio::select! {
                         _ = out.closed() => return,
                         _ = streams::shutting_down(&mut shutdown) => return shut_down(&span, &mut out),
+                        status = revoked.changed() => return out.end(status),
                         c = own_change(&hub, &key, &mut changed, &mut seen_at) => if c.is_err() { return },
                         c = clusters_changed.changed() => if c.is_err() { return },
                         _ = tokio::time::sleep_until(retry.min(until)), if retry < until => {}

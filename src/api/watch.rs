@@ -9,6 +9,8 @@ use tokio::time::Instant;
 
 use super::streams::{self, Ended, Outbox};
 use super::{convert, pb};
+use crate::authz::access::Resource;
+use crate::authz::gate::Standing;
 use crate::status::hub::Hub;
 use crate::status::index::Filter;
 use crate::status::watch::{Cursor, Event};
@@ -19,6 +21,45 @@ pub struct WatchLimits {
     pub bookmark_every: Duration,
     /// A stream is ended (UNAVAILABLE, to be resumed) after this long.
     pub max_age: Duration,
+}
+
+/// What a stream may send: its filter, and the rights (a user's) that
+/// may narrow it while it runs.
+pub struct Scope {
+    pub filter: Filter,
+    pub rights: Option<Rights>,
+}
+
+/// A Kubernetes identity's rights over an unscoped stream, asked again
+/// every `streams::RECHECK`: they narrow or widen what it sends.
+pub struct Rights {
+    pub standing: Standing,
+    pub verb: &'static str,
+}
+
+impl Rights {
+    /// The filter the stream should now have, when it differs from
+    /// `current`; a token no longer accepted ends the stream.
+    async fn recheck(&self, current: &Filter, hub: &Hub) -> Result<Option<Filter>, tonic::Status> {
+        const METHOD: &str = "WatchMicroservices";
+        self.standing.authenticated(METHOD).await?;
+        // Namespaces seen before stay asked about, so one emptied is not
+        // taken for a revocation. The scan runs outside the index lock.
+        let mut asked = hub.read(|ix| ix.snapshot()).namespaces();
+        asked.extend(current.visible.iter().flat_map(|v| v.iter().cloned()));
+        let gate = self.standing.gate();
+        let caller = &self.standing.caller;
+        let visible = gate
+            .visible(caller, self.verb, Resource::Microservices, asked, METHOD)
+            .await?;
+        if visible.as_ref() == current.visible.as_deref() {
+            return Ok(None);
+        }
+        Ok(Some(Filter {
+            visible: visible.map(Arc::new),
+            ..current.clone()
+        }))
+    }
 }
 
 fn encode(event: Event, index_id: &str) -> pb::WatchEvent {
@@ -64,7 +105,7 @@ async fn send_all(
 /// age, or the server shuts down.
 pub async fn run(
     hub: Arc<Hub>,
-    filter: Filter,
+    Scope { filter, rights }: Scope,
     resume: Option<u64>,
     mut out: Outbox<pb::WatchEvent>,
     limits: WatchLimits,
@@ -73,7 +114,10 @@ pub async fn run(
 ) {
     let id = hub.index_id.clone();
     let mut changed = hub.subscribe();
+    let mut current = filter.clone();
     let mut cursor = Cursor::new(filter);
+    let every = streams::RECHECK;
+    let mut recheck = tokio::time::interval_at(Instant::now() + every, every);
     let (snap, changes) = hub.read(|ix| (ix.snapshot(), resume.and_then(|r| ix.changes_since(r))));
     // Sent lazily, so held across the sends: with maps of its own.
     let snap = snap.detached();
@@ -100,6 +144,28 @@ pub async fn run(
                     return;
                 }
                 quiet_until = Instant::now() + limits.bookmark_every;
+                continue;
+            }
+            _ = recheck.tick(), if rights.is_some() => {
+                let Some(rights) = &rights else { continue };
+                match rights.recheck(&current, &hub).await {
+                    Err(status) => {
+                        out.end(status);
+                        return;
+                    }
+                    Ok(None) => {}
+                    // Rights changed: start over, framed by RESET, so what
+                    // may no longer be seen is gone from the client's view.
+                    Ok(Some(narrowed)) => {
+                        current = narrowed.clone();
+                        cursor = Cursor::new(narrowed);
+                        let snap = hub.read(|ix| ix.snapshot()).detached();
+                        if send_all(&mut out, cursor.snapshot(&snap), &id).await.is_err() {
+                            return;
+                        }
+                        quiet_until = Instant::now() + limits.bookmark_every;
+                    }
+                }
                 continue;
             }
             c = changed.changed() => if c.is_err() { return },

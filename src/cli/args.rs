@@ -352,6 +352,12 @@ pub struct RunArgs {
     /// Serve gRPC server reflection.
     #[arg(long, env = "FLOTILLA_GRPC_REFLECTION")]
     pub grpc_reflection: bool,
+    /// Bearer tokens other than --grpc-token-file's and
+    /// --grpc-write-token-file's are Kubernetes tokens (ServiceAccount,
+    /// OIDC): each is checked with a TokenReview, and every call with a
+    /// SubjectAccessReview, against the home cluster's RBAC.
+    #[arg(long, env = "FLOTILLA_GRPC_KUBE_AUTH")]
+    pub grpc_kube_auth: bool,
     /// The longest a WaitForRollout call may run.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_WAIT", default_value = "1h", value_parser = parse_duration)]
     pub grpc_max_wait: Duration,

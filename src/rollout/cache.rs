@@ -190,6 +190,15 @@ impl RolloutCache {
         self.fleet.get(&ObjectRef::new(name).within(namespace))
     }
 
+    /// The namespaces that hold a FleetMicroservice, each once.
+    pub fn namespaces(&self) -> std::collections::BTreeSet<String> {
+        self.fleet
+            .state()
+            .iter()
+            .filter_map(|f| f.metadata.namespace.clone())
+            .collect()
+    }
+
     /// `f`'s stored revisions, as the cache holds them.
     pub fn history(&self, f: &FleetMicroservice) -> Vec<crate::rollout::revision::Revision> {
         let stored = self.revisions.state();

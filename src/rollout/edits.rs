@@ -7,8 +7,11 @@
 //! carry the field manager `flotilla-api`, so the apiserver's records
 //! (audit log, managedFields) tell them from the controller's own writes.
 
+use std::time::Duration;
+
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource};
 
 use super::cache::RolloutCache;
 use super::revision::{Revision, undo_target};
@@ -38,11 +41,47 @@ impl EditError {
 /// The field manager of every edit made on a user's behalf.
 pub const FIELD_MANAGER: &str = "flotilla-api";
 
+/// Who made the last edit through Flotilla, written with the edit itself
+/// (#34): the status is the fleet controller's alone, behind its fence,
+/// and an edit on its own could not say whose it was.
+pub const LAST_EDIT_BY: &str = "platform.example.io/last-edit-by";
+
+/// How long an edit waits for its Event; Events are a courtesy, the
+/// annotation is the record.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An Event on `f` saying who asked for what (#34): `reason` is stable
+/// CamelCase, `by` the caller's name.
+async fn announce(home: &Client, f: &FleetMicroservice, reason: &str, what: &str, by: &str) {
+    let recorder = Recorder::new(
+        home.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: None,
+        },
+    );
+    let event = Event {
+        type_: EventType::Normal,
+        reason: reason.into(),
+        note: Some(format!("{what} by {by}")),
+        action: "Edit".into(),
+        secondary: None,
+    };
+    let about = f.object_ref(&());
+    let sent = tokio::time::timeout(EVENT_TIMEOUT, recorder.publish(&event, &about));
+    match sent.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, reason, "could not publish the edit's event"),
+        Err(_) => tracing::debug!(reason, "the edit's event took too long; dropped"),
+    }
+}
+
 pub async fn set_paused(
     home: &Client,
     ns: &str,
     name: &str,
     paused: bool,
+    by: &str,
 ) -> Result<FleetMicroservice, EditError> {
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -52,9 +91,17 @@ pub async fn set_paused(
         .patch(
             name,
             &params,
-            &Patch::Merge(serde_json::json!({"spec": {"paused": paused}})),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {LAST_EDIT_BY: by}},
+                "spec": {"paused": paused},
+            })),
         )
         .await?;
+    let (reason, what) = match paused {
+        true => ("PauseRequested", "paused"),
+        false => ("ResumeRequested", "resumed"),
+    };
+    announce(home, &f, reason, what, by).await;
     Ok(f)
 }
 
@@ -67,6 +114,7 @@ pub async fn undo(
     ns: &str,
     name: &str,
     to: i64,
+    by: &str,
 ) -> Result<(FleetMicroservice, Revision), EditError> {
     if to < 0 {
         return Err(EditError::Undo("to_revision must not be negative".into()));
@@ -85,10 +133,16 @@ pub async fn undo(
     .clone();
     f.spec.template = target.data.template.clone();
     f.spec.overrides = target.data.overrides.clone();
+    f.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(LAST_EDIT_BY.into(), by.into());
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     };
     let f = api.replace(name, &params, &f).await?;
+    let what = format!("undone to revision {} ({})", target.number, target.name);
+    announce(home, &f, "UndoRequested", &what, by).await;
     Ok((f, target))
 }

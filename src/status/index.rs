@@ -24,16 +24,19 @@ pub struct MicroserviceView {
     pub revision: u64,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Filter {
     pub namespace: Option<String>,
     pub selector: Selector,
     pub cluster: Option<String>,
+    /// The namespaces the caller may see; `None`: every one (#34).
+    pub visible: Option<Arc<BTreeSet<String>>>,
 }
 
 impl Filter {
     pub fn namespace_matches(&self, key: &Key) -> bool {
         self.namespace.as_ref().is_none_or(|ns| *ns == key.0)
+            && self.visible.as_ref().is_none_or(|v| v.contains(&key.0))
     }
 }
 
@@ -427,12 +430,51 @@ impl Snapshot {
             .filter_map(move |(k, _)| self.matching(k, filter))
             .take(limit)
     }
+
+    /// Every namespace that holds a Microservice somewhere, each once.
+    pub fn namespaces(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for (ns, _) in self.objects.keys() {
+            // Keys are ordered, so a namespace's keys come together.
+            if out.last() != Some(ns) {
+                out.insert(ns.clone());
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::status::view::Reach;
+
+    #[test]
+    fn a_filter_shows_only_the_namespaces_it_may() {
+        let mut ix = Index::default();
+        for ns in ["team-a", "team-b", "team-c"] {
+            ix.upsert_microservice("m1", (ns.into(), "web".into()), facts(1, "x"));
+        }
+        assert_eq!(
+            ix.snapshot().namespaces().into_iter().collect::<Vec<_>>(),
+            ["team-a", "team-b", "team-c"]
+        );
+        let only_a = Filter {
+            visible: Some(Arc::new(BTreeSet::from(["team-a".to_string()]))),
+            ..Default::default()
+        };
+        let seen: Vec<String> = ix
+            .list(&only_a, None, 10)
+            .into_iter()
+            .map(|v| v.namespace)
+            .collect();
+        assert_eq!(seen, ["team-a"]);
+        let none = Filter {
+            visible: Some(Arc::new(BTreeSet::new())),
+            ..Default::default()
+        };
+        assert!(ix.list(&none, None, 10).is_empty());
+    }
 
     fn key(name: &str) -> Key {
         ("ns".into(), name.into())

@@ -22,6 +22,12 @@ const KNOWN: &[&str] = &[
     "flotilla.v1.FleetStatus/ListMicroservices",
     "flotilla.v1.FleetStatus/WatchMicroservices",
     "flotilla.v1.FleetStatus/WaitForRollout",
+    "flotilla.v1.FleetRollouts/GetRollout",
+    "flotilla.v1.FleetRollouts/ListRollouts",
+    "flotilla.v1.FleetRollouts/WatchRollouts",
+    "flotilla.v1.FleetRollouts/PauseRollout",
+    "flotilla.v1.FleetRollouts/ResumeRollout",
+    "flotilla.v1.FleetRollouts/UndoRollout",
     "grpc.health.v1.Health/Check",
     "grpc.health.v1.Health/Watch",
     "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
@@ -101,6 +107,8 @@ where
             rpc.method = rpc,
             rpc.grpc.status_code = field::Empty,
             otel.status_code = field::Empty,
+            // Who called (#34): a username or a static door's name, never a token.
+            enduser.id = field::Empty,
         );
         let parent =
             opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(req.headers())));

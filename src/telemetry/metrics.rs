@@ -177,6 +177,7 @@ pub struct Metrics {
     pub tls_reload_errors_total: Family,
     pub connections_cut_total: Family,
     pub ui_streams_ended_total: Family,
+    pub authz_denied_total: Family,
 }
 
 impl Metrics {
@@ -335,6 +336,12 @@ impl Metrics {
                 Counter,
                 &["reason"],
             ),
+            authz_denied_total: Family::new(
+                "flotilla_authz_denied_total",
+                "Calls refused because the caller lacks the right (the home cluster's RBAC, or a static token that cannot change rollouts), by gRPC method.",
+                Counter,
+                &["method"],
+            ),
         };
         let mut registry = Registry::default();
         for f in m.families() {
@@ -344,7 +351,7 @@ impl Metrics {
         m
     }
 
-    fn families(&self) -> [&Family; 25] {
+    fn families(&self) -> [&Family; 26] {
         [
             &self.reconcile_total,
             &self.reconcile_duration,
@@ -371,6 +378,7 @@ impl Metrics {
             &self.tls_reload_errors_total,
             &self.connections_cut_total,
             &self.ui_streams_ended_total,
+            &self.authz_denied_total,
         ]
     }
 

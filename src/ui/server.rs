@@ -431,14 +431,20 @@ async fn edit(
         .ok()
         .and_then(|v| v["toRevision"].as_i64())
         .unwrap_or(0);
+    // The dashboard's write sessions all hold the one write token.
+    // A session id is half of a cookie: only its digest's prefix is written.
+    let by = match caller.id.as_deref() {
+        Some(id) => format!("dashboard:{}", BearerToken::fingerprint(id)),
+        None => "dashboard:write-token".into(),
+    };
     let done = match action.as_str() {
-        "pause" => edits::set_paused(&source.home, &ns, &name, true)
+        "pause" => edits::set_paused(&source.home, &ns, &name, true, &by)
             .await
             .map(|_| ()),
-        "resume" => edits::set_paused(&source.home, &ns, &name, false)
+        "resume" => edits::set_paused(&source.home, &ns, &name, false, &by)
             .await
             .map(|_| ()),
-        "undo" => edits::undo(&source.home, &source.cache, &ns, &name, to)
+        "undo" => edits::undo(&source.home, &source.cache, &ns, &name, to, &by)
             .await
             .map(|_| ()),
         other => return refuse(StatusCode::NOT_FOUND, format!("no action {other:?}")),
