@@ -50,6 +50,17 @@ pub const FAST_ELECTION: [&str; 6] = [
     "300ms",
 ];
 
+/// Lease timings for tests that stop no replica but must not see the
+/// Lease change hands under a loaded machine's stalls.
+pub const STEADY_ELECTION: [&str; 6] = [
+    "--lease-duration",
+    "4s",
+    "--renew-deadline",
+    "3s",
+    "--retry-period",
+    "500ms",
+];
+
 /// Plaintext gRPC and metrics on ports of their own.
 pub fn local_server_args() -> Vec<String> {
     vec![
