@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-dashboard bench-scale bench-rollouts bench-dns bench-failover-workload bench-notes bench chaos
+.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-authz bench-dashboard bench-scale bench-rollouts bench-dns bench-failover-workload bench-notes bench chaos
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -56,6 +56,12 @@ crd:
 bench-status-api: deps
 	command -v ghz >/dev/null || test -x "$$(go env GOPATH)/bin/ghz" || go install github.com/bojand/ghz/cmd/ghz@v0.121.0
 	cargo bench --locked --bench status_api
+
+# What Kubernetes-native authorization costs, against the fleet's home
+# apiserver: cached and first calls, and how soon a revocation ends a watch.
+bench-authz: toolchain
+	integration/fleet up
+	cargo bench --locked --bench authz
 
 # Reconcile throughput, API cost and memory on member-3 of a running fleet.
 bench-reconcile: toolchain
