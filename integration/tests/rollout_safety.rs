@@ -512,11 +512,16 @@ async fn a_rollout_leader_stopped_mid_wave_writes_nothing_after_its_term() {
             .wait_phase(n, RolloutPhase::Complete, Duration::from_secs(120))
             .await;
     }
+    // The slack is the wire's: a write the fence admitted and sent inside
+    // the term can reach the apiserver a few hundred ms later on a loaded
+    // machine (seen in CI: 248 ms past the deadline, with the writer still
+    // the last holder). A woken stale leader is caught by the holder check,
+    // whatever the slack.
     let checked = assert_fleet_writes_inside_home_terms(
         &ns,
         &lease,
         Duration::from_millis(1500),
-        Duration::from_millis(200),
+        Duration::from_millis(750),
     );
     assert!(checked > 20, "only {checked} writes were checked");
     println!(
