@@ -14,8 +14,8 @@ use serde_json::json;
 use flotilla::crd::Microservice;
 use support::browser::{Browser, wall_ms};
 use support::replicas::{
-    MEMBERS, REPLICA_IDS, Replicas, free_port, holders, member_clients, namespaces,
-    three_replica_fleet,
+    MEMBERS, REPLICA_IDS, Replicas, STEADY_ELECTION, free_port, holders, member_clients,
+    namespaces, three_replica_fleet,
 };
 use support::{StoppedMember, eventually, microservice, percentile, wait_condition};
 
@@ -347,6 +347,11 @@ async fn details_filters_and_hostile_values_on_a_slow_member() {
         ],
     )
     .await;
+    // Its Lease renewals share that budget: on a loaded CI machine the
+    // tests' 2 s Lease lapsed every few seconds (member-3's elector said
+    // so) and each lapse cut the reconciles, so web-a never became
+    // Available. A steadier Lease keeps the test about the slow member.
+    replicas.election = STEADY_ELECTION.iter().map(|a| a.to_string()).collect();
     replicas.start("slow");
     let api = Api::<Microservice>::namespaced(c3.clone(), &ns);
     let mut web = microservice("web-a", "ghcr.io/acme/web:1", 8080, Some(1));
