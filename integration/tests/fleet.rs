@@ -391,16 +391,7 @@ async fn a_starved_request_budget_never_costs_the_lease() {
     // budget behind the backlog still miss its 3 s deadline, while a whole
     // process stalled by a loaded CI machine (both its Leases stepping down
     // in the same 100 ms, seen with the 1.5 s deadline) does not fail this.
-    replicas.election = [
-        "--lease-duration",
-        "4s",
-        "--renew-deadline",
-        "3s",
-        "--retry-period",
-        "500ms",
-    ]
-    .map(String::from)
-    .to_vec();
+    replicas.election = STEADY_ELECTION.map(String::from).to_vec();
     replicas.start("r1");
     let lease = replicas.lease_name();
     eventually("r1 leads", Duration::from_secs(30), || async {
