@@ -533,21 +533,41 @@ async fn rollout_verbs_are_granted_one_by_one_through_a_replica() {
     let events =
         kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(fleet.home.clone(), &ns);
     let who = format!("paused by system:serviceaccount:{ns}:releaser");
-    support::eventually("the pause's Event", Duration::from_secs(10), || {
+    let event = support::eventually("the pause's Event", Duration::from_secs(10), || {
         let events = events.clone();
         let who = who.clone();
         async move {
             let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("PauseRequested")
-                        && e.note.as_deref() == Some(who.as_str())
-                })
-                .map(|_| ())
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("PauseRequested")
+                    && e.note.as_deref() == Some(who.as_str())
+            })
         }
     })
     .await;
+    // The edge's Event, as its edit, reads as the edge's write in the
+    // apiserver's own records, never as the fleet controller's (whose
+    // writes must fall inside its rollout term).
+    assert_eq!(event.reporting_controller.as_deref(), Some("flotilla-api"));
+    let name = event.metadata.name.clone().unwrap();
+    let created = support::eventually("the Event's audit record", Duration::from_secs(10), || {
+        let (ns, name) = (ns.clone(), name.clone());
+        async move {
+            support::audit_events_with("home", &ns)
+                .into_iter()
+                .find(|e| {
+                    e["objectRef"]["resource"] == "events"
+                        && e["objectRef"]["name"] == name.as_str()
+                        && e["verb"] == "create"
+                })
+        }
+    })
+    .await;
+    assert!(
+        support::rollout::written_by(&created, "flotilla-api"),
+        "{}",
+        created["requestURI"]
+    );
     let resumed = r.resume_rollout(key.clone()).await.expect("resume");
     assert!(!resumed.into_inner().paused);
     let undo = pb::UndoRolloutRequest {

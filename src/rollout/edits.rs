@@ -9,8 +9,10 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event as EventsV1;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource};
 
 use super::cache::RolloutCache;
@@ -51,28 +53,46 @@ pub const LAST_EDIT_BY: &str = "platform.example.io/last-edit-by";
 const EVENT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// An Event on `f` saying who asked for what (#34): `reason` is stable
-/// CamelCase, `by` the caller's name.
+/// CamelCase, `by` the caller's name. Created here rather than through
+/// kube's `Recorder`, whose create names no field manager: the Event too
+/// must read as the edge's write, not the fleet controller's.
 async fn announce(home: &Client, f: &FleetMicroservice, reason: &str, what: &str, by: &str) {
-    let recorder = Recorder::new(
-        home.clone(),
-        Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: None,
-        },
-    );
-    let event = Event {
-        type_: EventType::Normal,
-        reason: reason.into(),
-        note: Some(format!("{what} by {by}")),
-        action: "Edit".into(),
-        secondary: None,
+    let note = format!("{what} by {by}");
+    let event = edit_event(f.object_ref(&()), reason, &note, jiff::Timestamp::now());
+    let ns = event.metadata.namespace.clone().unwrap_or_default();
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
     };
-    let about = f.object_ref(&());
-    let sent = tokio::time::timeout(EVENT_TIMEOUT, recorder.publish(&event, &about));
-    match sent.await {
-        Ok(Ok(())) => {}
+    let api = Api::<EventsV1>::namespaced(home.clone(), &ns);
+    match tokio::time::timeout(EVENT_TIMEOUT, api.create(&params, &event)).await {
+        Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::debug!(error = %e, reason, "could not publish the edit's event"),
         Err(_) => tracing::debug!(reason, "the edit's event took too long; dropped"),
+    }
+}
+
+/// The Event an edit leaves about the object `about`, as of `now`. Pure.
+fn edit_event(about: ObjectReference, reason: &str, note: &str, now: jiff::Timestamp) -> EventsV1 {
+    EventsV1 {
+        metadata: ObjectMeta {
+            namespace: about.namespace.clone(),
+            name: Some(format!(
+                "{}.{:x}",
+                about.name.clone().unwrap_or_default(),
+                now.as_nanosecond()
+            )),
+            ..ObjectMeta::default()
+        },
+        event_time: Some(MicroTime(now)),
+        action: Some("Edit".into()),
+        reason: Some(reason.into()),
+        note: Some(note.into()),
+        regarding: Some(about),
+        reporting_controller: Some(FIELD_MANAGER.into()),
+        reporting_instance: Some(FIELD_MANAGER.into()),
+        type_: Some("Normal".into()),
+        ..EventsV1::default()
     }
 }
 
@@ -145,4 +165,30 @@ pub async fn undo(
     let what = format!("undone to revision {} ({})", target.number, target.name);
     announce(home, &f, "UndoRequested", &what, by).await;
     Ok((f, target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_edits_event_names_the_edge_and_its_object() {
+        let f = ObjectReference {
+            api_version: Some("platform.example.io/v1alpha1".into()),
+            kind: Some("FleetMicroservice".into()),
+            namespace: Some("team-a".into()),
+            name: Some("api".into()),
+            uid: Some("u-1".into()),
+            ..ObjectReference::default()
+        };
+        let at: jiff::Timestamp = "2026-12-03T18:00:00Z".parse().unwrap();
+        let e = edit_event(f, "PauseRequested", "paused by alice", at);
+        assert_eq!(e.reporting_controller.as_deref(), Some(FIELD_MANAGER));
+        assert_eq!(e.metadata.namespace.as_deref(), Some("team-a"));
+        assert!(e.metadata.name.unwrap().starts_with("api."));
+        let about = e.regarding.unwrap();
+        assert_eq!(about.uid.as_deref(), Some("u-1"));
+        assert_eq!(about.kind.as_deref(), Some("FleetMicroservice"));
+        assert_eq!(e.note.as_deref(), Some("paused by alice"));
+    }
 }
