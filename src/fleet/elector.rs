@@ -330,7 +330,8 @@ impl<S: LeaseStore> Elector<S> {
 
     /// Runs until `shutdown` resolves. Returns the Lease as last written when
     /// this candidate still leads, so that the caller can stop its writers
-    /// first and then `release` it.
+    /// first and then `release` it; by then the writes admitted at the wire
+    /// (the drain) have ended, or the term's deadline has cut them off.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> (S, Option<Versioned>) {
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -421,6 +422,13 @@ impl<S: LeaseStore> Elector<S> {
             epoch: None,
             since,
         });
+        if let (true, Some(drain), Some(renewed)) = (leading, &self.drain, self.renewed_at) {
+            // As in a handoff: the successor may acquire the moment the
+            // release lands, so every write already admitted at the wire
+            // ends first. Each is cut off at the term's deadline anyway.
+            let left = (renewed + self.timings.renew_deadline).saturating_sub(self.now());
+            tokio::time::timeout(left, drain()).await.ok();
+        }
         let held = if leading { self.read.take() } else { None };
         (self.store, held)
     }
@@ -441,4 +449,121 @@ fn jittered(period: Duration) -> Duration {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     period + period.mul_f64(f64::from(nanos % 1000) / 5000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::election::LeaseRecord;
+    use std::sync::Mutex;
+
+    /// A Lease in memory, with conditional writes as the apiserver does them.
+    #[derive(Default)]
+    struct Memory(Mutex<Option<Versioned>>);
+
+    impl Memory {
+        fn put(&self, record: &LeaseRecord) -> Versioned {
+            let mut held = self.0.lock().unwrap();
+            let version = held
+                .as_ref()
+                .map_or(1, |v| v.resource_version.parse::<u64>().unwrap() + 1);
+            let next = Versioned {
+                record: record.clone(),
+                resource_version: version.to_string(),
+                acquire_time: None,
+                object: None,
+            };
+            *held = Some(next.clone());
+            next
+        }
+    }
+
+    impl LeaseStore for Memory {
+        async fn get(&self) -> Result<Option<Versioned>, LeaseError> {
+            Ok(self.0.lock().unwrap().clone())
+        }
+        async fn create(&self, record: &LeaseRecord) -> Result<Versioned, LeaseError> {
+            if self.0.lock().unwrap().is_some() {
+                return Err(LeaseError::Conflict);
+            }
+            Ok(self.put(record))
+        }
+        async fn update(
+            &self,
+            read: &Versioned,
+            record: &LeaseRecord,
+            _acquired: bool,
+        ) -> Result<Versioned, LeaseError> {
+            let current = self
+                .0
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|v| v.resource_version.clone());
+            if current.as_deref() != Some(read.resource_version.as_str()) {
+                return Err(LeaseError::Conflict);
+            }
+            Ok(self.put(record))
+        }
+    }
+
+    const TIMINGS: Timings = Timings {
+        lease_duration: Duration::from_secs(2),
+        renew_deadline: Duration::from_millis(1500),
+        retry_period: Duration::from_millis(300),
+    };
+
+    /// A leader told to stop, with `write` standing for a write admitted at
+    /// the wire; returns the elector's task and the stop signal.
+    async fn leading_with_a_write_in_flight(
+        write: watch::Receiver<bool>,
+    ) -> (
+        tokio::task::JoinHandle<(Memory, Option<Versioned>)>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (elector, mut leadership) = Elector::new("r1", TIMINGS, Memory::default());
+        let elector = elector.with_drain(Box::new(move || {
+            let mut write = write.clone();
+            Box::pin(async move {
+                write.wait_for(|done| *done).await.ok();
+            })
+        }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(elector.run(async move {
+            stopped.await.ok();
+        }));
+        leadership
+            .wait_for(|l| matches!(l, Leadership::Leading { .. }))
+            .await
+            .unwrap();
+        (run, stop)
+    }
+
+    /// The successor may acquire the moment the release lands, so a leader
+    /// shutting down hands the Lease back only once its admitted writes
+    /// have ended (a Lease released under a write in flight let that write
+    /// reach the apiserver after the successor's acquisition, seen in chaos).
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_shutting_down_gives_the_lease_back_after_its_writes() {
+        let (done, write) = watch::channel(false);
+        let (run, stop) = leading_with_a_write_in_flight(write).await;
+        stop.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!run.is_finished(), "handed back with a write in flight");
+        done.send(true).unwrap();
+        let (_, held) = run.await.unwrap();
+        assert!(held.is_some(), "still the holder, so it may release");
+    }
+
+    /// A write that never ends costs at most the rest of the term: the
+    /// fence cuts it off at the deadline, and shutdown does not wait longer.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_never_ends_holds_shutdown_at_most_until_the_deadline() {
+        let (_never, write) = watch::channel(false);
+        let (run, stop) = leading_with_a_write_in_flight(write).await;
+        let asked = Instant::now();
+        stop.send(()).unwrap();
+        run.await.unwrap();
+        assert!(asked.elapsed() <= TIMINGS.renew_deadline);
+    }
 }

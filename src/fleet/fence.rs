@@ -194,9 +194,22 @@ where
         let guard = InFlight(shared.clone());
         let fut = self.inner.call(req);
         Box::pin(async move {
-            match tokio::time::timeout_at(until, fut).await {
-                Ok(result) => result.map_err(Into::into),
-                Err(_) => {
+            let mut fut = std::pin::pin!(fut);
+            let mut cut = std::pin::pin!(tokio::time::sleep_until(until));
+            // The clock is read before every poll of the write, not only
+            // the timer: after a SIGCONT, tasks run before the timer driver
+            // fires the timers that expired meanwhile, and a write admitted
+            // before the stop must not be sent after its term on that poll.
+            let outcome = std::future::poll_fn(|cx| {
+                if Instant::now() >= until || cut.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                fut.as_mut().poll(cx).map(Some)
+            })
+            .await;
+            match outcome {
+                Some(result) => result.map_err(Into::into),
+                None => {
                     let ended = FenceError::TermEnded;
                     METRICS
                         .fenced_writes_total
@@ -310,6 +323,36 @@ mod tests {
         // Past the deadline, nothing more is admitted.
         tx.send_replace(leading(1, Instant::now()));
         assert!(svc.oneshot(request(Method::DELETE)).await.is_err());
+    }
+
+    /// A replica stopped (SIGSTOP) between the admission and the first poll
+    /// of its write: woken past the deadline, the write is not sent.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_first_polled_after_the_deadline_is_not_sent() {
+        let now = Instant::now();
+        let (_tx, rx) = watch::channel(leading(1, now + Duration::from_secs(1)));
+        let fence = Fence::new("c", rx);
+        fence.arm(Some(1));
+        let sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = sent.clone();
+        let mut svc = fence
+            .layer()
+            .layer(service_fn(move |_r: http::Request<()>| {
+                let sent = seen.clone();
+                async move {
+                    sent.store(true, Ordering::SeqCst);
+                    Ok::<_, Infallible>(())
+                }
+            }));
+        let write = svc.call(request(Method::POST));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let err = write.await.unwrap_err();
+        assert_eq!(
+            err.downcast_ref::<FenceError>(),
+            Some(&FenceError::TermEnded)
+        );
+        assert!(!sent.load(Ordering::SeqCst), "sent after its term");
+        assert_eq!(fence.in_flight(), 0);
     }
 
     #[tokio::test(start_paused = true)]

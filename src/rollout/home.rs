@@ -44,7 +44,8 @@ impl Home {
         );
         let (events, mut pending) =
             tokio::sync::mpsc::channel::<(Event, ObjectReference)>(EVENT_QUEUE);
-        // Ends when the Home is dropped, with the term's work.
+        // Lives as long as the controller; the fence refuses what it would
+        // send outside a term of this replica.
         tokio::spawn(async move {
             while let Some((event, about)) = pending.recv().await {
                 match recorder.publish(&event, &about).await {
