@@ -91,6 +91,10 @@ struct Rights {
     /// Kept here, so a stream's loop that starts `changed` anew after each
     /// event does not put the next check off.
     next: tokio::time::Instant,
+    /// The check under way, kept here for the same reason: on a busy
+    /// stream an event wins the loop's race before a review answers, and
+    /// a check dropped with that race would never finish.
+    asking: Option<futures::future::BoxFuture<'static, Result<(), Status>>>,
 }
 
 impl Revocation {
@@ -113,6 +117,7 @@ impl Revocation {
                 access,
                 method,
                 next: tokio::time::Instant::now() + RECHECK,
+                asking: None,
             });
         }
         self
@@ -143,9 +148,18 @@ impl Revocation {
                 return std::future::pending().await;
             };
             loop {
-                tokio::time::sleep_until(r.next).await;
-                r.next = tokio::time::Instant::now() + RECHECK;
-                if let Err(status) = r.standing.recheck(&r.access, r.method).await {
+                if r.asking.is_none() {
+                    tokio::time::sleep_until(r.next).await;
+                    r.next = tokio::time::Instant::now() + RECHECK;
+                    let (standing, access, method) =
+                        (r.standing.clone(), r.access.clone(), r.method);
+                    r.asking = Some(Box::pin(
+                        async move { standing.recheck(&access, method).await },
+                    ));
+                }
+                let asked = r.asking.as_mut().expect("set above").await;
+                r.asking = None;
+                if let Err(status) = asked {
                     return status;
                 }
             }
@@ -276,6 +290,72 @@ impl<T> Stream for Inbox<T> {
 
 #[cfg(test)]
 mod tests {
+    mod busy {
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        use tokio::time::Instant;
+        use tonic::Code;
+
+        use super::super::{RECHECK, Revocation};
+        use crate::authz::access::{Access, Resource};
+        use crate::authz::doors::{Door, Token};
+        use crate::authz::gate::Gate;
+        use crate::authz::review::Reviews;
+
+        /// A home cluster that knows the token and denies every right,
+        /// each SubjectAccessReview answered after 50 ms.
+        fn home() -> kube::Client {
+            let svc = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
+                let body = if req.uri().path().contains("tokenreviews") {
+                    serde_json::json!({
+                        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                        "spec": {},
+                        "status": {"authenticated": true, "user": {"username": "system:serviceaccount:t:busy"}},
+                    })
+                } else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    serde_json::json!({
+                        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                        "spec": {}, "status": {"allowed": false},
+                    })
+                };
+                let body = kube::client::Body::from(serde_json::to_vec(&body).unwrap());
+                Ok::<_, std::convert::Infallible>(http::Response::new(body))
+            });
+            kube::Client::new(svc, "default")
+        }
+
+        /// An event every 10 ms wins the stream loop's race over each check
+        /// in flight; the check still finishes, and the revoked right ends
+        /// the stream at the first recheck (before, each check was dropped
+        /// with its race and the stream ran to its maximum age).
+        #[tokio::test(start_paused = true)]
+        async fn a_busy_stream_still_has_its_right_asked_again() {
+            let gate = Gate::new(Some(Arc::new(Reviews::new(home()))), false);
+            let mut req = tonic::Request::new(());
+            req.extensions_mut()
+                .insert(Door::Review(Token("a-token".into())));
+            let standing = gate.standing(&req, "WatchMicroservices").await.unwrap();
+            let access = Access::new("watch", Resource::Microservices).in_namespace("t");
+            let mut revoked =
+                Revocation::new(vec![]).with_rights(standing, access, "WatchMicroservices");
+            let start = Instant::now();
+            let status = loop {
+                tokio::select! {
+                    s = revoked.changed() => break s,
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "the right was never asked again"
+                );
+            };
+            assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+            assert!(start.elapsed() < RECHECK + Duration::from_secs(1));
+        }
+    }
+
     use futures::StreamExt;
 
     use super::*;
