@@ -101,6 +101,11 @@ struct Server {
 
 /// The product's server with `--grpc-kube-auth`, its home client `home`.
 async fn kube_auth_server(hub: Arc<Hub>, home: Client) -> Server {
+    kube_auth_server_over(hub, home, Some("flotilla-none")).await
+}
+
+/// The same, its rollout cache over `rollouts_in` (`None`: every namespace).
+async fn kube_auth_server_over(hub: Arc<Hub>, home: Client, rollouts_in: Option<&str>) -> Server {
     let mut opts = ServerOptions::new("127.0.0.1:0".parse().unwrap());
     opts.insecure = true;
     opts.kube_auth = true;
@@ -108,11 +113,10 @@ async fn kube_auth_server(hub: Arc<Hub>, home: Client) -> Server {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (stop_cache, cache_stopped) = tokio::sync::watch::channel(false);
-    let (cache, watches) =
-        RolloutCache::start(home.clone(), Some("flotilla-none"), "authz", async move {
-            let mut rx = cache_stopped;
-            rx.wait_for(|s| *s).await.ok();
-        });
+    let (cache, watches) = RolloutCache::start(home.clone(), rollouts_in, "authz", async move {
+        let mut rx = cache_stopped;
+        rx.wait_for(|s| *s).await.ok();
+    });
     tokio::spawn(watches);
     tokio::spawn(async move {
         serve(
@@ -387,6 +391,105 @@ async fn a_revoked_right_leaves_a_running_watch_within_ten_seconds() {
         "{:?}",
         revoked.elapsed()
     );
+}
+
+/// The rollouts of the next snapshot on `events` (RESET to SYNCED), as
+/// namespace/name.
+async fn next_rollout_snapshot(
+    events: &mut tonic::Streaming<pb::RolloutEvent>,
+    within: Duration,
+) -> Vec<String> {
+    use pb::WatchEventType as T;
+    let deadline = Instant::now() + within;
+    let mut seen: Option<Vec<String>> = None;
+    loop {
+        let e = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .expect("a snapshot in time")
+            .expect("the stream open")
+            .expect("an event");
+        match (T::try_from(e.r#type), &mut seen) {
+            (Ok(T::Reset), _) => seen = Some(Vec::new()),
+            (Ok(T::Snapshot), Some(s)) => {
+                let r = e.rollout.expect("a snapshot's rollout");
+                s.push(format!("{}/{}", r.namespace, r.name));
+            }
+            (Ok(T::Synced), Some(s)) => return std::mem::take(s),
+            _ => {}
+        }
+    }
+}
+
+/// #34: an unscoped WatchRollouts shows a team the namespaces it may
+/// watch, and nothing of another's; when its right goes, the stream
+/// starts over with RESET without them (it used to need the right in
+/// every namespace, and refused the team outright).
+#[tokio::test]
+async fn an_unscoped_rollout_watch_shows_a_team_its_own_and_narrows_when_revoked() {
+    let teams = Teams::new().await;
+    let (a, b) = (teams.a.as_str(), teams.b.as_str());
+    support::ensure_fleet_crd(&teams.home).await;
+    for ns in [a, b] {
+        let f: flotilla::rollout::spec::FleetMicroservice = serde_json::from_value(
+            support::rollout::fleet_microservice("api", "ghcr.io/acme/api:1", json!({})),
+        )
+        .expect("a FleetMicroservice");
+        kube::Api::namespaced(teams.home.clone(), ns)
+            .create(&Default::default(), &f)
+            .await
+            .expect("create");
+    }
+    grant(
+        &teams.home,
+        a,
+        "rollouts",
+        rules(&[], &["watch"]),
+        (a, "ci"),
+    )
+    .await;
+    until_rbac_says(
+        &teams.home,
+        (a, "ci"),
+        "watch",
+        "fleetmicroservices",
+        a,
+        true,
+    )
+    .await;
+    let server = kube_auth_server_over(teams.hub(), teams.home.clone(), None).await;
+    let ci = token(&teams.home, a, "ci").await;
+    let r = connect_rollouts(&ClientOptions {
+        server: server.url.clone(),
+        token: Some(ci),
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
+    // The server's rollout cache lists the home cluster first.
+    let mut events = support::eventually("the watch", Duration::from_secs(30), || {
+        let mut r = r.clone();
+        async move {
+            let unscoped = pb::WatchRolloutsRequest::default();
+            r.watch_rollouts(unscoped).await.ok()
+        }
+    })
+    .await
+    .into_inner();
+    let first = next_rollout_snapshot(&mut events, Duration::from_secs(20)).await;
+    assert_eq!(first, vec![format!("{a}/api")], "team-b's is {b}/api");
+
+    revoke(&teams.home, a, "rollouts").await;
+    until_rbac_says(
+        &teams.home,
+        (a, "ci"),
+        "watch",
+        "fleetmicroservices",
+        a,
+        false,
+    )
+    .await;
+    let after = next_rollout_snapshot(&mut events, Duration::from_secs(12)).await;
+    assert!(after.is_empty(), "{after:?}");
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ pub mod fresh;
 pub mod live;
 pub mod request;
 pub mod rollout_convert;
+pub mod rollout_watch;
 pub mod rollouts;
 pub mod server;
 pub mod service;

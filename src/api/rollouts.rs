@@ -9,19 +9,19 @@ use std::time::Duration;
 use futures::Stream;
 use kube::Client;
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::fresh;
+use super::pb;
 use super::pb::fleet_rollouts_server::FleetRollouts;
-use super::pb::{self, WatchEventType};
 use super::request;
-use super::rollout_convert::{deleted, rollout};
-use super::streams::{self, Outbox, Streams};
+use super::rollout_convert::rollout;
+use super::rollout_watch;
+use super::streams::{self, Streams};
 use super::watch::WatchLimits;
 use crate::authz::access::{self, Access, Caller, Resource};
 use crate::authz::gate::Gate;
-use crate::rollout::cache::{Key, RolloutCache};
+use crate::rollout::cache::RolloutCache;
 use crate::rollout::edits::{self, EditError};
 use crate::rollout::home::revisions_of;
 use crate::rollout::revision::Revision;
@@ -190,30 +190,51 @@ impl FleetRollouts for FleetRolloutsService {
         let standing = self.gate.standing(&r, METHOD).await?;
         let req = r.into_inner();
         let ns = namespace_filter(&req.namespace)?;
-        // Unscoped, the right must hold in every namespace (decisions.md).
-        let access = Access::new("watch", Resource::FleetMicroservices);
-        let access = match &ns {
-            Some(n) => access.in_namespace(n),
-            None => access,
-        };
-        self.gate.require(&standing.caller, &access, METHOD).await?;
-        // A Kubernetes identity's token and right are asked again while the
-        // stream runs; losing either ends it.
-        let revoked = streams::Revocation::new(self.credentials.clone())
-            .with_rights(standing, access, METHOD);
+        let mut revoked = streams::Revocation::new(self.credentials.clone());
+        // Unscoped, a Kubernetes identity's view is asked again while the
+        // stream runs (it narrows and widens); named, its right is, and
+        // losing it ends the stream. Either way its token is.
+        let mut rights = None;
+        if let Some(n) = &ns {
+            let access = Access::new("watch", Resource::FleetMicroservices).in_namespace(n);
+            self.gate.require(&standing.caller, &access, METHOD).await?;
+            revoked = revoked.with_rights(standing.clone(), access, METHOD);
+        } else if standing.may_change() {
+            rights = Some(standing.clone());
+        }
         self.ready()?;
         let slot = self.streams.open()?;
+        // A view that may have narrowed since the client's last event
+        // cannot be resumed: what left it would never be deleted.
         let resume =
-            (req.resume_from > 0 && req.index_id == self.cache.index_id).then_some(req.resume_from);
+            (req.resume_from > 0 && req.index_id == self.cache.index_id && rights.is_none())
+                .then_some(req.resume_from);
         // A snapshot is an answer: no older than the home cluster was when
         // asked. A resume continues this replica's own log, which only moves on.
         if resume.is_none() {
             fresh::barrier(&self.home, &self.cache, ns.as_deref(), None, fresh::LIMIT).await?;
         }
+        // After the barrier, as List: a namespace just created is asked about.
+        let visible = match &ns {
+            Some(_) => None,
+            None => {
+                let present = self.cache.namespaces();
+                let fleet = Resource::FleetMicroservices;
+                let caller = &standing.caller;
+                self.gate
+                    .visible(caller, "watch", fleet, present, METHOD)
+                    .await?
+            }
+        };
+        let view = rollout_watch::View {
+            namespace: ns,
+            visible: visible.map(Arc::new),
+        };
         let (out, inbox) = streams::channel(slot, self.stall);
-        tokio::spawn(run_watch(
+        tokio::spawn(rollout_watch::run(
             self.cache.clone(),
-            ns,
+            view,
+            rights,
             resume,
             out,
             self.watch,
@@ -270,23 +291,9 @@ fn namespace_filter(ns: &str) -> Result<Option<String>, Status> {
     Ok(Some(ns.to_string()))
 }
 
-fn event(
-    type_: WatchEventType,
-    revision: u64,
-    id: &str,
-    r: Option<pb::Rollout>,
-) -> pb::RolloutEvent {
-    pb::RolloutEvent {
-        r#type: type_ as i32,
-        revision,
-        index_id: id.to_string(),
-        rollout: r,
-    }
-}
-
 /// Every rollout in `ns` (or all), ordered by key, with revision numbers;
 /// the stored revisions are read once, not once per rollout.
-fn listed(cache: &RolloutCache, ns: &Option<String>) -> Vec<pb::Rollout> {
+pub(super) fn listed(cache: &RolloutCache, ns: &Option<String>) -> Vec<pb::Rollout> {
     let stored = cache.revisions.state();
     let mut out: Vec<pb::Rollout> = cache
         .fleet
@@ -306,121 +313,4 @@ fn listed(cache: &RolloutCache, ns: &Option<String>) -> Vec<pb::Rollout> {
         .collect();
     out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     out
-}
-
-/// A snapshot: RESET, every matching rollout, SYNCED.
-fn snapshot(cache: &RolloutCache, ns: &Option<String>, revision: u64) -> Vec<pb::RolloutEvent> {
-    let id = cache.index_id.as_str();
-    let items = listed(cache, ns);
-    std::iter::once(event(WatchEventType::Reset, 0, id, None))
-        .chain(
-            items
-                .into_iter()
-                .map(|r| event(WatchEventType::Snapshot, 0, id, Some(r))),
-        )
-        .chain(std::iter::once(event(
-            WatchEventType::Synced,
-            revision,
-            id,
-            None,
-        )))
-        .collect()
-}
-
-/// What changed: the latest state of each key, or its deletion.
-fn changes(
-    cache: &RolloutCache,
-    ns: &Option<String>,
-    changed: &[(u64, Key)],
-) -> Vec<pb::RolloutEvent> {
-    let id = cache.index_id.as_str();
-    changed
-        .iter()
-        .filter(|(_, (n, _))| ns.as_ref().is_none_or(|want| want == n))
-        .map(|(rev, (n, name))| match cache.get(n, name) {
-            Some(f) => event(
-                WatchEventType::Upsert,
-                *rev,
-                id,
-                // With its revisions' numbers, as Get, List and the
-                // snapshot give them (review L6).
-                Some(rollout(&f, &cache.history(&f), false)),
-            ),
-            None => event(WatchEventType::Delete, *rev, id, Some(deleted(n, name))),
-        })
-        .collect()
-}
-
-async fn send(
-    out: &mut Outbox<pb::RolloutEvent>,
-    events: Vec<pb::RolloutEvent>,
-) -> Result<usize, ()> {
-    let n = events.len();
-    for e in events {
-        out.send(e).await.map_err(|_| ())?;
-    }
-    Ok(n)
-}
-
-async fn run_watch(
-    cache: Arc<RolloutCache>,
-    ns: Option<String>,
-    resume: Option<u64>,
-    mut out: Outbox<pb::RolloutEvent>,
-    limits: WatchLimits,
-    mut shutdown: watch::Receiver<bool>,
-    mut revoked: streams::Revocation,
-) {
-    let mut changed = cache.subscribe();
-    let mut at = cache.revision();
-    let first = match resume.and_then(|r| cache.changes_since(r)) {
-        Some(c) => {
-            at = at.max(c.last().map_or(0, |(r, _)| *r));
-            let mut events = changes(&cache, &ns, &c);
-            events.push(event(WatchEventType::Synced, at, &cache.index_id, None));
-            events
-        }
-        None => snapshot(&cache, &ns, at),
-    };
-    if send(&mut out, first).await.is_err() {
-        return;
-    }
-    let ends_at = Instant::now() + limits.max_age;
-    let mut quiet_until = Instant::now() + limits.bookmark_every;
-    loop {
-        tokio::select! {
-            end = streams::must_end(&out, &mut shutdown, &mut revoked, ends_at, limits.max_age) => {
-                if let Some(status) = end {
-                    out.end(status);
-                }
-                return;
-            }
-            _ = tokio::time::sleep_until(quiet_until) => {
-                let mark = event(WatchEventType::Bookmark, at, &cache.index_id, None);
-                if send(&mut out, vec![mark]).await.is_err() {
-                    return;
-                }
-                quiet_until = Instant::now() + limits.bookmark_every;
-                continue;
-            }
-            c = changed.changed() => if c.is_err() { return },
-        }
-        let now = cache.revision();
-        let events = match cache.changes_since(at) {
-            Some(c) => {
-                at = now.max(c.last().map_or(0, |(r, _)| *r));
-                changes(&cache, &ns, &c)
-            }
-            // A relist happened: start over, framed by RESET.
-            None => {
-                at = now;
-                snapshot(&cache, &ns, now)
-            }
-        };
-        match send(&mut out, events).await {
-            Ok(0) => {}
-            Ok(_) => quiet_until = Instant::now() + limits.bookmark_every,
-            Err(()) => return,
-        }
-    }
 }
