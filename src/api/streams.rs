@@ -93,8 +93,18 @@ struct Rights {
     next: tokio::time::Instant,
     /// The check under way, kept here for the same reason: on a busy
     /// stream an event wins the loop's race before a review answers, and
-    /// a check dropped with that race would never finish.
-    asking: Option<futures::future::BoxFuture<'static, Result<(), Status>>>,
+    /// a check dropped with that race would never finish. A task of its
+    /// own, so that it runs (and gives back its review turn) while the
+    /// stream is busy sending, and its timeout counts only its own time.
+    asking: Option<tokio::task::JoinHandle<Result<(), Status>>>,
+}
+
+impl Drop for Rights {
+    fn drop(&mut self) {
+        if let Some(check) = &self.asking {
+            check.abort();
+        }
+    }
 }
 
 impl Revocation {
@@ -153,11 +163,19 @@ impl Revocation {
                     r.next = tokio::time::Instant::now() + RECHECK;
                     let (standing, access, method) =
                         (r.standing.clone(), r.access.clone(), r.method);
-                    r.asking = Some(Box::pin(
-                        async move { standing.recheck(&access, method).await },
-                    ));
+                    r.asking = Some(tokio::spawn(async move {
+                        standing.recheck(&access, method).await
+                    }));
                 }
-                let asked = r.asking.as_mut().expect("set above").await;
+                let asked = match r.asking.as_mut().expect("set above").await {
+                    Ok(asked) => asked,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a stream's rights check failed");
+                        Err(Status::unavailable(
+                            "this stream's rights could not be checked again; reconnect",
+                        ))
+                    }
+                };
                 r.asking = None;
                 if let Err(status) = asked {
                     return status;

@@ -24,7 +24,9 @@ pub enum FenceError {
     /// No term is armed, or the armed term is not the one that leads now.
     #[error("write fenced: this replica does not lead the cluster at epoch {armed:?}")]
     NotLeading { armed: Option<i32> },
-    /// The write was admitted but had not finished when the term's deadline passed.
+    /// The write was admitted but had not finished when the term's deadline
+    /// passed (or the clock was past it when the write was next polled): its
+    /// outcome is unknown, it may have landed.
     #[error("write fenced: the leadership term ended before the write completed")]
     TermEnded,
 }
@@ -70,6 +72,10 @@ struct Shared {
     armed: Mutex<Option<i32>>,
     in_flight: AtomicUsize,
     idle: Notify,
+    /// The latest deadline of a write given up on its way (its future
+    /// dropped after it was first polled): until then, the apiserver may
+    /// still receive it.
+    abandoned: Mutex<Option<Instant>>,
 }
 
 impl Fence {
@@ -81,6 +87,7 @@ impl Fence {
                 armed: Mutex::new(None),
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
+                abandoned: Mutex::new(None),
             }),
         }
     }
@@ -99,15 +106,26 @@ impl Fence {
         self.inner.in_flight.load(Ordering::SeqCst)
     }
 
-    /// Resolves once no admitted write is on its way. Each one is bounded by
-    /// its term's deadline, so this never waits past it.
+    /// Resolves once no admitted write is on its way: each has finished,
+    /// or, given up on its way (a term's work dropped), its deadline has
+    /// passed, since the HTTP stack may send a request whose future is
+    /// gone. Each one is bounded by its term's deadline, so this never
+    /// waits past the latest one.
     pub async fn drained(&self) {
         loop {
             let idle = self.inner.idle.notified();
             if self.in_flight() == 0 {
-                return;
+                break;
             }
             idle.await;
+        }
+        let abandoned = *self
+            .inner
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(until) = abandoned {
+            tokio::time::sleep_until(until).await;
         }
     }
 
@@ -118,13 +136,28 @@ impl Fence {
     }
 }
 
-/// Decrements the in-flight count however the request ends.
-struct InFlight(Arc<Shared>);
+/// Decrements the in-flight count however the request ends, and records
+/// the deadline of a write dropped on its way.
+struct InFlight {
+    shared: Arc<Shared>,
+    until: Instant,
+    /// Polled at least once (it may have been handed to the connection),
+    /// and not yet finished.
+    on_its_way: bool,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_waiters();
+        if self.on_its_way {
+            let mut abandoned = self
+                .shared
+                .abandoned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            *abandoned = Some(abandoned.map_or(self.until, |a| a.max(self.until)));
+        }
+        if self.shared.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.shared.idle.notify_waiters();
         }
     }
 }
@@ -191,7 +224,11 @@ where
         shared.in_flight.fetch_add(1, Ordering::SeqCst);
         // Held to the end of the write; it also names the cluster, so that
         // no string is copied per request.
-        let guard = InFlight(shared.clone());
+        let mut guard = InFlight {
+            shared: shared.clone(),
+            until,
+            on_its_way: false,
+        };
         let fut = self.inner.call(req);
         Box::pin(async move {
             let mut fut = std::pin::pin!(fut);
@@ -204,16 +241,20 @@ where
                 if Instant::now() >= until || cut.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(None);
                 }
+                guard.on_its_way = true;
                 fut.as_mut().poll(cx).map(Some)
             })
             .await;
+            // Finished, or cut off by this future itself: either way the
+            // deadline has been applied here.
+            guard.on_its_way = false;
             match outcome {
                 Some(result) => result.map_err(Into::into),
                 None => {
                     let ended = FenceError::TermEnded;
                     METRICS
                         .fenced_writes_total
-                        .inc(&[&guard.0.cluster, ended.category()]);
+                        .inc(&[&guard.shared.cluster, ended.category()]);
                     Err(ended.into())
                 }
             }
@@ -353,6 +394,42 @@ mod tests {
         );
         assert!(!sent.load(Ordering::SeqCst), "sent after its term");
         assert_eq!(fence.in_flight(), 0);
+    }
+
+    /// A term's work dropped with a write on its way (its future gone, the
+    /// request perhaps already with the connection): the drain waits out
+    /// that write's deadline, not just for its future to go.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_dropped_on_its_way_is_drained_at_its_deadline() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(2);
+        let (_tx, rx) = watch::channel(leading(1, until));
+        let fence = Fence::new("c", rx);
+        fence.arm(Some(1));
+        let svc = fence
+            .layer()
+            .layer(service_fn(|_r: http::Request<()>| async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                Ok::<_, Infallible>(())
+            }));
+        let call = tokio::spawn(svc.oneshot(request(Method::POST)));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        call.abort();
+        let _ = call.await;
+        assert_eq!(fence.in_flight(), 0);
+        fence.drained().await;
+        assert!(
+            Instant::now() >= until,
+            "drained before the dropped write's deadline"
+        );
+        // A write never sent leaves nothing to wait for.
+        let fence = Fence::new(
+            "c",
+            watch::channel(leading(1, Instant::now() + Duration::from_secs(2))).1,
+        );
+        let start = Instant::now();
+        fence.drained().await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
