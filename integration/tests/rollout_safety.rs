@@ -456,7 +456,13 @@ async fn deletion_waits_for_an_unregistered_member_and_leaves_nothing_behind() {
 /// writer's home term, from the apiservers' own audit records.
 #[tokio::test]
 async fn a_rollout_leader_stopped_mid_wave_writes_nothing_after_its_term() {
-    let fleet = rollout_fleet("fms-sigstop", &[("member-1", "ring: canary\n")]).await;
+    // The steady Lease: under CI's load the 2 s one kept lapsing, each
+    // successor lost its term before it wrote, and the test timed out
+    // waiting for one (seen). The stop still outlasts the Lease many times.
+    let fleet = rollout_fleet_prepared("fms-sigstop", &[("member-1", "ring: canary\n")], |r| {
+        r.election = STEADY_ELECTION.map(String::from).to_vec();
+    })
+    .await;
     let ns = fleet.namespace.clone();
     let lease = format!("{}-rollouts", fleet.replicas.lease_name());
     let names: Vec<String> = (0..6).map(|i| format!("svc-{i}")).collect();
@@ -520,7 +526,8 @@ async fn a_rollout_leader_stopped_mid_wave_writes_nothing_after_its_term() {
     let checked = assert_fleet_writes_inside_home_terms(
         &ns,
         &lease,
-        Duration::from_millis(1500),
+        // STEADY_ELECTION's renew deadline.
+        Duration::from_secs(3),
         Duration::from_millis(750),
     );
     assert!(checked > 20, "only {checked} writes were checked");
