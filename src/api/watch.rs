@@ -42,15 +42,13 @@ impl Rights {
     /// `current`; a token no longer accepted ends the stream.
     async fn recheck(&self, current: &Filter, hub: &Hub) -> Result<Option<Filter>, tonic::Status> {
         const METHOD: &str = "WatchMicroservices";
-        self.standing.authenticated(METHOD).await?;
         // Namespaces seen before stay asked about, so one emptied is not
         // taken for a revocation. The scan runs outside the index lock.
         let mut asked = hub.read(|ix| ix.snapshot()).namespaces();
         asked.extend(current.visible.iter().flat_map(|v| v.iter().cloned()));
-        let gate = self.standing.gate();
-        let caller = &self.standing.caller;
-        let visible = gate
-            .visible(caller, self.verb, Resource::Microservices, asked, METHOD)
+        let visible = self
+            .standing
+            .visible_now(self.verb, Resource::Microservices, asked, METHOD)
             .await?;
         if visible.as_ref() == current.visible.as_deref() {
             return Ok(None);

@@ -174,14 +174,26 @@ impl Standing {
         self.token.is_some()
     }
 
-    pub fn gate(&self) -> &Gate {
-        &self.gate
-    }
-
     /// Ok while the token still authenticates and the right still holds.
     pub async fn recheck(&self, access: &Access, method: &'static str) -> Result<(), Status> {
         self.authenticated(method).await?;
         self.gate.require(&self.caller, access, method).await
+    }
+
+    /// Of `asked`, the namespaces where this caller may `verb` `resource`
+    /// now (`None`: everywhere), its token reviewed again first: what a
+    /// long unscoped stream may keep sending.
+    pub async fn visible_now(
+        &self,
+        verb: &'static str,
+        resource: Resource,
+        asked: BTreeSet<String>,
+        method: &'static str,
+    ) -> Result<Option<BTreeSet<String>>, Status> {
+        self.authenticated(method).await?;
+        self.gate
+            .visible(&self.caller, verb, resource, asked, method)
+            .await
     }
 
     /// Ok while the token still authenticates (cached as any review).
