@@ -680,6 +680,14 @@ impl StoppedMember {
         fleet_cmd(&["stop", cluster]);
         StoppedMember(cluster)
     }
+
+    /// kill -9: down at a known moment. `stop` can spend its 10 s of
+    /// SIGTERM not answering, and a timer started by the first failed
+    /// read may run out before it returns.
+    pub fn crash(cluster: &'static str) -> Self {
+        fleet_cmd(&["crash", cluster]);
+        StoppedMember(cluster)
+    }
 }
 
 impl Drop for StoppedMember {
