@@ -55,7 +55,8 @@ impl Gate {
         let (caller, token) = match (door, &self.reviews) {
             (Some(Door::Decided(c)), _) => (c, None),
             (Some(Door::Review(token)), Some(reviews)) => {
-                match reviews.authenticate(&token).await {
+                let peer = req.remote_addr().map(|a| a.ip());
+                match reviews.authenticate(&token, peer).await {
                     Ok(user) => (Caller::User(user), Some(token)),
                     Err(e) => return Err(refused(method, "unknown", e)),
                 }
@@ -131,6 +132,12 @@ impl Gate {
         ))
     }
 
+    /// Whether `caller` holds `access`, asked without counting a denial:
+    /// for showing what may be done, not for doing it.
+    pub async fn holds(&self, caller: &Caller, access: &Access) -> Result<bool, AuthzError> {
+        self.allows(caller, access).await
+    }
+
     async fn allows(&self, caller: &Caller, access: &Access) -> Result<bool, AuthzError> {
         if let Some(granted) = caller.static_grant(access) {
             return Ok(granted);
@@ -199,7 +206,7 @@ impl Standing {
     /// Ok while the token still authenticates (cached as any review).
     pub async fn authenticated(&self, method: &'static str) -> Result<(), Status> {
         match (&self.token, &self.gate.reviews) {
-            (Some(token), Some(reviews)) => match reviews.authenticate(token).await {
+            (Some(token), Some(reviews)) => match reviews.authenticate(token, None).await {
                 Ok(_) => Ok(()),
                 Err(e) => Err(refused(method, self.caller.name(), e)),
             },

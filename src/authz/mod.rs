@@ -8,11 +8,12 @@
 pub mod access;
 pub mod cache;
 pub mod doors;
+pub mod flight;
 pub mod gate;
 pub mod review;
 
 /// Errors of the authorization layer.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum AuthzError {
     /// No identity: no credential, or one nobody vouches for.
     #[error("{0}")]
@@ -23,6 +24,10 @@ pub enum AuthzError {
     /// The home apiserver could not be asked. Never read as "allowed".
     #[error("the home cluster could not check this caller, so the call is refused: {0}; retry")]
     Unavailable(String),
+    /// This client sent too many tokens the home cluster refused; its
+    /// unknown tokens wait out the window.
+    #[error("{0}")]
+    Throttled(String),
 }
 
 impl AuthzError {
@@ -32,6 +37,7 @@ impl AuthzError {
             AuthzError::Unauthenticated(_) => "Unauthenticated",
             AuthzError::Denied(_) => "Denied",
             AuthzError::Unavailable(_) => "Unavailable",
+            AuthzError::Throttled(_) => "Throttled",
         }
     }
 }
@@ -42,6 +48,7 @@ impl From<AuthzError> for tonic::Status {
             AuthzError::Unauthenticated(m) => tonic::Status::unauthenticated(m),
             AuthzError::Denied(m) => tonic::Status::permission_denied(m),
             e @ AuthzError::Unavailable(_) => tonic::Status::unavailable(e.to_string()),
+            AuthzError::Throttled(m) => tonic::Status::resource_exhausted(m),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! and bounded; an apiserver that does not answer is an error, never a
 //! "yes" (fail closed).
 
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,8 @@ use super::AuthzError;
 use super::access::{Access, GROUP, User};
 use super::cache::Expiring;
 use super::doors::Token;
+use super::flight::Flights;
+use crate::ui::limits::SignIns;
 
 /// How long the home cluster's word on a token holds: a revoked token
 /// works at most this long after its revocation.
@@ -33,6 +36,12 @@ pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 /// (and times out) instead of queueing without bound at the home
 /// apiserver, which also serves this replica's own Leases and edits.
 pub const CONCURRENT_REVIEWS: usize = 16;
+/// Tokens the home cluster refused, per client address, before that
+/// address's unknown tokens are refused without a review until the
+/// window ends: one client sending made-up tokens cannot hold every
+/// review turn, which would leave real callers `UNAVAILABLE`.
+pub const REFUSED_PER_ADDRESS: u32 = 20;
+pub const REFUSED_WINDOW: Duration = Duration::from_secs(10);
 
 type Digest = [u8; 32];
 
@@ -49,6 +58,10 @@ pub struct Reviews {
     tokens: Mutex<Expiring<Digest, Result<User, String>>>,
     rights: Mutex<Expiring<(User, Access), bool>>,
     turns: tokio::sync::Semaphore,
+    /// Reviews under way, shared by the calls asking the same thing.
+    token_flights: Flights<Digest, Result<Result<User, String>, AuthzError>>,
+    refused: Mutex<SignIns>,
+    right_flights: Flights<(User, Access), Result<bool, AuthzError>>,
 }
 
 /// Who the home cluster says the token is, or why it refused it. Pure.
@@ -101,6 +114,9 @@ impl Reviews {
     ) -> Result<T, AuthzError> {
         let answer = tokio::time::timeout(REVIEW_TIMEOUT, async {
             let _turn = self.turns.acquire().await;
+            crate::telemetry::metrics::METRICS
+                .authz_reviews_total
+                .inc(&[what]);
             call.await
         })
         .await;
@@ -123,39 +139,75 @@ impl Reviews {
             tokens: Mutex::new(Expiring::new(MAX_ENTRIES)),
             rights: Mutex::new(Expiring::new(MAX_ENTRIES)),
             turns: tokio::sync::Semaphore::new(CONCURRENT_REVIEWS),
+            token_flights: Flights::default(),
+            refused: Mutex::new(SignIns::new(
+                REFUSED_PER_ADDRESS,
+                REFUSED_WINDOW,
+                MAX_ENTRIES,
+            )),
+            right_flights: Flights::default(),
         }
     }
 
-    pub async fn authenticate(&self, token: &Token) -> Result<User, AuthzError> {
+    /// Who `token` is. `peer`, the client's address, is charged for each
+    /// token the home cluster refuses; a known token passes whatever its
+    /// address has sent.
+    pub async fn authenticate(
+        &self,
+        token: &Token,
+        peer: Option<IpAddr>,
+    ) -> Result<User, AuthzError> {
         let key = digest(token);
         let cached = lock(&self.tokens).get(&key, Instant::now());
         let outcome = match cached {
             Some(o) => o,
             None => {
-                let review = TokenReview {
-                    spec: TokenReviewSpec {
-                        token: token.0.clone(),
-                        audiences: None,
-                    },
-                    ..Default::default()
-                };
-                let api = Api::<TokenReview>::all(self.home.clone());
-                // Kept from when it was asked: the answer is no newer.
-                let asked = Instant::now();
-                let params = PostParams::default();
-                let call = api.create(&params, &review);
-                let answer = self.bounded("TokenReview", call).await?;
-                let o = user_of(answer.status.unwrap_or_default());
-                let ttl = if o.is_ok() {
-                    TOKEN_GOOD_FOR
-                } else {
-                    TOKEN_BAD_FOR
-                };
-                lock(&self.tokens).insert(key, o.clone(), ttl, asked);
-                o
+                let now = tokio::time::Instant::now().into_std();
+                if let Some(wait) = peer.and_then(|p| lock(&self.refused).wait(p, now)) {
+                    return Err(AuthzError::Throttled(format!(
+                        "too many refused tokens from this address; retry in {} s",
+                        wait.as_secs().max(1)
+                    )));
+                }
+                let ask = self.review_token(token, key, peer);
+                self.token_flights.share(key, ask).await?
             }
         };
         outcome.map_err(AuthzError::Unauthenticated)
+    }
+
+    /// Asks the home cluster about `token`; a refusal is charged to `peer`
+    /// here, once per review, however many calls shared it.
+    async fn review_token(
+        &self,
+        token: &Token,
+        key: Digest,
+        peer: Option<IpAddr>,
+    ) -> Result<Result<User, String>, AuthzError> {
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: token.0.clone(),
+                audiences: None,
+            },
+            ..Default::default()
+        };
+        let api = Api::<TokenReview>::all(self.home.clone());
+        // Kept from when it was asked: the answer is no newer.
+        let asked = Instant::now();
+        let params = PostParams::default();
+        let call = api.create(&params, &review);
+        let answer = self.bounded("TokenReview", call).await?;
+        let o = user_of(answer.status.unwrap_or_default());
+        let ttl = if o.is_ok() {
+            TOKEN_GOOD_FOR
+        } else {
+            TOKEN_BAD_FOR
+        };
+        lock(&self.tokens).insert(key, o.clone(), ttl, asked);
+        if let (Err(_), Some(p)) = (&o, peer) {
+            lock(&self.refused).failed(p, tokio::time::Instant::now().into_std());
+        }
+        Ok(o)
     }
 
     pub async fn allowed(&self, user: &User, access: &Access) -> Result<bool, AuthzError> {
@@ -163,6 +215,16 @@ impl Reviews {
         if let Some(ok) = lock(&self.rights).get(&key, Instant::now()) {
             return Ok(ok);
         }
+        let ask = self.review_right(user, access, key.clone());
+        self.right_flights.share(key, ask).await
+    }
+
+    async fn review_right(
+        &self,
+        user: &User,
+        access: &Access,
+        key: (User, Access),
+    ) -> Result<bool, AuthzError> {
         let api = Api::<SubjectAccessReview>::all(self.home.clone());
         let asked = Instant::now();
         let review = review_of(user, access);

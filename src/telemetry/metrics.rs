@@ -178,6 +178,7 @@ pub struct Metrics {
     pub connections_cut_total: Family,
     pub ui_streams_ended_total: Family,
     pub authz_denied_total: Family,
+    pub authz_reviews_total: Family,
 }
 
 impl Metrics {
@@ -342,6 +343,12 @@ impl Metrics {
                 Counter,
                 &["method"],
             ),
+            authz_reviews_total: Family::new(
+                "flotilla_authz_reviews_total",
+                "TokenReviews and SubjectAccessReviews sent to the home apiserver (cache misses; calls asking the same question at once share one), by kind.",
+                Counter,
+                &["kind"],
+            ),
         };
         let mut registry = Registry::default();
         for f in m.families() {
@@ -351,7 +358,7 @@ impl Metrics {
         m
     }
 
-    fn families(&self) -> [&Family; 26] {
+    fn families(&self) -> [&Family; 27] {
         [
             &self.reconcile_total,
             &self.reconcile_duration,
@@ -379,6 +386,7 @@ impl Metrics {
             &self.connections_cut_total,
             &self.ui_streams_ended_total,
             &self.authz_denied_total,
+            &self.authz_reviews_total,
         ]
     }
 

@@ -82,14 +82,23 @@ pub async fn bind_cluster_role(home: &Client, ns: &str, role: &str, (sa_ns, sa):
 /// `deploy/home/user-roles.yaml`, applied to home as a user would.
 pub fn apply_user_roles() {
     let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/home/user-roles.yaml");
-    let out = std::process::Command::new(super::kubectl())
-        .arg("--kubeconfig")
-        .arg(super::kubeconfig_path("home"))
-        .args(["apply", "-f"])
-        .arg(&file)
-        .output()
-        .expect("kubectl");
-    assert!(out.status.success(), "kubectl apply: {out:?}");
+    // Tests running at once may each create them first: the loser of
+    // that race is told AlreadyExists, and the next apply updates.
+    let mut last = None;
+    for _ in 0..3 {
+        let out = std::process::Command::new(super::kubectl())
+            .arg("--kubeconfig")
+            .arg(super::kubeconfig_path("home"))
+            .args(["apply", "-f"])
+            .arg(&file)
+            .output()
+            .expect("kubectl");
+        if out.status.success() {
+            return;
+        }
+        last = Some(out);
+    }
+    panic!("kubectl apply: {last:?}");
 }
 
 /// Waits until the home cluster's RBAC says `sa_ns/sa` may `verb`
