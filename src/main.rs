@@ -356,6 +356,7 @@ fn ui_options(args: &RunArgs, grpc: &ServerOptions) -> Option<flotilla::ui::serv
     o.token_file = grpc.token_file.clone();
     o.write_token = grpc.write_token.clone();
     o.write_token_file = grpc.write_token_file.clone();
+    o.kube_auth = grpc.kube_auth;
     o.max_streams = grpc.max_streams;
     o.max_streams_per_client = args.ui_max_streams_per_client as usize;
     o.allowed_hosts = args.ui_allowed_hosts.clone();

@@ -1371,3 +1371,177 @@ async fn stalled_event_streams_on_a_real_replica_are_cut_and_do_not_hold_its_mem
     );
     drop(held);
 }
+
+/// #34 in the browser: the dashboard with `--grpc-kube-auth`, in process
+/// over the real home apiserver, an index holding two teams' Microservices
+/// and a rollout cache of every namespace. Signed in with team-a's
+/// ServiceAccount token (`flotilla-releaser` in team-a), the page shows
+/// team-a's rows and FleetMicroservice only, a Pause button and no Undo;
+/// the pause lands with the identity's name, and the same edit of
+/// team-b's, sent from the page by hand, is refused. No token of a static
+/// door is configured: the page is not open.
+#[tokio::test]
+async fn a_kubernetes_identity_sees_its_own_namespace_and_only_the_buttons_it_may_use() {
+    use flotilla::rollout::spec::FleetMicroservice;
+    use flotilla::status::view::{Facts, Reach};
+    use support::authz::{bind_cluster_role, service_account, token, until_rbac_says};
+    let home = support::client("home").await;
+    support::ensure_fleet_crd(&home).await;
+    let id = format!("{:08x}", rand::random::<u32>());
+    let (a, b) = (format!("ui-team-a-{id}"), format!("ui-team-b-{id}"));
+    let _guards = [
+        support::TestNamespace::create_named(&home, "home", &a).await,
+        support::TestNamespace::create_named(&home, "home", &b).await,
+    ];
+    support::authz::apply_user_roles();
+    service_account(&home, &a, "releaser").await;
+    bind_cluster_role(&home, &a, "flotilla-releaser", (&a, "releaser")).await;
+    until_rbac_says(
+        &home,
+        (&a, "releaser"),
+        "pause",
+        "fleetmicroservices",
+        &a,
+        true,
+    )
+    .await;
+    for ns in [&a, &b] {
+        let f: FleetMicroservice = support::from_json(support::rollout::fleet_microservice(
+            "api",
+            "ghcr.io/acme/api:1",
+            json!({}),
+        ));
+        Api::<FleetMicroservice>::namespaced(home.clone(), ns)
+            .create(&PostParams::default(), &f)
+            .await
+            .expect("create FleetMicroservice");
+    }
+    let hub = flotilla::status::hub::Hub::new("ui-kube-auth");
+    hub.update(|ix| {
+        ix.registry_read();
+        ix.update_cluster("member-1", "file", |i| {
+            i.reach = Reach::Reachable;
+            i.synced = true;
+        });
+        for (ns, name) in [(&a, "web"), (&a, "api"), (&b, "web")] {
+            let facts = Facts {
+                generation: 1,
+                observed_generation: 1,
+                image: "a:1".into(),
+                ..Default::default()
+            };
+            ix.upsert_microservice("member-1", (ns.clone(), name.into()), facts);
+        }
+    });
+    let mut opts = flotilla::ui::server::UiOptions::new("127.0.0.1:0".parse().unwrap());
+    opts.insecure = true;
+    opts.kube_auth = true;
+    let listener = flotilla::ui::server::bind(&opts).await.expect("bind");
+    let base = format!("http://{}/", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (cache, watches) =
+        flotilla::rollout::cache::RolloutCache::start(home.clone(), None, "ui-kube-auth", {
+            let mut s = stopped.clone();
+            async move {
+                s.wait_for(|s| *s).await.ok();
+            }
+        });
+    tokio::spawn(watches);
+    let source = flotilla::api::server::RolloutSource {
+        cache,
+        home: home.clone(),
+    };
+    let server = tokio::spawn(flotilla::ui::server::serve(
+        hub,
+        opts,
+        listener,
+        None,
+        Some(source),
+        stopped,
+    ));
+
+    // No credential, no fleet: the page is not open.
+    let (code, _) = head(&format!("{base}api/clusters"), None).await;
+    assert_eq!(code, 401);
+    let releaser = token(&home, &a, "releaser").await;
+    let browser = Browser::start("kube-auth", None).await;
+    browser.open(&base).await;
+    browser
+        .until(
+            "the token prompt",
+            WAIT,
+            "return !document.getElementById('login').hidden || null;",
+        )
+        .await;
+    browser.sign_in(&releaser).await;
+    let rows = "return [...document.querySelectorAll('#matrix-body tr')].map((r) => r.dataset.key).sort();";
+    shows(
+        &browser,
+        rows,
+        json!([format!("{a}/api"), format!("{a}/web")]),
+    )
+    .await;
+    let rollouts = "return [...document.querySelectorAll('#rollouts [data-rollout]')].map((r) => r.dataset.rollout);";
+    shows(&browser, rollouts, json!([format!("{a}/api")])).await;
+    let buttons = "return [...document.querySelectorAll('#rollouts [data-action]')].map((b) => b.dataset.action);";
+    shows(&browser, buttons, json!(["pause"])).await;
+    let who = browser
+        .js("return document.getElementById('who').textContent;", vec![])
+        .await;
+    let name = format!("system:serviceaccount:{a}:releaser");
+    assert!(who.as_str().unwrap().contains(&name), "{who}");
+    let cookies = browser.js("return document.cookie;", vec![]).await;
+    assert_eq!(
+        cookies,
+        json!(""),
+        "the token's cookie is out of the page's reach"
+    );
+    browser.screenshot("kube-auth-team-a").await;
+
+    // The button works, and says who pressed it.
+    // Clicked by script: the list is drawn anew on every rollouts frame.
+    let clicked = browser
+        .js(
+            "const b = document.querySelector('#rollouts [data-action=\"pause\"]'); if (b) b.click(); return !!b;",
+            vec![],
+        )
+        .await;
+    assert_eq!(clicked, json!(true));
+    let api_a = Api::<FleetMicroservice>::namespaced(home.clone(), &a);
+    let paused = eventually("team-a's rollout paused", WAIT, || async {
+        api_a.get("api").await.ok().filter(|f| f.spec.paused)
+    })
+    .await;
+    assert_eq!(
+        paused.metadata.annotations.unwrap_or_default()["platform.example.io/last-edit-by"],
+        name
+    );
+    shows(&browser, buttons, json!(["resume"])).await;
+
+    // Team-b's, asked from the page by hand: refused, and left alone.
+    let status = browser
+        .js(
+            "return fetch('/api/rollouts/' + arguments[0] + '/api/pause', {method: 'POST', headers: {'content-type': 'application/json'}, body: '{}'}).then((r) => r.status);",
+            vec![json!(b)],
+        )
+        .await;
+    assert_eq!(status, json!(403));
+    let status = browser
+        .js(
+            "return fetch('/api/microservices/' + arguments[0] + '/web').then((r) => r.status);",
+            vec![json!(b)],
+        )
+        .await;
+    assert_eq!(status, json!(403));
+    let f = Api::<FleetMicroservice>::namespaced(home.clone(), &b)
+        .get("api")
+        .await
+        .expect("team-b's");
+    assert!(!f.spec.paused, "team-b's rollout untouched");
+    stop.send(true).ok();
+    tokio::time::timeout(Duration::from_secs(15), server)
+        .await
+        .expect("the dashboard stops")
+        .expect("join")
+        .expect("serve");
+}

@@ -99,7 +99,7 @@ pub fn verify(read: &BearerToken, write: &BearerToken, value: &str, now: u64) ->
     })
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

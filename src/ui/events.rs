@@ -14,6 +14,7 @@ use tonic::Status;
 
 use kube::ResourceExt;
 
+use super::identity::Sight;
 use super::json;
 use crate::api::streams::{self, Ended, Outbox, Revocation};
 use crate::rollout::cache::RolloutCache;
@@ -64,9 +65,10 @@ pub fn frame(event: Event, index_id: &str) -> Frame {
     }
 }
 
-/// Every FleetMicroservice, by namespace and name.
-pub fn rollouts(cache: &RolloutCache) -> Value {
+/// Every FleetMicroservice `sight` shows, by namespace and name.
+pub fn rollouts(cache: &RolloutCache, sight: &Sight) -> Value {
     let mut all = cache.fleet.state();
+    all.retain(|f| sight.shows_rollouts_of(&f.namespace().unwrap_or_default()));
     all.sort_by_key(|f| (f.namespace(), f.name_any()));
     Value::Array(
         all.iter()
@@ -75,7 +77,11 @@ pub fn rollouts(cache: &RolloutCache) -> Value {
     )
 }
 
-fn clusters(hub: &Hub) -> Value {
+/// The fleet bar; empty for an identity that may not list clusters.
+fn clusters(hub: &Hub, sight: &Sight) -> Value {
+    if !sight.clusters {
+        return Value::Array(Vec::new());
+    }
     hub.read(|ix| {
         Value::Array(
             ix.clusters()
@@ -200,10 +206,10 @@ async fn put_events(
 
 /// Feeds one browser until it leaves, stalls, reaches its age, loses its
 /// credentials, or the server shuts down. Nothing is built whole ahead of
-/// the browser: the snapshot goes out one row at a time as it reads.
+/// the browser: the snapshot goes out one row at a time as it reads. What
+/// it reads: the hub, the rollout cache, and what this browser may see.
 pub async fn run(
-    hub: Arc<Hub>,
-    fleet_rollouts: Option<Arc<RolloutCache>>,
+    (hub, fleet_rollouts, sight): (Arc<Hub>, Option<Arc<RolloutCache>>, Sight),
     resume: Option<u64>,
     mut out: Outbox<Frame>,
     limits: StreamLimits,
@@ -219,8 +225,11 @@ pub async fn run(
     let mut changed = hub.subscribe();
     let mut rollouts_changed = fleet_rollouts.as_ref().map(|c| c.subscribe());
     let (mut sent_clusters, mut sent_rollouts) = (Value::Null, Value::Null);
-    let mut cursor = Cursor::new(Filter::default());
-    let first = changed_frame("clusters", clusters(&hub), &mut sent_clusters);
+    let mut cursor = Cursor::new(Filter {
+        visible: sight.microservices.clone(),
+        ..Filter::default()
+    });
+    let first = changed_frame("clusters", clusters(&hub, &sight), &mut sent_clusters);
     if !put(&mut out, first, &mut ends).await {
         return;
     }
@@ -237,7 +246,7 @@ pub async fn run(
     drop(snap);
     let rollouts_now = fleet_rollouts
         .as_deref()
-        .and_then(|c| changed_frame("rollouts", rollouts(c), &mut sent_rollouts));
+        .and_then(|c| changed_frame("rollouts", rollouts(c, &sight), &mut sent_rollouts));
     if !sent || !put(&mut out, rollouts_now, &mut ends).await {
         return;
     }
@@ -284,13 +293,13 @@ pub async fn run(
             // Leader, epoch and last seen change without a revision; a
             // cluster's reachability reaches its cells at once as an UPSERT.
             Wake::Clusters => {
-                let f = changed_frame("clusters", clusters(&hub), &mut sent_clusters);
+                let f = changed_frame("clusters", clusters(&hub, &sight), &mut sent_clusters);
                 put(&mut out, f, &mut ends).await
             }
             Wake::Rollouts => {
-                let f = fleet_rollouts
-                    .as_deref()
-                    .and_then(|c| changed_frame("rollouts", rollouts(c), &mut sent_rollouts));
+                let f = fleet_rollouts.as_deref().and_then(|c| {
+                    changed_frame("rollouts", rollouts(c, &sight), &mut sent_rollouts)
+                });
                 put(&mut out, f, &mut ends).await
             }
             Wake::Bookmark => put(&mut out, [frame(cursor.bookmark(), &id)], &mut ends).await,

@@ -5,6 +5,7 @@
 pub mod assets;
 pub mod auth;
 pub mod events;
+pub mod identity;
 pub mod json;
 pub mod limits;
 pub mod origin;

@@ -14,7 +14,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::{AppendHeaders, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::IncomingStream;
 use futures::StreamExt;
@@ -24,14 +24,18 @@ use tokio::sync::{mpsc, watch};
 
 use super::auth::{self, Access, Caller};
 use super::events::{self, Frame, StreamLimits};
+use super::identity::{self, KubeAuth, Sight};
 use super::limits::{ClientStreams, SignIns};
 use super::warnings::Warnings;
 use super::{UiError, assets, json, origin};
 use crate::api::auth::BearerToken;
 use crate::api::conns::{self, Conn, ConnLimits};
 use crate::api::server::RolloutSource;
-use crate::api::streams::{Revocation, Streams};
+use crate::api::streams::{RECHECK, Revocation, Streams};
 use crate::api::tls::{Alpn, RELOAD_PERIOD, Rotating, TlsFiles};
+use crate::authz::AuthzError;
+use crate::authz::access::{self as authz_access, Access as AuthzAccess, Resource, User};
+use crate::rollout::cache::RolloutCache;
 use crate::rollout::edits::{self, EditError};
 use crate::status::hub::Hub;
 
@@ -62,6 +66,9 @@ pub struct UiOptions {
     pub conns: ConnLimits,
     /// Reads of fleet-wide DNS names, for the detail view.
     pub dns: Option<crate::dns::lookup::DnsLookup>,
+    /// Kubernetes tokens sign in too (`--grpc-kube-auth`): each identity
+    /// sees and changes what the home cluster's RBAC lets it.
+    pub kube_auth: bool,
 }
 
 impl UiOptions {
@@ -83,6 +90,7 @@ impl UiOptions {
                 ..ConnLimits::default()
             },
             dns: None,
+            kube_auth: false,
         }
     }
 
@@ -98,6 +106,9 @@ impl UiOptions {
 
     /// Anyone who reaches the port reads the fleet: said at start-up.
     fn open_to_all(&self) -> Option<&'static str> {
+        if self.kube_auth {
+            return None;
+        }
         match (&self.tls, &self.token) {
             (_, Some(_)) => None,
             (Some(t), None) if t.client_ca.is_some() => None,
@@ -129,6 +140,16 @@ struct Ctx {
     per_client: Arc<ClientStreams>,
     sign_ins: Arc<Mutex<SignIns>>,
     shutdown: watch::Receiver<bool>,
+    kube: Option<Arc<KubeAuth>>,
+}
+
+/// Who a request is.
+enum Who {
+    /// A static token's session or bearer token, or an open page.
+    Static(Caller),
+    /// A Kubernetes identity, with the token it came with (asked again
+    /// while its stream runs).
+    Kube(User, Arc<KubeAuth>, String),
 }
 
 impl Ctx {
@@ -144,13 +165,62 @@ impl Ctx {
         auth::caller(&self.token, &self.write, headers, self.cookie_name(), now())
     }
 
-    /// Everything a stream was admitted under.
-    fn revocation(&self) -> Revocation {
-        Revocation::new(crate::api::tls::changes(
-            &[&self.token, &self.write],
-            self.tls.as_ref(),
-        ))
+    fn kube_cookie_name(&self) -> &'static str {
+        if self.secure {
+            identity::TLS_COOKIE
+        } else {
+            identity::COOKIE
+        }
     }
+
+    /// The request's caller, or the response refusing it. With kube auth
+    /// the page is never open: a static token, or an identity the home
+    /// cluster vouches for.
+    async fn who(&self, headers: &HeaderMap) -> Result<Who, Response> {
+        let open_allowed = self.kube.is_none();
+        if let Some(c) = self
+            .caller(headers)
+            .filter(|c| open_allowed || c.id.is_some())
+        {
+            return Ok(Who::Static(c));
+        }
+        let Some(kube) = &self.kube else {
+            return Err(unauthorized());
+        };
+        let token = auth::cookies(headers, self.kube_cookie_name())
+            .next()
+            .or_else(|| auth::bearer(headers));
+        let Some(token) = token else {
+            return Err(unauthorized());
+        };
+        // Not charged to the client's address: the sign-in is (`login`).
+        match kube.who(token, None).await {
+            Ok(user) => Ok(Who::Kube(user, kube.clone(), token.to_string())),
+            Err(e) => Err(refusal(e.into())),
+        }
+    }
+
+    /// Everything a stream was admitted under, and `also`.
+    fn revocation(&self, also: Option<watch::Receiver<u64>>) -> Revocation {
+        let mut rxs = crate::api::tls::changes(&[&self.token, &self.write], self.tls.as_ref());
+        rxs.extend(also);
+        Revocation::new(rxs)
+    }
+
+    fn rollout_cache(&self) -> Option<&RolloutCache> {
+        self.fleet_rollouts.as_ref().map(|s| s.cache.as_ref())
+    }
+}
+
+/// An authorization refusal, as the dashboard answers it.
+fn refusal(status: tonic::Status) -> Response {
+    let code = match status.code() {
+        tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        tonic::Code::PermissionDenied => StatusCode::FORBIDDEN,
+        tonic::Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    refuse(code, status.message())
 }
 
 fn now() -> u64 {
@@ -254,14 +324,32 @@ async fn host_check(State(ctx): State<Ctx>, req: Request, next: Next) -> Respons
 }
 
 async fn session(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    let Some(caller) = ctx.caller(&headers) else {
-        return unauthorized();
-    };
-    json_response(json!({
-        "write": caller.access == Access::Write,
-        "writeConfigured": ctx.write.configured() && ctx.fleet_rollouts.is_some(),
-        "signedIn": caller.id.is_some(),
-    }))
+    match ctx.who(&headers).await {
+        Err(refused) => refused,
+        Ok(Who::Static(caller)) => json_response(json!({
+            "write": caller.access == Access::Write,
+            "writeConfigured": ctx.write.configured() && ctx.fleet_rollouts.is_some(),
+            "signedIn": caller.id.is_some(),
+        })),
+        // The buttons this identity gets, by namespace.
+        Ok(Who::Kube(user, kube, _)) => {
+            let cache = ctx.rollout_cache();
+            let may = match kube.sight(&user, &ctx.hub, cache).await {
+                Ok(sight) => kube.verbs(&user, &sight, cache).await,
+                Err(s) => Err(s),
+            };
+            match may {
+                Ok(may) => json_response(json!({
+                    "write": false,
+                    "writeConfigured": false,
+                    "signedIn": true,
+                    "user": user.username,
+                    "may": may,
+                })),
+                Err(s) => refusal(s),
+            }
+        }
+    }
 }
 
 async fn login(
@@ -301,11 +389,32 @@ async fn login(
         Some(Access::Write)
     } else if ctx.token.accepts(&token) {
         Some(Access::Read)
-    } else if !ctx.token.configured() && !ctx.write.configured() {
+    } else if !ctx.token.configured() && !ctx.write.configured() && ctx.kube.is_none() {
         return StatusCode::NO_CONTENT.into_response();
     } else {
         None
     };
+    // Not a static token: a Kubernetes one, when the home cluster is asked.
+    if let (None, Some(kube)) = (access, &ctx.kube)
+        && identity::cookie_safe(&token)
+    {
+        match kube.who(&token, Some(ip)).await {
+            Ok(user) => {
+                ctx.sign_ins
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .succeeded(ip);
+                tracing::info!(enduser.id = %user.username, peer = %peer.0, "dashboard sign-in");
+                return (
+                    StatusCode::NO_CONTENT,
+                    [(header::SET_COOKIE, identity::set_cookie(&token, ctx.secure))],
+                )
+                    .into_response();
+            }
+            Err(AuthzError::Unauthenticated(_)) => {}
+            Err(e) => return refusal(e.into()),
+        }
+    }
     let mut sign_ins = ctx.sign_ins.lock().unwrap_or_else(|e| e.into_inner());
     let id = auth::new_id();
     match access.and_then(|a| auth::issue(&ctx.token, &ctx.write, a, now(), &id)) {
@@ -334,14 +443,24 @@ async fn logout(State(ctx): State<Ctx>, headers: HeaderMap, uri: Uri) -> Respons
     }
     (
         StatusCode::NO_CONTENT,
-        [(header::SET_COOKIE, auth::clear_cookie(ctx.secure))],
+        AppendHeaders([
+            (header::SET_COOKIE, auth::clear_cookie(ctx.secure)),
+            (header::SET_COOKIE, identity::clear_cookie(ctx.secure)),
+        ]),
     )
         .into_response()
 }
 
 async fn clusters(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    if ctx.caller(&headers).is_none() {
-        return unauthorized();
+    match ctx.who(&headers).await {
+        Err(refused) => return refused,
+        Ok(Who::Static(_)) => {}
+        Ok(Who::Kube(user, kube, _)) => {
+            let access = AuthzAccess::new("list", Resource::MemberClusters);
+            if let Err(s) = kube.require(&user, &access).await {
+                return refusal(s);
+            }
+        }
     }
     let list = ctx.hub.read(|ix| {
         ix.clusters()
@@ -357,12 +476,21 @@ async fn detail(
     headers: HeaderMap,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
-    if ctx.caller(&headers).is_none() {
-        return unauthorized();
-    }
+    let who = match ctx.who(&headers).await {
+        Ok(who) => who,
+        Err(refused) => return refused,
+    };
     // Names reach the members' apiservers: validated as gRPC does.
     if let Err(e) = crate::api::request::key(&ns, &name) {
         return refuse(StatusCode::BAD_REQUEST, e.to_string());
+    }
+    if let Who::Kube(user, kube, _) = &who {
+        let access = AuthzAccess::new("get", Resource::Microservices)
+            .in_namespace(&ns)
+            .named(&name);
+        if let Err(s) = kube.require(user, &access).await {
+            return refusal(s);
+        }
     }
     let key = (ns.clone(), name.clone());
     let snap = ctx.hub.read(|ix| ix.snapshot());
@@ -389,11 +517,18 @@ async fn detail(
 }
 
 async fn rollouts(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
-    if ctx.caller(&headers).is_none() {
-        return unauthorized();
-    }
+    let sight = match ctx.who(&headers).await {
+        Err(refused) => return refused,
+        Ok(Who::Static(_)) => Sight::everything(),
+        Ok(Who::Kube(user, kube, _)) => {
+            match kube.sight(&user, &ctx.hub, ctx.rollout_cache()).await {
+                Ok(sight) => sight,
+                Err(s) => return refusal(s),
+            }
+        }
+    };
     match &ctx.fleet_rollouts {
-        Some(source) => json_response(events::rollouts(&source.cache)),
+        Some(source) => json_response(events::rollouts(&source.cache, &sight)),
         None => json_response(json!([])),
     }
 }
@@ -408,14 +543,15 @@ async fn edit(
     Path((ns, name, action)): Path<(String, String, String)>,
     body: Bytes,
 ) -> Response {
-    let caller = match ctx.caller(&headers) {
-        Some(c) if c.access == Access::Write => c,
-        _ => {
+    let who = match ctx.who(&headers).await {
+        Ok(Who::Static(c)) if c.access != Access::Write => {
             return refuse(
                 StatusCode::FORBIDDEN,
                 "changing rollouts needs the rollout API's write token",
             );
         }
+        Ok(who) => who,
+        Err(refused) => return refused,
     };
     if let Some(refused) = refuse_write(&ctx, &headers, &uri) {
         return refused;
@@ -431,11 +567,30 @@ async fn edit(
         .ok()
         .and_then(|v| v["toRevision"].as_i64())
         .unwrap_or(0);
-    // The dashboard's write sessions all hold the one write token.
-    // A session id is half of a cookie: only its digest's prefix is written.
-    let by = match caller.id.as_deref() {
-        Some(id) => format!("dashboard:{}", BearerToken::fingerprint(id)),
-        None => "dashboard:write-token".into(),
+    let verb = match action.as_str() {
+        "pause" => authz_access::PAUSE,
+        "resume" => authz_access::RESUME,
+        "undo" => authz_access::UNDO,
+        other => return refuse(StatusCode::NOT_FOUND, format!("no action {other:?}")),
+    };
+    let by = match &who {
+        // The dashboard's write sessions all hold the one write token. A
+        // session id is half of a cookie: only its digest's prefix is
+        // written.
+        Who::Static(caller) => match caller.id.as_deref() {
+            Some(id) => format!("dashboard:{}", BearerToken::fingerprint(id)),
+            None => "dashboard:write-token".into(),
+        },
+        // The verb itself, in this namespace, on this object.
+        Who::Kube(user, kube, _) => {
+            let access = AuthzAccess::new(verb, Resource::FleetMicroservices)
+                .in_namespace(&ns)
+                .named(&name);
+            if let Err(s) = kube.require(user, &access).await {
+                return refusal(s);
+            }
+            user.username.clone()
+        }
     };
     let done = match action.as_str() {
         "pause" => edits::set_paused(&source.home, &ns, &name, true, &by)
@@ -454,7 +609,7 @@ async fn edit(
             tracing::info!(
                 flotilla.fleet_microservice = %format!("{ns}/{name}"),
                 action,
-                session = caller.id.as_deref().unwrap_or("-"),
+                enduser.id = %by,
                 peer = %peer.0,
                 "rollout changed from the dashboard"
             );
@@ -466,6 +621,28 @@ async fn edit(
             s.message,
         ),
         Err(e) => refuse(StatusCode::BAD_GATEWAY, e.to_string()),
+    }
+}
+
+/// Every `RECHECK`, the identity's token and view, asked again; once
+/// either is not what the stream was opened with (or cannot be asked),
+/// `changed` moves and the stream ends.
+async fn recheck_sight(
+    (user, kube, token): (User, Arc<KubeAuth>, String),
+    sight: Sight,
+    ctx: Ctx,
+    changed: watch::Sender<u64>,
+) {
+    loop {
+        tokio::time::sleep(RECHECK).await;
+        let now = match kube.who(&token, None).await {
+            Ok(u) if u == user => kube.sight(&u, &ctx.hub, ctx.rollout_cache()).await.ok(),
+            _ => None,
+        };
+        if now.as_ref() != Some(&sight) {
+            changed.send_modify(|n| *n += 1);
+            return;
+        }
     }
 }
 
@@ -482,15 +659,36 @@ async fn stream(
     ConnectInfo(peer): ConnectInfo<Peer>,
     headers: HeaderMap,
 ) -> Response {
-    let Some(caller) = ctx.caller(&headers) else {
-        return unauthorized();
+    let who = match ctx.who(&headers).await {
+        Ok(who) => who,
+        Err(refused) => return refused,
     };
     let resume = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|id| events::resume_from(id, &ctx.hub.index_id));
-    // A share per session (or token); on an open page, per address.
-    let client = caller.id.unwrap_or_else(|| peer.0.ip().to_string());
+    let (client, sight, resume, kube) = match who {
+        // A share per session (or token); on an open page, per address.
+        Who::Static(caller) => (
+            caller.id.unwrap_or_else(|| peer.0.ip().to_string()),
+            Sight::everything(),
+            resume,
+            None,
+        ),
+        // Per identity. A view that may have narrowed since the browser's
+        // last event is not resumed: what left it would never be deleted.
+        Who::Kube(user, kube, token) => {
+            match kube.sight(&user, &ctx.hub, ctx.rollout_cache()).await {
+                Ok(sight) => (
+                    format!("user:{}", user.username),
+                    sight,
+                    None,
+                    Some((user, kube, token)),
+                ),
+                Err(s) => return refusal(s),
+            }
+        }
+    };
     let Some(share) = ctx.per_client.open(&client) else {
         return (
             StatusCode::TOO_MANY_REQUESTS,
@@ -508,18 +706,34 @@ async fn stream(
             .into_response();
     };
     let (out, inbox) = crate::api::streams::channel(slot, ctx.limits.stall);
+    // An identity's token and view are asked again while the stream runs;
+    // a change ends it, and the browser reconnects into its new view.
+    let (recheck, changed) = match kube {
+        Some((user, kube, token)) => {
+            let (tx, rx) = watch::channel(0u64);
+            let task = recheck_sight((user, kube, token), sight.clone(), ctx.clone(), tx);
+            (Some(tokio::spawn(task)), Some(rx))
+        }
+        None => (None, None),
+    };
     let feed = events::run(
-        ctx.hub.clone(),
-        ctx.fleet_rollouts.as_ref().map(|s| s.cache.clone()),
+        (
+            ctx.hub.clone(),
+            ctx.fleet_rollouts.as_ref().map(|s| s.cache.clone()),
+            sight,
+        ),
         resume,
         out,
         ctx.limits,
         ctx.shutdown.clone(),
-        ctx.revocation(),
+        ctx.revocation(changed),
     );
     tokio::spawn(async move {
         feed.await;
         drop(share);
+        if let Some(task) = recheck {
+            task.abort();
+        }
     });
     // An end (stall, age, revocation, shutdown) is the last event; the
     // browser then reconnects with its last event id.
@@ -639,9 +853,18 @@ pub async fn serve(
     let addr = listener
         .local_addr()
         .map_err(|e| UiError::Serve(e.to_string()))?;
+    let kube = match (opts.kube_auth, &fleet_rollouts) {
+        (false, _) => None,
+        (true, Some(source)) => Some(Arc::new(KubeAuth::new(source.home.clone()))),
+        (true, None) => {
+            return Err(UiError::Config(
+                "--grpc-kube-auth needs the home cluster".into(),
+            ));
+        }
+    };
     let ctx = Ctx {
         hub,
-        open_page: tls.is_none() && opts.token.is_none(),
+        open_page: tls.is_none() && opts.token.is_none() && !opts.kube_auth,
         token,
         write,
         secure: tls.is_some(),
@@ -659,6 +882,7 @@ pub async fn serve(
             10_000,
         ))),
         shutdown: shutdown.clone(),
+        kube,
     };
     let app = router(ctx).into_make_service_with_connect_info::<Peer>();
     let mut stop = shutdown.clone();

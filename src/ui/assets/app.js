@@ -402,10 +402,19 @@ async function edit(key, action, body) {
   $("edit-result").textContent = message;
 }
 
+// The write token may do everything; a Kubernetes identity what its RBAC
+// grants in the rollout's namespace (the server checks again on click).
+function mayDo(r) {
+  if (session.write) return ["pause", "resume", "undo"];
+  return (session.may || {})[r.namespace] || [];
+}
+
 function editButtons(r) {
-  if (!session.write) return null;
+  const may = mayDo(r);
+  if (may.length === 0) return null;
   const key = r.namespace + "/" + r.name;
   const button = (action, label) => {
+    if (!may.includes(action)) return null;
     const b = el("button", { type: "button", "data-action": action, text: label });
     b.addEventListener("click", () => edit(key, action));
     return b;
@@ -472,6 +481,9 @@ function handle(type, data, bytes) {
       perf.resets++;
       model.rows.clear();
       model.synced = false;
+      // A stream starts over when what this identity may see or do
+      // changed: its buttons are asked for again.
+      refreshSession();
       break;
     case "item":
     case "upsert": {
@@ -531,7 +543,23 @@ function connect() {
 
 // ---- sign-in
 
+// Signed out: nothing the last identity saw stays in the page.
+function forget() {
+  if (source) source.close();
+  source = null;
+  model.rows.clear();
+  model.clusters = [];
+  model.synced = false;
+  lastRollouts = [];
+  session = { write: false, writeConfigured: false };
+  renderAll();
+  renderClusters();
+  renderRollouts([]);
+  $("who").textContent = "";
+}
+
 function showLogin() {
+  forget();
   $("fleet").hidden = true;
   $("login").hidden = false;
   setLive("reconnecting", "signed out");
@@ -556,10 +584,14 @@ async function login(e) {
 
 async function logout() {
   await fetch("/api/logout", { method: "POST", headers: { "content-type": "application/json" }, body: "{}" }).catch(() => null);
-  if (source) source.close();
-  source = null;
-  session = { write: false, writeConfigured: false };
   showLogin();
+}
+
+async function refreshSession() {
+  const res = await fetch("/api/session").catch(() => null);
+  if (!res || !res.ok) return;
+  session = await res.json().catch(() => session);
+  renderRollouts(lastRollouts);
 }
 
 async function start() {
@@ -574,6 +606,7 @@ async function start() {
   if (res.status === 401) return showLogin();
   session = await res.json().catch(() => session);
   $("logout").hidden = !session.signedIn;
+  $("who").textContent = session.user ? "Signed in as " + session.user : "";
   $("login").hidden = true;
   $("fleet").hidden = false;
   renderRollouts(lastRollouts);
