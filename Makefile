@@ -58,8 +58,10 @@ bench-status-api: deps
 	cargo bench --locked --bench status_api
 
 # What Kubernetes-native authorization costs, against the fleet's home
-# apiserver: cached and first calls, and how soon a revocation ends a watch.
+# apiserver: cached calls (tonic and ghz) with the reviews they send, first
+# calls, and how soon a revocation ends a watch.
 bench-authz: toolchain
+	command -v ghz >/dev/null || test -x "$$(go env GOPATH)/bin/ghz" || go install github.com/bojand/ghz/cmd/ghz@v0.121.0
 	integration/fleet up
 	cargo bench --locked --bench authz
 

@@ -5,7 +5,9 @@
 //! fleet's real home apiserver:
 //!
 //! 1. GetMicroservice under 16 tonic clients for FLOTILLA_BENCH_SECONDS
-//!    (10): the static token, then a ServiceAccount token (reviews cached);
+//!    (10): the static token, then a ServiceAccount token (reviews cached,
+//!    200 names), with the reviews sent per second; then ghz on one name
+//!    (`go install github.com/bojand/ghz/cmd/ghz@v0.121.0`), both tokens;
 //! 2. the first call of a token never seen (a TokenReview and a
 //!    SubjectAccessReview), 10 times;
 //! 3. revocation: a RoleBinding deleted under an open watch of its
@@ -99,6 +101,16 @@ fn get(ns: &str, n: usize) -> pb::GetMicroserviceRequest {
     }
 }
 
+/// TokenReviews and SubjectAccessReviews this process has sent.
+fn reviews_sent() -> f64 {
+    flotilla::telemetry::metrics::METRICS
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with("flotilla_authz_reviews_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// 16 clients calling GetMicroservice back to back: (p50 ms, p99 ms, req/s).
 async fn load(url: &str, ns: &str, token: &str, seconds: u64) -> (f64, f64, f64) {
     let until = Instant::now() + Duration::from_secs(seconds);
@@ -153,11 +165,39 @@ async fn main() {
         "GetMicroservice, static token, 16 clients: p50 {:.2} ms, p99 {:.2} ms, {:.0} req/s",
         fixed.0, fixed.1, fixed.2
     );
+    let sent = reviews_sent();
     let kube = load(&url, &ns, &sa, seconds).await;
+    let per_second = (reviews_sent() - sent) / seconds as f64;
     println!(
-        "GetMicroservice, ServiceAccount token (reviews cached), 16 clients: p50 {:.2} ms, p99 {:.2} ms, {:.0} req/s",
+        "GetMicroservice, ServiceAccount token (reviews cached), 16 clients over 200 names: p50 {:.2} ms, p99 {:.2} ms, {:.0} req/s; {per_second:.1} reviews/s to the home apiserver",
         kube.0, kube.1, kube.2
     );
+    // ghz, one name: the added latency per call with warm caches.
+    for (what, t) in [
+        ("static token", STATIC.to_string()),
+        ("ServiceAccount token", sa.clone()),
+    ] {
+        let addr = url.trim_start_matches("http://").to_string();
+        let data = serde_json::json!({"namespace": ns, "name": "service-00042"});
+        let metadata = serde_json::json!({"authorization": format!("Bearer {t}")});
+        let sent = reviews_sent();
+        let (p50, p99, rps, errors) = tokio::task::spawn_blocking(move || {
+            common::ghz::ghz_with(
+                &addr,
+                "GetMicroservice",
+                data,
+                seconds,
+                None,
+                Some(metadata),
+            )
+        })
+        .await
+        .unwrap();
+        let per_second = (reviews_sent() - sent) / seconds as f64;
+        println!(
+            "ghz GetMicroservice, {what}, 16 clients: p50 {p50:.2} ms, p99 {p99:.2} ms, {rps:.0} req/s, {errors} errors; {per_second:.1} reviews/s"
+        );
+    }
 
     // A token never seen, once the right's cache has lapsed: both reviews.
     let mut first = Vec::new();

@@ -2,6 +2,7 @@
 //! the sample-controller they are measured against.
 #![allow(dead_code)] // each benchmark uses a different part of this module
 
+pub mod ghz;
 pub mod latency;
 pub mod sample;
 
