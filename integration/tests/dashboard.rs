@@ -1538,6 +1538,17 @@ async fn a_kubernetes_identity_sees_its_own_namespace_and_only_the_buttons_it_ma
         .await
         .expect("team-b's");
     assert!(!f.spec.paused, "team-b's rollout untouched");
+
+    // The RoleBinding deleted: the open page loses team-a within 30 s
+    // (the stream asks again every 3 s, rights are cached 5 s), with no
+    // reload.
+    support::authz::revoke(&home, &a, "flotilla-releaser-releaser").await;
+    let t0 = std::time::Instant::now();
+    shows(&browser, rows, json!([])).await;
+    shows(&browser, rollouts, json!([])).await;
+    let gone = t0.elapsed();
+    println!("figure: RoleBinding deleted to the page emptied: {gone:?}");
+    assert!(gone < Duration::from_secs(30), "{gone:?}");
     stop.send(true).ok();
     tokio::time::timeout(Duration::from_secs(15), server)
         .await

@@ -543,14 +543,18 @@ async fn edit(
     Path((ns, name, action)): Path<(String, String, String)>,
     body: Bytes,
 ) -> Response {
+    let needs_write = || {
+        refuse(
+            StatusCode::FORBIDDEN,
+            "changing rollouts needs the rollout API's write token",
+        )
+    };
     let who = match ctx.who(&headers).await {
-        Ok(Who::Static(c)) if c.access != Access::Write => {
-            return refuse(
-                StatusCode::FORBIDDEN,
-                "changing rollouts needs the rollout API's write token",
-            );
-        }
+        Ok(Who::Static(c)) if c.access != Access::Write => return needs_write(),
         Ok(who) => who,
+        // Static tokens only: whatever the session was, the write token
+        // is what is missing (a rotated one's old sessions included).
+        Err(_) if ctx.kube.is_none() => return needs_write(),
         Err(refused) => return refused,
     };
     if let Some(refused) = refuse_write(&ctx, &headers, &uri) {
