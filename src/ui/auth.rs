@@ -154,24 +154,27 @@ pub fn caller(
         .max_by_key(|c| (c.access, c.id.is_some()))
 }
 
-/// The `Set-Cookie` that starts a session.
-pub fn set_cookie(value: &str, secure: bool) -> String {
+/// A `Set-Cookie` for this page: host-only, unreadable by script, sent
+/// only to this origin; `name` is the plaintext name, `__Host-` prefixed
+/// (and `Secure`) over TLS.
+pub fn cookie_header(name: &str, value: &str, secure: bool, max_age: u64) -> String {
     if secure {
         format!(
-            "{TLS_COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Secure; Max-Age={MAX_AGE}"
+            "__Host-{name}={value}; Path=/; HttpOnly; SameSite=Strict; Secure; Max-Age={max_age}"
         )
     } else {
-        format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={MAX_AGE}")
+        format!("{name}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}")
     }
+}
+
+/// The `Set-Cookie` that starts a session.
+pub fn set_cookie(value: &str, secure: bool) -> String {
+    cookie_header(COOKIE, value, secure, MAX_AGE)
 }
 
 /// The `Set-Cookie` that ends it in this browser.
 pub fn clear_cookie(secure: bool) -> String {
-    if secure {
-        format!("{TLS_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Secure; Max-Age=0")
-    } else {
-        format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
-    }
+    cookie_header(COOKIE, "", secure, 0)
 }
 
 #[cfg(test)]

@@ -185,23 +185,12 @@ impl KubeAuth {
 
 /// The cookie that carries a signed-in identity's token.
 pub fn set_cookie(token: &str, secure: bool) -> String {
-    let max_age = super::auth::MAX_AGE;
-    if secure {
-        format!(
-            "{TLS_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Secure; Max-Age={max_age}"
-        )
-    } else {
-        format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}")
-    }
+    super::auth::cookie_header(COOKIE, token, secure, super::auth::MAX_AGE)
 }
 
 /// The `Set-Cookie` that ends it in this browser.
 pub fn clear_cookie(secure: bool) -> String {
-    if secure {
-        format!("{TLS_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Secure; Max-Age=0")
-    } else {
-        format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
-    }
+    super::auth::cookie_header(COOKIE, "", secure, 0)
 }
 
 /// Whether `token` may go in a cookie as it is: a JWT is base64url and
