@@ -398,6 +398,7 @@ async fn rollout_command(action: args::RolloutAction) -> Result<u8, String> {
         A::Status(t) | A::History(t) | A::Pause(t) | A::Resume(t) => (&t.target, &t.remote),
         A::Wait(w) => (&w.target, &w.remote),
         A::Undo(u) => (&u.target, &u.remote),
+        A::Approve(a) => (&a.target, &a.remote),
     };
     let (o, f) = client_options(remote_args)?;
     let (ns, name) = remote::split_key(target)?;
@@ -408,6 +409,11 @@ async fn rollout_command(action: args::RolloutAction) -> Result<u8, String> {
         A::Pause(_) => rollout::change(&o, f, &ns, &name, Change::Pause).await,
         A::Resume(_) => rollout::change(&o, f, &ns, &name, Change::Resume).await,
         A::Undo(u) => rollout::change(&o, f, &ns, &name, Change::Undo(u.to_revision)).await,
+        A::Approve(a) => {
+            let (wave, revision) = (a.wave.clone(), a.revision.clone());
+            let change = Change::Approve { wave, revision };
+            rollout::change(&o, f, &ns, &name, change).await
+        }
     }
 }
 

@@ -803,6 +803,7 @@ async fn every_method_in_the_descriptor_denies_a_caller_without_the_right() {
         "PauseRollout",
         "ResumeRollout",
         "UndoRollout",
+        "ApproveWave",
     ] {
         assert!(
             names.contains(known),

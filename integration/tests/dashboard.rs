@@ -1218,6 +1218,57 @@ async fn the_rollouts_view_shows_waves_in_order_and_a_rollback() {
     browser.screenshot("rollout-paused").await;
     click("resume").await;
     paused(false).await;
+
+    // A Manual wave (#35): shown as awaiting approval, with a button for a
+    // writer that approves the revision on screen.
+    let gated = json!({"spec": {
+        "template": {"image": "ghcr.io/acme/api:3"},
+        "rollout": {
+            "waves": [
+                {"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}},
+                {"name": "rest", "clusterSelector": {}, "approval": "Manual"},
+            ],
+            "bake": "1s",
+            "progressDeadline": "5m",
+        },
+    }});
+    fleet
+        .api()
+        .patch(
+            "api",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(gated),
+        )
+        .await
+        .unwrap();
+    browser
+        .until(
+            "the rest awaiting approval on screen",
+            WAIT,
+            &format!("const w = document.querySelector('article[data-rollout=\"{key}\"] li[data-wave=\"rest\"]'); return w && w.dataset.state === 'AwaitingApproval' && /awaiting approval/.test(w.textContent);"),
+        )
+        .await;
+    browser.screenshot("rollout-awaiting-approval").await;
+    click("approve").await;
+    let f = fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(90))
+        .await;
+    let st = f.status.unwrap();
+    let approval = st
+        .waves
+        .iter()
+        .find(|w| w.name == "rest")
+        .and_then(|w| w.approval.clone());
+    let approval = approval.expect("the approval in status");
+    assert_eq!(Some(&approval.revision), st.update_revision.as_ref());
+    assert!(approval.by.starts_with("dashboard:"), "{approval:?}");
+    browser
+        .until(
+            "who approved on screen",
+            WAIT,
+            &format!("const w = document.querySelector('article[data-rollout=\"{key}\"] li[data-wave=\"rest\"] .approval'); return w && /approved by dashboard:/.test(w.textContent);"),
+        )
+        .await;
 }
 
 /// The status line of a GET whose body may never end (an event stream);

@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -15,7 +16,7 @@ use support::{StoppedMember, eventually, microservice};
 
 use flotilla::api::client::{ClientOptions, connect};
 use flotilla::api::pb;
-use flotilla::rollout::spec::{ClusterState, FLEET_LABEL, RolloutPhase};
+use flotilla::rollout::spec::{ClusterState, FLEET_LABEL, RolloutPhase, WaveState};
 
 /// One test stops member-3; the others must not run meanwhile.
 static MEMBERS_UP: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
@@ -642,10 +643,10 @@ async fn a_hand_made_microservice_is_never_overwritten_and_deletion_waits_for_a_
     );
 }
 
-#[tokio::test]
-async fn supersede_pause_resume_and_undo_over_the_cli_and_grpc_with_the_write_token_only() {
-    let _up = MEMBERS_UP.read().await;
-    let dir = std::env::temp_dir().join(format!("fms-tokens-{:08x}", rand::random::<u32>()));
+/// A read token (`reader-token`) and a write token (`writer-token`) in
+/// files, and the replica flags that name them.
+fn token_files(prefix: &str) -> (PathBuf, PathBuf, Vec<String>) {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{:08x}", rand::random::<u32>()));
     std::fs::create_dir_all(&dir).unwrap();
     let (read_file, write_file) = (dir.join("read"), dir.join("write"));
     std::fs::write(&read_file, "reader-token\n").unwrap();
@@ -656,6 +657,13 @@ async fn supersede_pause_resume_and_undo_over_the_cli_and_grpc_with_the_write_to
         "--grpc-write-token-file".to_string(),
         write_file.display().to_string(),
     ];
+    (read_file, write_file, flags)
+}
+
+#[tokio::test]
+async fn supersede_pause_resume_and_undo_over_the_cli_and_grpc_with_the_write_token_only() {
+    let _up = MEMBERS_UP.read().await;
+    let (read_file, write_file, flags) = token_files("fms-tokens");
     let fleet = rollout_fleet_with("fms-ops", &[("member-1", CANARY)], &flags).await;
     let ns = fleet.namespace.clone();
     let key = format!("{ns}/api");
@@ -816,11 +824,205 @@ async fn supersede_pause_resume_and_undo_over_the_cli_and_grpc_with_the_write_to
         4,
         "the pause, the resume and two undos, marked fieldManager=flotilla-api: {edits:?}"
     );
-    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(read_file.parent().unwrap()).ok();
 }
 
 /// The home apiserver's record of writes to FleetMicroservices in `ns`
 /// made with the API's field manager: (verb, name).
+/// The state of `wave` once the status is at the object's generation
+/// and names `revision` as the update revision.
+async fn wave_state(
+    fleet: &RolloutFleet,
+    wave: &str,
+    revision: Option<&str>,
+) -> Option<(WaveState, flotilla::rollout::spec::FleetMicroservice)> {
+    let f = fleet.api().get("api").await.ok()?;
+    let st = f.status.as_ref()?;
+    if st.observed_generation != f.metadata.generation
+        || revision.is_some_and(|r| st.update_revision.as_deref() != Some(r))
+    {
+        return None;
+    }
+    let state = st.waves.iter().find(|w| w.name == wave)?.state;
+    Some((state, f))
+}
+
+/// #35: a Manual wave writes nothing to its clusters until someone with the
+/// right approves it, for that revision only; a successor of a killed
+/// rollout leader holds it the same way.
+#[tokio::test]
+async fn a_manual_wave_holds_until_approved_for_its_revision_and_a_successor_holds_it_too() {
+    let _up = MEMBERS_UP.read().await;
+    let (read_file, write_file, flags) = token_files("fms-approve");
+    let mut fleet = rollout_fleet_with("fms-approve", &[("member-1", CANARY)], &flags).await;
+    let ns = fleet.namespace.clone();
+    let key = format!("{ns}/api");
+    let server = fleet.replicas.grpc_url("r1");
+    let approve = |token: &PathBuf, wave: &str, extra: &[&str]| {
+        let mut args: Vec<String> = ["rollout", "approve", &key, "--wave", wave]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args.extend([
+            "--server".to_string(),
+            server.clone(),
+            "--token-file".to_string(),
+            token.display().to_string(),
+        ]);
+        async move {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            flotilla(&refs, Duration::from_secs(60)).await
+        }
+    };
+    let mut rollout = canary_first("1s", "5m");
+    rollout["waves"].as_array_mut().unwrap().push(json!({
+        "name": "rest", "clusterSelector": {}, "approval": "Manual",
+    }));
+    fleet
+        .create(fleet_microservice("api", "ghcr.io/acme/api:1", rollout))
+        .await;
+    let awaiting = |revision: Option<String>| {
+        let fleet = &fleet;
+        async move {
+            eventually("wave rest awaits approval", Duration::from_secs(90), || {
+                let revision = revision.clone();
+                async move {
+                    let (state, f) = wave_state(fleet, "rest", revision.as_deref()).await?;
+                    (state == WaveState::AwaitingApproval).then_some(f)
+                }
+            })
+            .await
+        }
+    };
+    let f = awaiting(None).await;
+    let rev1 = revision_of(&f);
+    let st = f.status.clone().unwrap();
+    assert_eq!(st.phase, Some(RolloutPhase::Progressing));
+    let progressing = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Progressing")
+        .unwrap();
+    assert_eq!(progressing.reason, "AwaitingApproval", "{progressing:?}");
+    // Held: ten seconds, and not one write of the release to the wave's clusters.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(writes_of("member-1", &ns, &rev1), 1, "the canary went");
+    for m in ["member-2", "member-3"] {
+        assert_eq!(
+            writes_of(m, &ns, &rev1),
+            0,
+            "{m} is written before approval"
+        );
+    }
+    // The read token may not approve; the write token may.
+    let (code, _, stderr) = approve(&read_file, "rest", &[]).await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(stderr.contains("PermissionDenied"), "{stderr}");
+    let (code, _, stderr) = approve(&write_file, "canary", &[]).await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(stderr.contains("nothing to approve"), "{stderr}");
+    let approved_at = std::time::Instant::now();
+    let (code, stdout, stderr) = approve(&write_file, "rest", &[]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("by write-token"), "{stdout}");
+    let f = fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(90))
+        .await;
+    println!(
+        "figure: approval to Complete (2 members, bake 1s): {:?}",
+        approved_at.elapsed()
+    );
+    let rest = f
+        .status
+        .unwrap()
+        .waves
+        .into_iter()
+        .find(|w| w.name == "rest")
+        .unwrap();
+    let shown = rest.approval.expect("the approval in status");
+    assert_eq!(
+        (shown.by.as_str(), shown.revision.as_str()),
+        ("write-token", rev1.as_str())
+    );
+    for m in ["member-1", "member-2", "member-3"] {
+        assert_eq!(writes_of(m, &ns, &rev1), 1, "{m} written once");
+    }
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(fleet.home.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let reasons: Vec<String> = events
+        .items
+        .iter()
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    assert!(reasons.iter().any(|r| r == "WaveApproved"), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r == "WaveAwaitingApproval"),
+        "{reasons:?}"
+    );
+
+    // The next revision: rev1's approval opens nothing, and approving rev1
+    // again changes nothing.
+    fleet.set_image("api", "ghcr.io/acme/api:2").await;
+    let f = fleet
+        .wait_phase("api", RolloutPhase::Progressing, Duration::from_secs(30))
+        .await;
+    let rev2 = revision_of(&f);
+    awaiting(Some(rev2.clone())).await;
+    let (code, _, stderr) = approve(&write_file, "rest", &["--revision", &rev1]).await;
+    assert_eq!(code, 0, "{stderr}");
+    // A kill -9 of the rollout leader while the wave waits: the successor
+    // holds it too.
+    let leader = fleet.rollout_leader().await;
+    fleet.replicas.kill_9(&leader);
+    eventually(
+        "a successor holds the rollout Lease",
+        Duration::from_secs(30),
+        || async { (fleet.rollout_leader().await != leader).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (state, _) = wave_state(&fleet, "rest", Some(&rev2)).await.unwrap();
+    assert_eq!(state, WaveState::AwaitingApproval);
+    for m in ["member-2", "member-3"] {
+        assert_eq!(
+            writes_of(m, &ns, &rev2),
+            0,
+            "{m} got {rev2} on {rev1}'s approval"
+        );
+    }
+    // Approved over gRPC, naming the revision.
+    let mut grpc = flotilla::api::client::connect_rollouts(&ClientOptions {
+        server: fleet
+            .replicas
+            .grpc_url(if leader == "r1" { "r2" } else { "r1" }),
+        token: Some("writer-token".into()),
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
+    let r = grpc
+        .approve_wave(pb::ApproveWaveRequest {
+            namespace: ns.clone(),
+            name: "api".into(),
+            wave: "rest".into(),
+            revision: rev2.clone(),
+        })
+        .await
+        .expect("ApproveWave")
+        .into_inner();
+    assert!(r.waves.iter().any(|w| w.name == "rest" && w.manual));
+    fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(90))
+        .await;
+    for m in ["member-1", "member-2", "member-3"] {
+        assert_eq!(writes_of(m, &ns, &rev2), 1, "{m} written once with {rev2}");
+    }
+    std::fs::remove_dir_all(read_file.parent().unwrap()).ok();
+}
+
 fn api_edits(ns: &str) -> Vec<(String, String)> {
     support::audit_events("home")
         .into_iter()

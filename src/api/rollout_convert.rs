@@ -8,8 +8,9 @@ use kube::ResourceExt;
 
 use super::convert::{condition, timestamp};
 use super::pb;
+use crate::rollout::approval;
 use crate::rollout::revision::Revision;
-use crate::rollout::spec::{FleetMicroservice, PlacementStatus};
+use crate::rollout::spec::{Approval, FleetMicroservice, PlacementStatus};
 
 fn time(t: &Time) -> prost_types::Timestamp {
     timestamp(SystemTime::from(t.0))
@@ -29,6 +30,7 @@ fn revision_ref(name: Option<&String>, history: &[Revision]) -> Option<pb::Revis
 /// the message only when `with_history`.
 pub fn rollout(f: &FleetMicroservice, history: &[Revision], with_history: bool) -> pb::Rollout {
     let st = f.status.clone().unwrap_or_default();
+    let approvals = approval::read(f.metadata.annotations.as_ref());
     let mut newest_first: Vec<&Revision> = history.iter().collect();
     newest_first.sort_by_key(|r| std::cmp::Reverse(r.number));
     pb::Rollout {
@@ -54,6 +56,26 @@ pub fn rollout(f: &FleetMicroservice, history: &[Revision], with_history: bool) 
                 state: format!("{:?}", w.state),
                 started: w.started.as_ref().map(time),
                 finished: w.finished.as_ref().map(time),
+                manual: f
+                    .spec
+                    .rollout
+                    .waves
+                    .iter()
+                    .any(|s| s.name == w.name && s.approval == Approval::Manual),
+                // Given but not yet used (its wave's turn has not come, or the
+                // leader has not planned since): shown too.
+                approval: w
+                    .approval
+                    .as_ref()
+                    .or_else(|| {
+                        let update = st.update_revision.as_deref()?;
+                        approval::granted(&approvals.given, &w.name, update)
+                    })
+                    .map(|a| pb::WaveApproval {
+                        revision: a.revision.clone(),
+                        by: a.by.clone(),
+                        at: Some(time(&a.at)),
+                    }),
             })
             .collect(),
         clusters: st

@@ -120,7 +120,7 @@ impl FleetRolloutsService {
 fn edit_status(e: EditError) -> Status {
     match e {
         EditError::Kube(e) => kube_status(e),
-        EditError::Undo(m) => Status::invalid_argument(m),
+        EditError::Undo(m) | EditError::Approve(m) => Status::invalid_argument(m),
     }
 }
 
@@ -279,6 +279,33 @@ impl FleetRollouts for FleetRolloutsService {
         );
         let (f, target) = edit.await.map_err(edit_status)?;
         tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), to = %target.name, number = target.number, enduser.id = caller.name(), "rollout undone over gRPC");
+        Ok(Response::new(rollout(&f, &self.cache.history(&f), true)))
+    }
+
+    async fn approve_wave(
+        &self,
+        r: Request<pb::ApproveWaveRequest>,
+    ) -> Result<Response<pb::Rollout>, Status> {
+        let req = r.get_ref();
+        let (ns, name) = request::key(&req.namespace, &req.name)?;
+        let caller = self
+            .permitted(&r, access::APPROVE, (&ns, &name), "ApproveWave")
+            .await?;
+        let req = r.get_ref();
+        if req.wave.is_empty() {
+            return Err(Status::invalid_argument("wave is required"));
+        }
+        self.ready()?;
+        let edit = edits::approve(
+            &self.home,
+            &self.cache,
+            (&ns, &name),
+            &req.wave,
+            &req.revision,
+            caller.name(),
+        );
+        let (f, given) = edit.await.map_err(edit_status)?;
+        tracing::info!(flotilla.fleet_microservice = %format!("{ns}/{name}"), wave = %given.wave, revision = %given.revision, by = %given.by, enduser.id = caller.name(), "wave approved over gRPC");
         Ok(Response::new(rollout(&f, &self.cache.history(&f), true)))
     }
 }

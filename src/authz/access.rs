@@ -11,6 +11,7 @@ pub const GROUP: &str = "platform.example.io";
 pub const PAUSE: &str = "pause";
 pub const RESUME: &str = "resume";
 pub const UNDO: &str = "undo";
+pub const APPROVE: &str = "approve";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Resource {
@@ -63,7 +64,7 @@ impl Access {
     /// Whether granting this changes something; the static read token and
     /// an open server never may.
     pub fn mutates(&self) -> bool {
-        matches!(self.verb, PAUSE | RESUME | UNDO)
+        matches!(self.verb, PAUSE | RESUME | UNDO | APPROVE)
     }
 
     /// As a denial names it: `pause fleetmicroservices.platform.example.io "web" in namespace "team-b"`.

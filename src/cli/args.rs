@@ -84,7 +84,7 @@ pub enum Command {
     /// 1 failed in some cluster, 2 timed out, 3 could not ask, 64 usage error.
     Wait(WaitArgs),
     /// FleetMicroservice rollouts: status, history, wait, pause, resume,
-    /// undo. `rollout wait` exits 0 Complete, 1 RolledBack or Failed,
+    /// undo, approve. `rollout wait` exits 0 Complete, 1 RolledBack or Failed,
     /// 2 timed out, 3 could not ask.
     Rollout(RolloutArgs),
     /// Show a Microservice's fleet-wide DNS name: the clusters it answers
@@ -174,6 +174,9 @@ pub enum RolloutAction {
     Resume(RolloutTarget),
     /// Put a stored revision back into the spec; needs the write token.
     Undo(RolloutUndoArgs),
+    /// Let a Manual wave start for one revision; needs the write token (or
+    /// the RBAC verb `approve`).
+    Approve(RolloutApproveArgs),
 }
 
 #[derive(clap::Args)]
@@ -202,6 +205,22 @@ pub struct RolloutUndoArgs {
     /// before the current one).
     #[arg(long, default_value_t = 0)]
     pub to_revision: i64,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(clap::Args)]
+pub struct RolloutApproveArgs {
+    /// NAMESPACE/NAME of the FleetMicroservice.
+    pub target: String,
+    /// The wave to approve.
+    #[arg(long)]
+    pub wave: String,
+    /// The revision (name or number) it is approved for; by default the
+    /// update revision the status shows now. An approval opens that
+    /// revision's wave only.
+    #[arg(long, default_value = "")]
+    pub revision: String,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }

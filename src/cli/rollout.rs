@@ -65,6 +65,11 @@ pub enum Change {
     Pause,
     Resume,
     Undo(i64),
+    /// A wave, and the revision to approve it for ("" for the update one).
+    Approve {
+        wave: String,
+        revision: String,
+    },
 }
 
 pub async fn change(
@@ -83,6 +88,15 @@ pub async fn change(
                 namespace: ns.into(),
                 name: name.into(),
                 to_revision,
+            })
+            .await
+        }
+        Change::Approve { wave, revision } => {
+            c.approve_wave(pb::ApproveWaveRequest {
+                namespace: ns.into(),
+                name: name.into(),
+                wave,
+                revision,
             })
             .await
         }

@@ -84,12 +84,15 @@ pub fn status_text(r: &pb::Rollout) -> String {
                 w.clusters.join(","),
                 time(&w.started),
                 time(&w.finished),
+                approval(w),
             ]
         })
         .collect();
     out.push('\n');
     out.push_str(&table(
-        &["WAVE", "STATE", "CLUSTERS", "STARTED", "FINISHED"],
+        &[
+            "WAVE", "STATE", "CLUSTERS", "STARTED", "FINISHED", "APPROVAL",
+        ],
         &waves,
     ));
     let clusters: Vec<Vec<String>> = r
@@ -116,6 +119,16 @@ pub fn status_text(r: &pb::Rollout) -> String {
         out.push_str(&placement_text(r));
     }
     out
+}
+
+/// A wave's gate as the table shows it: `-` for a wave that starts on its
+/// own, `manual` until approved, then who approved.
+fn approval(w: &pb::Wave) -> String {
+    match (&w.approval, w.manual) {
+        (Some(a), _) => format!("by {} at {}", a.by, time(&a.at)),
+        (None, true) => "manual".into(),
+        (None, false) => "-".into(),
+    }
 }
 
 /// `flotilla placement`: each cluster's place and why, then the moves.
@@ -245,7 +258,10 @@ pub fn json(r: &pb::Rollout) -> Value {
         "lastGoodRevision": r.last_good_revision.as_ref().map(|x| json!({"name": x.name, "number": x.number})),
         "updated": r.updated,
         "available": r.available,
-        "waves": r.waves.iter().map(|w| json!({"name": w.name, "state": w.state, "clusters": w.clusters})).collect::<Vec<_>>(),
+        "waves": r.waves.iter().map(|w| json!({
+            "name": w.name, "state": w.state, "clusters": w.clusters, "manual": w.manual,
+            "approval": w.approval.as_ref().map(|a| json!({"revision": a.revision, "by": a.by, "at": time(&a.at)})),
+        })).collect::<Vec<_>>(),
         "clusters": r.clusters.iter().map(|c| json!({
             "cluster": c.cluster, "state": c.state, "revision": c.revision,
             "target": c.target, "reason": c.reason, "message": c.message,

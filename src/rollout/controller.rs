@@ -355,6 +355,7 @@ async fn round(
     let previous = held.as_ref().map_or(&written, |(s, _)| s).clone();
     let now = jiff::Timestamp::now();
     let reading = ctx.write_log().read(&uid);
+    let approvals = super::approval::read(fms.metadata.annotations.as_ref());
     let plan = plan::plan_guarded(&Inputs {
         name: &name,
         uid: &uid,
@@ -367,6 +368,7 @@ async fn round(
         troubles: &reading.troubles,
         now,
         term_started,
+        approvals: &approvals,
     });
     tracing::Span::current().record("flotilla.revision", update.number);
 

@@ -1,4 +1,4 @@
-//! The edits users ask for (pause, resume, undo), shared by the gRPC
+//! The edits users ask for (pause, resume, undo, approve), shared by the gRPC
 //! rollouts API and the dashboard: each one write to the home cluster.
 //!
 //! Any replica serves them, leader or not: they are a caller's request,
@@ -15,9 +15,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::approval;
 use super::cache::RolloutCache;
 use super::revision::{Revision, undo_target};
-use super::spec::FleetMicroservice;
+use super::spec::{FleetMicroservice, WaveApproval};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EditError {
@@ -26,6 +29,10 @@ pub enum EditError {
     /// No revision to go back to, or not the one asked for.
     #[error("{0}")]
     Undo(String),
+    /// Not a Manual wave, no such revision, or an approvals annotation
+    /// that cannot be read (it is never overwritten).
+    #[error("{0}")]
+    Approve(String),
 }
 
 impl EditError {
@@ -36,6 +43,7 @@ impl EditError {
             EditError::Kube(kube::Error::Api(s)) if s.code == 409 => "Conflict",
             EditError::Kube(_) => "Kube",
             EditError::Undo(_) => "Undo",
+            EditError::Approve(_) => "Approve",
         }
     }
 }
@@ -165,6 +173,70 @@ pub async fn undo(
     let what = format!("undone to revision {} ({})", target.number, target.name);
     announce(home, &f, "UndoRequested", &what, by).await;
     Ok((f, target))
+}
+
+/// How often an approval is tried again when the object changed under it:
+/// the fleet controller writes the status of a running rollout often.
+const APPROVE_TRIES: usize = 5;
+
+/// Approves `wave` for `revision` (a name or number; empty: the update
+/// revision the status shows): adds it to the approvals annotation,
+/// conditional on the resourceVersion read. Returns the object and the
+/// approval in force, which is the earlier one when it was given before.
+pub async fn approve(
+    home: &Client,
+    cache: &RolloutCache,
+    (ns, name): (&str, &str),
+    wave: &str,
+    revision: &str,
+    by: &str,
+) -> Result<(FleetMicroservice, WaveApproval), EditError> {
+    let api = Api::<FleetMicroservice>::namespaced(home.clone(), ns);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let f = api.get(name).await?;
+        approval::check_wave(&f.spec.rollout.waves, wave).map_err(EditError::Approve)?;
+        let update = f.status.as_ref().and_then(|s| s.update_revision.as_deref());
+        let revision = approval::revision_named(revision, update, &cache.history(&f))
+            .map_err(EditError::Approve)?;
+        let given = approval::read(f.metadata.annotations.as_ref());
+        if let Some(e) = given.unreadable {
+            return Err(EditError::Approve(format!("{e}; fix or remove it first")));
+        }
+        let new = WaveApproval {
+            wave: wave.into(),
+            revision: revision.clone(),
+            by: by.into(),
+            at: Time(jiff::Timestamp::now()),
+        };
+        let all = match approval::add(&given.given, new.clone()) {
+            Ok(all) => all,
+            Err(before) => return Ok((f, before)),
+        };
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": f.metadata.resource_version,
+                "annotations": {
+                    approval::ANNOTATION: serde_json::to_string(&all).expect("approvals serialize"),
+                    LAST_EDIT_BY: by,
+                },
+            },
+        });
+        match api.patch(name, &params, &Patch::Merge(patch)).await {
+            Ok(f) => {
+                let what = format!("wave {wave} of revision {revision} approved");
+                announce(home, &f, "WaveApproved", &what, by).await;
+                return Ok((f, new));
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 && tries < APPROVE_TRIES => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 #[cfg(test)]

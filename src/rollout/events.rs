@@ -49,6 +49,8 @@ pub fn changes(before: &FleetMicroserviceStatus, after: &FleetMicroserviceStatus
             WaveState::Done => (false, "WaveDone"),
             WaveState::Skipped => (false, "WaveSkipped"),
             WaveState::Failed => (true, "WaveFailed"),
+            // Someone has to act: the Event is the notice.
+            WaveState::AwaitingApproval => (false, "WaveAwaitingApproval"),
             _ => continue,
         };
         if old.map(|o| o.state) != Some(w.state) {
@@ -169,6 +171,7 @@ mod tests {
             state,
             started: None,
             finished: None,
+            approval: None,
         };
         let status = |c, w, phase| FleetMicroserviceStatus {
             update_revision: Some("api-2".into()),

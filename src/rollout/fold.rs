@@ -158,6 +158,7 @@ mod tests {
                 state: WaveState::Progressing,
                 started: Some(at("2026-01-01T00:00:00Z")),
                 finished: None,
+                approval: None,
             }],
             clusters: vec![
                 cluster("m1", "api-2", ClusterState::Updating),

@@ -253,6 +253,7 @@ mod tests {
             state: WaveState::Done,
             started: Some(Time(at("2025-12-31T23:59:00Z"))),
             finished: Some(Time(at("2026-01-01T00:01:30Z"))),
+            approval: None,
         });
         assert_eq!(ahead(&s, at(T0)), 90);
         assert_eq!(

@@ -84,6 +84,7 @@ mod tests {
                 ..Default::default()
             },
             max_parallel: max.map(IntOrString::Int),
+            approval: Default::default(),
         }]
     }
 

@@ -260,11 +260,13 @@ mod tests {
                 name: "canary".into(),
                 cluster_selector: by_label("ring", "canary"),
                 max_parallel: None,
+                approval: Default::default(),
             },
             Wave {
                 name: "tier1".into(),
                 cluster_selector: by_label("tier", "1"),
                 max_parallel: None,
+                approval: Default::default(),
             },
         ];
         let w = waves(&declared, [("b", &b), ("a", &a), ("c", &c)]);

@@ -14,14 +14,15 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::approval::{self, Approvals};
 use super::failover::choose::{self, Candidate, Placed};
 use super::gate::{self, Evidence, Gate, left, stamp};
 use super::leaving::{self, Leave, Leaver};
 use super::placement::{self, Labels, digest, member_spec, selects};
 use super::revision::Revision;
 use super::spec::{
-    ClusterState, ClusterStatus, DnsStrategy, FleetMicroserviceSpec, FleetMicroserviceStatus,
-    OnFailure, RolloutPhase, WaveState, WaveStatus,
+    Approval, ClusterState, ClusterStatus, DnsStrategy, FleetMicroserviceSpec,
+    FleetMicroserviceStatus, OnFailure, RolloutPhase, WaveState, WaveStatus,
 };
 use super::trouble::Trouble;
 use crate::domain::conditions::{self, Status, Verdict};
@@ -87,6 +88,8 @@ pub struct Inputs<'a> {
     /// When this leader's term began, on the same clock: stamps older than
     /// it may come from another replica's clock.
     pub term_started: Timestamp,
+    /// The approvals given for `Manual` waves (#35), from the object's annotation.
+    pub approvals: &'a Approvals,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -613,6 +616,8 @@ pub fn plan(i: &Inputs) -> Plan {
     let mut targets: BTreeMap<&str, Option<String>> = BTreeMap::new();
     let mut actions: Vec<Action> = Vec::new();
     let mut current_wave: Option<String> = None;
+    // A `Manual` wave whose turn came without an approval for this revision.
+    let mut awaiting: Option<&str> = None;
     match &mode {
         Mode::Paused | Mode::HeldOnFailure | Mode::Failed => {
             for r in &rows {
@@ -672,12 +677,26 @@ pub fn plan(i: &Inputs) -> Plan {
                 current_wave = Some(wave.clone());
                 open = false;
                 let wave_spec = i.spec.rollout.waves.iter().find(|w| &w.name == wave);
+                let given = |r: &Row| r.at == Some(update) || r.prev_target() == Some(update);
+                // Held until approved for this revision; a wave already
+                // under way goes on (its writes were approved when they began).
+                let manual = wave_spec.is_some_and(|w| w.approval == Approval::Manual);
+                if manual
+                    && !wave_rows.iter().any(|r| given(r))
+                    && approval::granted(&i.approvals.given, wave, update).is_none()
+                {
+                    awaiting = Some(wave.as_str());
+                    for r in wave_rows {
+                        let keep = (r.at == Some(update)).then(|| update.to_string());
+                        targets.insert(&r.c.name, keep);
+                    }
+                    continue;
+                }
                 let limit = placement::max_parallel(
                     wave_spec.and_then(|w| w.max_parallel.as_ref()),
                     wave_rows.len(),
                 )
                 .unwrap_or(1);
-                let given = |r: &Row| r.at == Some(update) || r.prev_target() == Some(update);
                 let in_flight = wave_rows
                     .iter()
                     .filter(|r| {
@@ -936,6 +955,7 @@ pub fn plan(i: &Inputs) -> Plan {
                 _ => None,
             };
             let state = match g {
+                _ if awaiting == Some(name.as_str()) => WaveState::AwaitingApproval,
                 Gate::Done(_) => WaveState::Done,
                 Gate::Baking(_) => WaveState::Baking,
                 Gate::Skipped => WaveState::Skipped,
@@ -943,12 +963,18 @@ pub fn plan(i: &Inputs) -> Plan {
                 Gate::Progressing if started.is_some() => WaveState::Progressing,
                 Gate::Progressing => WaveState::Pending,
             };
+            // The approval that opened it, kept once the annotation drops it.
+            let approval = approval::granted(&i.approvals.given, name, update)
+                .cloned()
+                .or_else(|| before.and_then(|w| w.approval.clone()))
+                .filter(|a| a.revision == update);
             WaveStatus {
                 name: name.clone(),
                 clusters: members.clone(),
                 state,
                 started,
                 finished,
+                approval,
             }
         })
         .collect();
@@ -1052,6 +1078,20 @@ pub fn plan(i: &Inputs) -> Plan {
             format!(
                 "wave {} selects no cluster; requireCanary holds the other waves",
                 canary.unwrap_or("-")
+            ),
+        ),
+        _ if let Some(wave) = awaiting => Verdict::new(
+            PROGRESSING,
+            Status::True,
+            "AwaitingApproval",
+            format!(
+                "wave {wave} waits for approval of revision {update} (flotilla rollout approve NAMESPACE/{} --wave {wave}){}",
+                i.name,
+                i.approvals
+                    .unreadable
+                    .as_deref()
+                    .map(|e| format!("; {e}"))
+                    .unwrap_or_default()
             ),
         ),
         _ => Verdict::new(

@@ -175,6 +175,7 @@ fn an_unreachable_leaver_holds_up_no_wave() {
         name: "canary".into(),
         cluster_selector: sel("name", first),
         max_parallel: None,
+        approval: Default::default(),
     }];
     w.complete();
     let on = chosen(&w);

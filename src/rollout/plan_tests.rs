@@ -34,6 +34,7 @@ fn spec(image: &str) -> FleetMicroserviceSpec {
                 name: "canary".into(),
                 cluster_selector: sel("ring", "canary"),
                 max_parallel: None,
+                approval: Default::default(),
             }],
             bake: Some("30s".into()),
             progress_deadline: Some("60s".into()),
@@ -72,6 +73,7 @@ struct World {
     /// Every write, in order: (cluster, revision).
     writes: Vec<(String, String)>,
     deletes: Vec<String>,
+    approvals: crate::rollout::approval::Approvals,
 }
 
 impl World {
@@ -101,6 +103,7 @@ impl World {
             term_started: "2026-01-01T00:00:00Z".parse().unwrap(),
             writes: vec![],
             deletes: vec![],
+            approvals: Default::default(),
         }
     }
 
@@ -137,6 +140,7 @@ impl World {
             troubles: &self.troubles,
             now: self.now,
             term_started: self.term_started,
+            approvals: &self.approvals,
         })
     }
 
@@ -577,6 +581,7 @@ fn max_parallel_bounds_the_clusters_updating_at_once() {
         name: "all".into(),
         cluster_selector: LabelSelector::default(),
         max_parallel: Some(IntOrString::Int(1)),
+        approval: Default::default(),
     }];
     w.spec.rollout.bake = None;
     for expected in ["a", "b", "c"] {
@@ -665,6 +670,7 @@ fn bad_specs_are_refused_with_the_reason() {
         name: "remaining".into(),
         cluster_selector: LabelSelector::default(),
         max_parallel: None,
+        approval: Default::default(),
     });
     assert!(w.step().actions.is_empty());
     let mut w = World::three();
@@ -1013,6 +1019,7 @@ mod review {
             name: "all".into(),
             cluster_selector: LabelSelector::default(),
             max_parallel: Some(IntOrString::Int(1)),
+            approval: Default::default(),
         }];
         w.clusters[0].reachable = false;
         let p = w.step();
@@ -1248,6 +1255,7 @@ mod review {
             name: "all".into(),
             cluster_selector: LabelSelector::default(),
             max_parallel: Some(IntOrString::Int(1)),
+            approval: Default::default(),
         }];
         let p = w.plan();
         assert_eq!(p.actions.len(), 1);
@@ -1416,6 +1424,7 @@ mod review {
             troubles: &w.troubles,
             now: w.now,
             term_started: w.term_started,
+            approvals: &w.approvals,
         };
         let p = guarded(&inputs, || panic!("a defect"));
         assert!(p.actions.is_empty());
@@ -1529,6 +1538,7 @@ mod chaos {
             name: "early".into(),
             cluster_selector: sel("ring", "early"),
             max_parallel: Some(IntOrString::Int(1)),
+            approval: Default::default(),
         });
         w.spec.rollout.max_failed_clusters = 1;
         w
@@ -2004,3 +2014,6 @@ fn a_rollback_also_brings_back_a_cluster_left_on_a_superseded_release() {
         assert_eq!(at.as_deref(), Some(good.as_str()), "{m} after the rollback");
     }
 }
+
+#[path = "plan_approval_tests.rs"]
+mod approval;

@@ -203,6 +203,40 @@ pub struct Wave {
     /// a percentage such as `50%`; all of them by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_parallel: Option<IntOrString>,
+    /// `Manual`: the wave starts only once someone approved it for the
+    /// revision being released (`flotilla rollout approve`); `Auto` by default.
+    #[serde(default, skip_serializing_if = "Approval::is_auto")]
+    pub approval: Approval,
+}
+
+/// Whether a wave starts on its own once the waves before it passed (#35).
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum Approval {
+    #[default]
+    Auto,
+    /// Held until approved for the update revision.
+    Manual,
+}
+
+impl Approval {
+    pub fn is_auto(&self) -> bool {
+        *self == Approval::Auto
+    }
+}
+
+/// Someone's approval of one wave for one revision (#35). It is kept in
+/// the FleetMicroservice's annotation `platform.example.io/approvals`, so
+/// it survives every replica; the wave's status shows the one it used.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WaveApproval {
+    pub wave: String,
+    /// The revision's name: an approval of one revision opens no other's wave.
+    pub revision: String,
+    pub by: String,
+    pub at: Time,
 }
 
 #[derive(
@@ -306,6 +340,9 @@ pub struct WaveStatus {
     /// When every cluster had been done for the bake time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<Time>,
+    /// For a `Manual` wave, the approval that opened it for the update revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<WaveApproval>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
@@ -318,6 +355,9 @@ pub enum WaveState {
     Skipped,
     /// Its canary failed, or every cluster of it did.
     Failed,
+    /// A `Manual` wave whose turn came: nothing is written to its clusters
+    /// until it is approved for the update revision.
+    AwaitingApproval,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]

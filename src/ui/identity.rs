@@ -30,7 +30,7 @@ pub const TLS_COOKIE: &str = "__Host-flotilla_ui_k8s";
 /// For the denial counter and the log.
 const METHOD: &str = "Dashboard";
 /// The verbs the rollout buttons need, one button each.
-pub const EDIT_VERBS: [&str; 3] = [access::PAUSE, access::RESUME, access::UNDO];
+pub const EDIT_VERBS: [&str; 4] = [access::PAUSE, access::RESUME, access::UNDO, access::APPROVE];
 
 /// What one identity sees: `None` is every namespace.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -567,14 +567,14 @@ async fn edit(
     let Some(source) = &ctx.fleet_rollouts else {
         return refuse(StatusCode::NOT_FOUND, "no rollouts here");
     };
-    let to = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["toRevision"].as_i64())
-        .unwrap_or(0);
+    let body = serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default();
+    let to = body["toRevision"].as_i64().unwrap_or(0);
+    let text = |field: &str| body[field].as_str().unwrap_or_default().to_string();
     let verb = match action.as_str() {
         "pause" => authz_access::PAUSE,
         "resume" => authz_access::RESUME,
         "undo" => authz_access::UNDO,
+        "approve" => authz_access::APPROVE,
         other => return refuse(StatusCode::NOT_FOUND, format!("no action {other:?}")),
     };
     let by = match &who {
@@ -606,6 +606,13 @@ async fn edit(
         "undo" => edits::undo(&source.home, &source.cache, &ns, &name, to, &by)
             .await
             .map(|_| ()),
+        "approve" => {
+            let (wave, revision) = (text("wave"), text("revision"));
+            let key = (ns.as_str(), name.as_str());
+            edits::approve(&source.home, &source.cache, key, &wave, &revision, &by)
+                .await
+                .map(|_| ())
+        }
         other => return refuse(StatusCode::NOT_FOUND, format!("no action {other:?}")),
     };
     match done {
@@ -619,7 +626,7 @@ async fn edit(
             );
             StatusCode::NO_CONTENT.into_response()
         }
-        Err(EditError::Undo(m)) => refuse(StatusCode::BAD_REQUEST, m),
+        Err(EditError::Undo(m) | EditError::Approve(m)) => refuse(StatusCode::BAD_REQUEST, m),
         Err(EditError::Kube(kube::Error::Api(s))) => refuse(
             StatusCode::from_u16(s.code).unwrap_or(StatusCode::BAD_GATEWAY),
             s.message,

@@ -358,7 +358,7 @@ function detailChanged(key) {
 
 // ---- the rollouts view
 
-const WAVE_WORDS = { Pending: "pending", Progressing: "updating", Baking: "baking", Done: "done", Skipped: "skipped (no cluster)", Failed: "failed" };
+const WAVE_WORDS = { Pending: "pending", AwaitingApproval: "awaiting approval", Progressing: "updating", Baking: "baking", Done: "done", Skipped: "skipped (no cluster)", Failed: "failed" };
 
 // "5s", "2m", "1m30s", "500ms" as milliseconds.
 function durationMs(text) {
@@ -384,7 +384,20 @@ function waveElement(r, w) {
     el("span", { class: "wave-name", text: w.name }),
     el("progress", { max: Math.max(1, w.clusters.length), value: done, "aria-label": w.name + ": " + done + " of " + w.clusters.length + " clusters done" }),
     el("span", { class: "wave-state", text: word + " (" + done + "/" + w.clusters.length + ")" }),
-    ...clusters.map((c) => el("span", { class: "chip", "data-cluster": c.name, "data-state": c.state, title: c.message || c.reason, text: c.name + ": " + c.state })));
+    ...clusters.map((c) => el("span", { class: "chip", "data-cluster": c.name, "data-state": c.state, title: c.message || c.reason, text: c.name + ": " + c.state })),
+    w.approval ? el("span", { class: "approval", text: "approved by " + w.approval.by + " at " + w.approval.at }) : null,
+    approveButton(r, w));
+}
+
+// A wave held for approval, for someone who may approve: the button
+// approves the revision this page shows, not whatever comes next.
+function approveButton(r, w) {
+  if (w.state !== "AwaitingApproval" || !mayDo(r).includes("approve")) return null;
+  const revision = (r.status || {}).updateRevision;
+  const number = (r.history.find((h) => h.name === revision) || {}).number ?? revision;
+  const b = el("button", { type: "button", "data-action": "approve", "data-wave": w.name, text: "Approve " + w.name + " for revision " + number });
+  b.addEventListener("click", () => edit(r.namespace + "/" + r.name, "approve", { wave: w.name, revision }));
+  return b;
 }
 
 let session = { write: false, writeConfigured: false };
@@ -405,7 +418,7 @@ async function edit(key, action, body) {
 // The write token may do everything; a Kubernetes identity what its RBAC
 // grants in the rollout's namespace (the server checks again on click).
 function mayDo(r) {
-  if (session.write) return ["pause", "resume", "undo"];
+  if (session.write) return ["pause", "resume", "undo", "approve"];
   return (session.may || {})[r.namespace] || [];
 }
 
