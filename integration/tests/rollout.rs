@@ -1023,6 +1023,155 @@ async fn a_manual_wave_holds_until_approved_for_its_revision_and_a_successor_hol
     std::fs::remove_dir_all(read_file.parent().unwrap()).ok();
 }
 
+/// A webhook the test answers: 200 while `passing`, else 500 with a reason.
+/// Every body it receives is kept.
+#[derive(Clone, Default)]
+struct Hook {
+    passing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    bodies: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, serde_json::Value)>>>,
+}
+
+impl Hook {
+    async fn serve(&self) -> String {
+        use axum::response::IntoResponse;
+        let hook = self.clone();
+        let app = axum::Router::new().route(
+            "/check",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let hook = hook.clone();
+                async move {
+                    let json = serde_json::from_slice(&body).unwrap_or_default();
+                    hook.bodies
+                        .lock()
+                        .unwrap()
+                        .push((std::time::Instant::now(), json));
+                    if hook.passing.load(std::sync::atomic::Ordering::SeqCst) {
+                        http::StatusCode::OK.into_response()
+                    } else {
+                        (http::StatusCode::INTERNAL_SERVER_ERROR, "error rate 7%").into_response()
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/check", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.ok() });
+        url
+    }
+
+    fn calls_for(&self, revision: &str) -> Vec<(std::time::Instant, serde_json::Value)> {
+        let all = self.bodies.lock().unwrap();
+        all.iter()
+            .filter(|(_, b)| b["revision"] == revision)
+            .cloned()
+            .collect()
+    }
+}
+
+/// #35: a wave passes on its webhook's word, after the bake, and a webhook
+/// that fails during the canary's bake rolls the canary back before any
+/// other member is written.
+#[tokio::test]
+async fn a_webhook_check_passes_a_wave_after_its_bake_and_a_failing_one_rolls_the_canary_back() {
+    let _up = MEMBERS_UP.read().await;
+    let hook = Hook::default();
+    hook.passing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let url = hook.serve().await;
+    let fleet = rollout_fleet("fms-analysis", &[("member-1", CANARY)]).await;
+    let ns = fleet.namespace.clone();
+    let mut rollout = canary_first("4s", "5m");
+    rollout["analysis"] = json!([{
+        "name": "errors",
+        "webhook": {"url": url, "timeout": "2s"},
+        "interval": "1s",
+    }]);
+    fleet
+        .create(fleet_microservice("api", "ghcr.io/acme/api:1", rollout))
+        .await;
+    let rev1 = revision_of(
+        &fleet
+            .wait_phase("api", RolloutPhase::Progressing, Duration::from_secs(30))
+            .await,
+    );
+    fleet
+        .done_at("member-1", "api", &rev1, Duration::from_secs(60))
+        .await;
+    let canary_done = std::time::Instant::now();
+    let f = fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(90))
+        .await;
+    let calls = hook.calls_for(&rev1);
+    let canary: Vec<_> = calls
+        .iter()
+        .filter(|(_, b)| b["wave"] == "canary")
+        .collect();
+    assert!(!canary.is_empty(), "the canary's check ran: {calls:?}");
+    let (_, body) = canary.last().unwrap();
+    assert_eq!(body["fleetMicroservice"]["namespace"], ns.as_str());
+    assert_eq!(body["clusters"][0]["name"], "member-1");
+    assert!(body["clusters"][0]["generation"].as_i64().unwrap() >= 1);
+    // The pass that opened the rest came after the bake.
+    let after_bake = canary
+        .iter()
+        .filter(|(at, _)| at.duration_since(canary_done) >= Duration::from_secs(3))
+        .count();
+    assert!(
+        after_bake >= 1,
+        "a run once the 4s bake was over: {canary:?}"
+    );
+    let checks = &f.status.unwrap().waves[0].analysis;
+    assert_eq!(checks[0].state, flotilla::rollout::spec::CheckState::Passed);
+
+    // The webhook now refuses: the canary is rolled back, and no other
+    // member ever gets the release.
+    hook.passing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    fleet.set_image("api", "ghcr.io/acme/api:2").await;
+    let f = fleet
+        .wait_phase("api", RolloutPhase::RolledBack, Duration::from_secs(90))
+        .await;
+    let rev2 = f.status.as_ref().unwrap().update_revision.clone().unwrap();
+    assert!(!hook.calls_for(&rev2).is_empty());
+    fleet
+        .done_at("member-1", "api", &rev1, Duration::from_secs(60))
+        .await;
+    for m in ["member-2", "member-3"] {
+        assert_eq!(
+            writes_of(m, &ns, &rev2),
+            0,
+            "{m} got the release the check failed"
+        );
+    }
+    assert_eq!(writes_of("member-1", &ns, &rev2), 1);
+    let st = f.status.unwrap();
+    let rolled = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "RolledBack")
+        .unwrap();
+    assert!(
+        rolled
+            .message
+            .contains("analysis errors of wave canary (HTTP 500: error rate 7%)"),
+        "{rolled:?}"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(fleet.home.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let failed: Vec<String> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("WaveFailed"))
+        .filter_map(|e| e.note.clone())
+        .collect();
+    assert!(
+        failed.iter().any(|n| n.contains("analysis errors failed")),
+        "{failed:?}"
+    );
+}
+
 fn api_edits(ns: &str) -> Vec<(String, String)> {
     support::audit_events("home")
         .into_iter()

@@ -76,6 +76,16 @@ pub fn rollout(f: &FleetMicroservice, history: &[Revision], with_history: bool) 
                         by: a.by.clone(),
                         at: Some(time(&a.at)),
                     }),
+                analysis: w
+                    .analysis
+                    .iter()
+                    .map(|c| pb::AnalysisCheck {
+                        name: c.name.clone(),
+                        state: format!("{:?}", c.state),
+                        failures: c.failures,
+                        answer: c.answer.clone(),
+                    })
+                    .collect(),
             })
             .collect(),
         clusters: st

@@ -114,6 +114,29 @@ pub fn status_text(r: &pb::Rollout) -> String {
         &["CLUSTER", "STATE", "REVISION", "TARGET", "REASON", "SINCE"],
         &clusters,
     ));
+    let checks: Vec<Vec<String>> = r
+        .waves
+        .iter()
+        .flat_map(|w| {
+            w.analysis.iter().map(|c| {
+                let failures = c.failures.to_string();
+                vec![
+                    w.name.clone(),
+                    c.name.clone(),
+                    c.state.clone(),
+                    failures,
+                    or_dash(&c.answer),
+                ]
+            })
+        })
+        .collect();
+    if !checks.is_empty() {
+        out.push('\n');
+        out.push_str(&table(
+            &["WAVE", "CHECK", "STATE", "FAILURES", "LAST ANSWER"],
+            &checks,
+        ));
+    }
     if r.placement.is_some() {
         out.push('\n');
         out.push_str(&placement_text(r));
@@ -260,6 +283,7 @@ pub fn json(r: &pb::Rollout) -> Value {
         "available": r.available,
         "waves": r.waves.iter().map(|w| json!({
             "name": w.name, "state": w.state, "clusters": w.clusters, "manual": w.manual,
+            "analysis": w.analysis.iter().map(|c| json!({"name": c.name, "state": c.state, "failures": c.failures, "answer": c.answer})).collect::<Vec<_>>(),
             "approval": w.approval.as_ref().map(|a| json!({"revision": a.revision, "by": a.by, "at": time(&a.at)})),
         })).collect::<Vec<_>>(),
         "clusters": r.clusters.iter().map(|c| json!({

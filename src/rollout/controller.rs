@@ -17,6 +17,7 @@ use kube::{Client, Config, ResourceExt};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use super::analysis;
 use super::cache::RolloutCache;
 use super::error::{Result, RolloutError};
 use super::events;
@@ -101,6 +102,8 @@ pub async fn run(
         ahead: std::sync::atomic::AtomicI64::new(0),
         writes: std::sync::Mutex::new(WriteLog::default()),
         write_done: tokio::sync::Notify::new(),
+        analysis: std::sync::Mutex::new(analysis::Log::default()),
+        hooks: analysis::webhook::Hooks::new(),
         cache: opts.cache.clone(),
         write_timeout: opts.write_timeout,
     });
@@ -141,8 +144,11 @@ struct Ctx {
     numbered: std::sync::Mutex<BTreeMap<String, i64>>,
     /// What the last member writes found, per FleetMicroservice uid.
     writes: std::sync::Mutex<WriteLog>,
-    /// Told when a member write ends.
+    /// Told when a member write or an analysis run ends.
     write_done: tokio::sync::Notify,
+    /// This term's analysis runs (#35).
+    analysis: std::sync::Mutex<analysis::Log>,
+    hooks: analysis::webhook::Hooks,
     /// How long one member call of a write may take.
     write_timeout: Duration,
 }
@@ -187,6 +193,10 @@ impl Ctx {
         lock(&self.writes)
     }
 
+    fn analysis(&self) -> std::sync::MutexGuard<'_, analysis::Log> {
+        lock(&self.analysis)
+    }
+
     fn remember(&self, replaced: &FleetMicroservice, written: FleetMicroservice) {
         if let (Some(uid), Some(rv)) = (replaced.uid(), replaced.resource_version()) {
             let mut all = lock(&self.written);
@@ -216,6 +226,8 @@ async fn work(ctx: Arc<Ctx>) {
     // Stamps older than this may be on another replica's clock.
     let term_started = jiff::Timestamp::now();
     ctx.write_log().new_term();
+    // A successor runs every check again: runs are evidence of one term.
+    ctx.analysis().new_term();
     // A plan held in an earlier term may rest on another leader's writes.
     lock(&ctx.held).clear();
     loop {
@@ -226,6 +238,7 @@ async fn work(ctx: Arc<Ctx>) {
         // What this term remembers goes with its object (review L9).
         let alive: BTreeSet<String> = all.iter().filter_map(|f| f.uid()).collect();
         ctx.write_log().retain(&alive);
+        ctx.analysis().retain(&alive);
         lock(&ctx.written).retain(|uid, _| alive.contains(uid));
         lock(&ctx.held).retain(|uid, _| alive.contains(uid));
         lock(&ctx.numbered).retain(|uid, _| alive.contains(uid));
@@ -356,6 +369,7 @@ async fn round(
     let now = jiff::Timestamp::now();
     let reading = ctx.write_log().read(&uid);
     let approvals = super::approval::read(fms.metadata.annotations.as_ref());
+    let runs = ctx.analysis().runs(&uid).to_vec();
     let plan = plan::plan_guarded(&Inputs {
         name: &name,
         uid: &uid,
@@ -369,6 +383,7 @@ async fn round(
         now,
         term_started,
         approvals: &approvals,
+        runs: &runs,
     });
     tracing::Span::current().record("flotilla.revision", update.number);
 
@@ -454,6 +469,21 @@ async fn round(
             meant,
         };
         lock(writes).spawn(write.run(ctx.clone()));
+    }
+
+    // Analysis checks, beside the rounds like the member writes: one run
+    // per wave and check at a time, each bounded by its timeout, all of
+    // them ended with the term.
+    for due in &plan.checks {
+        if !ctx.analysis().start(&uid, due) {
+            continue;
+        }
+        let check = Check {
+            uid: uid.clone(),
+            body: super::analysis::body(&namespace, &name, due),
+            due: due.clone(),
+        };
+        lock(writes).spawn(check.run(ctx.clone()));
     }
 
     // History: keep what is in use, drop the oldest beyond the limit.
@@ -560,6 +590,38 @@ impl Write {
             None => ctx.write_log().abandon(&uid, &cluster),
         }
         // Wakes the planner: the outcome may change a plan.
+        ctx.write_done.notify_one();
+    }
+}
+
+/// One analysis run; its outcome goes to the analysis log.
+struct Check {
+    uid: String,
+    due: analysis::Due,
+    body: serde_json::Value,
+}
+
+impl Check {
+    async fn run(self, ctx: Arc<Ctx>) {
+        let Check { uid, due, body } = self;
+        let started = jiff::Timestamp::now();
+        let outcome = match (analysis::settings(&due.check), &due.check.webhook) {
+            (Ok(s), Some(hook)) => Some(ctx.hooks.post(&hook.url, s.timeout, &body).await),
+            _ => None,
+        };
+        let Some((passed, answer)) = outcome else {
+            ctx.analysis().abandon(&uid, &due);
+            return;
+        };
+        tracing::info!(check = %due.check.name, wave = %due.evidence.wave, revision = %due.evidence.revision, passed, answer = %answer, "analysis run");
+        let run = analysis::Run {
+            check: due.check.name.clone(),
+            evidence: due.evidence.clone(),
+            started,
+            passed,
+            answer,
+        };
+        ctx.analysis().record(&uid, run);
         ctx.write_done.notify_one();
     }
 }

@@ -58,10 +58,16 @@ pub fn changes(before: &FleetMicroserviceStatus, after: &FleetMicroserviceStatus
                 warning,
                 reason,
                 message: format!(
-                    "wave {} is {:?} at revision {}",
+                    "wave {} is {:?} at revision {}{}",
                     w.name,
                     w.state,
-                    after.update_revision.as_deref().unwrap_or("-")
+                    after.update_revision.as_deref().unwrap_or("-"),
+                    // The check that failed it, with its answer (#35).
+                    w.analysis
+                        .iter()
+                        .find(|c| c.state == super::spec::CheckState::Failed)
+                        .map(|c| format!(": analysis {} failed ({})", c.name, c.answer))
+                        .unwrap_or_default()
                 ),
             });
         }
@@ -172,6 +178,7 @@ mod tests {
             started: None,
             finished: None,
             approval: None,
+            analysis: vec![],
         };
         let status = |c, w, phase| FleetMicroserviceStatus {
             update_revision: Some("api-2".into()),

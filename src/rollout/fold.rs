@@ -159,6 +159,7 @@ mod tests {
                 started: Some(at("2026-01-01T00:00:00Z")),
                 finished: None,
                 approval: None,
+                analysis: vec![],
             }],
             clusters: vec![
                 cluster("m1", "api-2", ClusterState::Updating),

@@ -254,6 +254,7 @@ mod tests {
             started: Some(Time(at("2025-12-31T23:59:00Z"))),
             finished: Some(Time(at("2026-01-01T00:01:30Z"))),
             approval: None,
+            analysis: vec![],
         });
         assert_eq!(ahead(&s, at(T0)), 90);
         assert_eq!(

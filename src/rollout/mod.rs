@@ -1,7 +1,8 @@
 //! Fleet rollouts: a `FleetMicroservice` in the home cluster, placed on
-//! member clusters by label and rolled out in waves. `spec`, `approval`, `placement`,
+//! member clusters by label and rolled out in waves. `spec`, `approval`, `analysis` (but its webhook), `placement`,
 //! `failover` (but its types), `revision`, `gate`, `leaving`, `trouble`, `plan`, `fold` and `events` are pure; the controller does the I/O.
 
+pub mod analysis;
 pub mod approval;
 pub mod cache;
 pub mod controller;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::analysis::{self, Judgement};
 use super::approval::{self, Approvals};
 use super::failover::choose::{self, Candidate, Placed};
 use super::gate::{self, Evidence, Gate, left, stamp};
@@ -21,8 +22,8 @@ use super::leaving::{self, Leave, Leaver};
 use super::placement::{self, Labels, digest, member_spec, selects};
 use super::revision::Revision;
 use super::spec::{
-    Approval, ClusterState, ClusterStatus, DnsStrategy, FleetMicroserviceSpec,
-    FleetMicroserviceStatus, OnFailure, RolloutPhase, WaveState, WaveStatus,
+    Approval, CheckState, CheckStatus, ClusterState, ClusterStatus, DnsStrategy,
+    FleetMicroserviceSpec, FleetMicroserviceStatus, OnFailure, RolloutPhase, WaveState, WaveStatus,
 };
 use super::trouble::Trouble;
 use crate::domain::conditions::{self, Status, Verdict};
@@ -50,6 +51,8 @@ pub struct Member {
     pub revision: Option<String>,
     /// The digest of its spec ([`placement::digest`]).
     pub digest: u64,
+    /// Its metadata.generation: analysis evidence is bound to it (#35).
+    pub generation: i64,
     /// Its truthful state at its own generation (reachability folded in).
     pub state: EntryState,
     pub reason: String,
@@ -90,6 +93,8 @@ pub struct Inputs<'a> {
     pub term_started: Timestamp,
     /// The approvals given for `Manual` waves (#35), from the object's annotation.
     pub approvals: &'a Approvals,
+    /// This term's analysis runs for this object (#35).
+    pub runs: &'a [analysis::Run],
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -107,6 +112,8 @@ pub struct Plan {
     /// Plan again after this long even if nothing changes: a bake or a
     /// deadline ends then.
     pub requeue_after: Option<Duration>,
+    /// Analysis checks to run now (#35).
+    pub checks: Vec<analysis::Due>,
 }
 
 /// The rollout settings, checked.
@@ -131,6 +138,7 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
         "placement.clusterSelector",
         &spec.placement.cluster_selector,
     )?;
+    analysis::check_all(&r.analysis)?;
     for (i, o) in spec.overrides.iter().enumerate() {
         placement::check_selector(
             &format!("overrides[{i}].clusterSelector"),
@@ -582,6 +590,56 @@ pub fn plan(i: &Inputs) -> Plan {
             )
         })
         .collect();
+    // Analysis (#35): a wave whose clusters are done passes only on its
+    // checks' evidence, and fails on their failures.
+    let mut checks: Vec<analysis::Due> = Vec::new();
+    let mut judged: BTreeMap<&str, Vec<CheckStatus>> = BTreeMap::new();
+    let analysing = !i.spec.rollout.analysis.is_empty() && !failed_before && !i.spec.paused;
+    for (g, (wave, members)) in gates.iter_mut().zip(&wave_list).filter(|_| analysing) {
+        if wave_finished_before(wave).is_some() || !matches!(g, Gate::Baking(_) | Gate::Done(_)) {
+            continue;
+        }
+        let wave_rows: Vec<&Row> = members.iter().filter_map(|n| row_of(n)).collect();
+        let evidence = analysis::Evidence {
+            revision: update.to_string(),
+            wave: wave.clone(),
+            generations: wave_rows
+                .iter()
+                .filter_map(|r| Some((r.c.name.clone(), r.c.member.as_ref()?.generation)))
+                .collect(),
+        };
+        let settled = wave_rows
+            .iter()
+            .filter(|r| r.done_at_update)
+            .map(|r| done_since(r).0)
+            .max()
+            .unwrap_or(i.now);
+        // As the gate counts it: a second after the whole-second stamp.
+        let bake_end = match settings.bake.is_zero() {
+            true => settled,
+            false => jiff::SignedDuration::try_from(settings.bake + Duration::from_secs(1))
+                .ok()
+                .and_then(|d| settled.checked_add(d).ok())
+                .unwrap_or(settled),
+        };
+        let (judgement, statuses, due) = analysis::judge(
+            &i.spec.rollout.analysis,
+            i.runs,
+            &evidence,
+            (settled, bake_end),
+            i.now,
+        );
+        match judgement {
+            Judgement::Passed => {}
+            Judgement::Failed { .. } => *g = Gate::Failed,
+            Judgement::Waiting(next) => {
+                soon(next);
+                *g = Gate::Baking(next);
+            }
+        }
+        checks.extend(due);
+        judged.insert(wave.as_str(), statuses);
+    }
     let over_budget = failures.len() > settings.max_failed || gates.contains(&Gate::Failed);
     // Past the budget, or once failed, no wave newly passes.
     let counting = !failed_before && !over_budget;
@@ -968,6 +1026,12 @@ pub fn plan(i: &Inputs) -> Plan {
                 .cloned()
                 .or_else(|| before.and_then(|w| w.approval.clone()))
                 .filter(|a| a.revision == update);
+            // This round's checks, or the last ones written for this release.
+            let analysis = judged
+                .get(name.as_str())
+                .cloned()
+                .or_else(|| before.map(|w| w.analysis.clone()))
+                .unwrap_or_default();
             WaveStatus {
                 name: name.clone(),
                 clusters: members.clone(),
@@ -975,6 +1039,7 @@ pub fn plan(i: &Inputs) -> Plan {
                 started,
                 finished,
                 approval,
+                analysis,
             }
         })
         .collect();
@@ -1015,7 +1080,18 @@ pub fn plan(i: &Inputs) -> Plan {
     } else {
         failures.keys().map(|k| k.to_string()).collect()
     };
-    let failed_list = failed_clusters.join(", ");
+    // A failed check is named where clusters would be (#35).
+    let failed_check = waves.iter().find_map(|w| {
+        let c = w.analysis.iter().find(|c| c.state == CheckState::Failed)?;
+        Some(format!(
+            "analysis {} of wave {} ({})",
+            c.name, w.name, c.answer
+        ))
+    });
+    let failed_list = match (failed_clusters.is_empty(), &failed_check) {
+        (true, Some(check)) => check.clone(),
+        _ => failed_clusters.join(", "),
+    };
     let mut verdicts = vec![match &mode {
         Mode::Paused => Verdict::new(
             PROGRESSING,
@@ -1174,6 +1250,10 @@ pub fn plan(i: &Inputs) -> Plan {
         actions,
         status,
         requeue_after: requeue.filter(|_| writing || matches!(mode, Mode::HeldOnFailure)),
+        checks: match mode {
+            Mode::Progress => checks,
+            _ => Vec::new(),
+        },
     }
 }
 
@@ -1389,6 +1469,7 @@ fn invalid(i: &Inputs, message: String) -> Plan {
         actions: Vec::new(),
         status,
         requeue_after: None,
+        checks: Vec::new(),
     }
 }
 

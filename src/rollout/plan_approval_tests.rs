@@ -41,27 +41,6 @@ fn run(w: &mut World) {
     }
 }
 
-impl World {
-    /// The Progressing condition's reason and message.
-    fn progressing(&self) -> (&str, &str) {
-        let c = self
-            .status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == PROGRESSING);
-        let c = c.expect("a Progressing condition");
-        (&c.reason, &c.message)
-    }
-
-    fn written_clusters(&self) -> Vec<String> {
-        self.clusters
-            .iter()
-            .filter(|c| c.member.is_some())
-            .map(|c| c.name.clone())
-            .collect()
-    }
-}
-
 #[test]
 fn a_manual_wave_holds_until_approved_for_the_update_revision() {
     let mut w = gated();

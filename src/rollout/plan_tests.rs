@@ -41,6 +41,7 @@ fn spec(image: &str) -> FleetMicroserviceSpec {
             require_canary: None,
             max_failed_clusters: 0,
             on_failure: OnFailure::Rollback,
+            analysis: vec![],
         },
         dns: None,
         paused: false,
@@ -54,6 +55,7 @@ fn foreign() -> Member {
         ours: false,
         revision: None,
         digest: 0,
+        generation: 1,
         state: EntryState::Done,
         reason: String::new(),
         message: String::new(),
@@ -74,6 +76,8 @@ struct World {
     writes: Vec<(String, String)>,
     deletes: Vec<String>,
     approvals: crate::rollout::approval::Approvals,
+    /// Analysis runs that ended (#35).
+    runs: Vec<crate::rollout::analysis::Run>,
 }
 
 impl World {
@@ -104,6 +108,7 @@ impl World {
             writes: vec![],
             deletes: vec![],
             approvals: Default::default(),
+            runs: vec![],
         }
     }
 
@@ -141,6 +146,7 @@ impl World {
             now: self.now,
             term_started: self.term_started,
             approvals: &self.approvals,
+            runs: &self.runs,
         })
     }
 
@@ -178,10 +184,12 @@ impl World {
                             "{cluster} written twice with {revision}"
                         );
                     }
+                    let generation = c.member.as_ref().map_or(1, |m| m.generation + 1);
                     c.member = Some(Member {
                         ours: true,
                         revision: Some(revision.clone()),
                         digest: digest(&spec),
+                        generation,
                         state: EntryState::Progressing,
                         reason: "GenerationNotObserved".into(),
                         message: String::new(),
@@ -202,6 +210,25 @@ impl World {
             }
         }
         p
+    }
+
+    /// The Progressing condition's reason and message.
+    fn progressing(&self) -> (&str, &str) {
+        let c = self
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == PROGRESSING);
+        let c = c.expect("a Progressing condition");
+        (&c.reason, &c.message)
+    }
+
+    fn written_clusters(&self) -> Vec<String> {
+        self.clusters
+            .iter()
+            .filter(|c| c.member.is_some())
+            .map(|c| c.name.clone())
+            .collect()
     }
 
     fn set(&mut self, cluster: &str, state: EntryState, reason: &str) {
@@ -756,9 +783,15 @@ mod orders {
             for e in events {
                 match e {
                     Event::Plan => {
+                        // An edit back to the revision that completed last
+                        // goes everywhere at once: it ran before.
+                        let good = w.status.last_good_revision.clone();
                         let p = w.step();
                         for a in &p.actions {
                             if let Action::Apply { cluster, revision } = a {
+                                if good.as_ref() == Some(revision) {
+                                    continue;
+                                }
                                 if cluster == "m1" {
                                     canary_done = None;
                                 } else {
@@ -1425,6 +1458,7 @@ mod review {
             now: w.now,
             term_started: w.term_started,
             approvals: &w.approvals,
+            runs: &w.runs,
         };
         let p = guarded(&inputs, || panic!("a defect"));
         assert!(p.actions.is_empty());
@@ -2017,3 +2051,6 @@ fn a_rollback_also_brings_back_a_cluster_left_on_a_superseded_release() {
 
 #[path = "plan_approval_tests.rs"]
 mod approval;
+
+#[path = "plan_analysis_tests.rs"]
+mod analysis_gates;

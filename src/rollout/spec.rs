@@ -188,6 +188,80 @@ pub struct Rollout {
     pub max_failed_clusters: i32,
     #[serde(default)]
     pub on_failure: OnFailure,
+    /// Checks run during each wave's bake and once at its end (#35): a
+    /// wave passes only when each one passed for the update revision, at
+    /// the member generations the wave has now; `failureLimit` failures in
+    /// a row fail the wave, which then follows `onFailure`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub analysis: Vec<AnalysisCheck>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AnalysisCheck {
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// POST the wave's evidence as JSON; a 2xx answer passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookCheck>,
+    /// How often it runs during a bake; 10s by default, 1s to 1h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        regex(pattern = r"^[0-9]{1,9}(\.[0-9]{1,9})?(ms|s|m|h)$"),
+        length(max = 24)
+    )]
+    pub interval: Option<String>,
+    /// Failures in a row that fail the wave; 1 by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub failure_limit: Option<i32>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookCheck {
+    /// An `http://` or `https://` URL.
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: String,
+    /// How long an answer may take; 5s by default, at most 60s. No answer
+    /// in time is a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        regex(pattern = r"^[0-9]{1,9}(\.[0-9]{1,9})?(ms|s|m|h)$"),
+        length(max = 24)
+    )]
+    pub timeout: Option<String>,
+}
+
+/// One check of one wave, as its last runs for the update revision found it.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckStatus {
+    pub name: String,
+    pub state: CheckState,
+    /// Failures in a row, on the current evidence.
+    #[serde(default)]
+    pub failures: i32,
+    /// What the last run that counted answered (for a failure: its reason).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub answer: String,
+    /// When the run that failed the wave started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_at: Option<Time>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum CheckState {
+    /// No run on the current evidence has ended yet.
+    Running,
+    /// Passed on the current evidence (after the bake, for a wave that passed).
+    Passed,
+    /// Failed `failureLimit` times in a row: the wave failed.
+    Failed,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
@@ -343,6 +417,9 @@ pub struct WaveStatus {
     /// For a `Manual` wave, the approval that opened it for the update revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<WaveApproval>,
+    /// The analysis checks, once the wave's clusters are done.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub analysis: Vec<CheckStatus>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]

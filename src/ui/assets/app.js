@@ -385,6 +385,8 @@ function waveElement(r, w) {
     el("progress", { max: Math.max(1, w.clusters.length), value: done, "aria-label": w.name + ": " + done + " of " + w.clusters.length + " clusters done" }),
     el("span", { class: "wave-state", text: word + " (" + done + "/" + w.clusters.length + ")" }),
     ...clusters.map((c) => el("span", { class: "chip", "data-cluster": c.name, "data-state": c.state, title: c.message || c.reason, text: c.name + ": " + c.state })),
+    ...(w.analysis || []).map((c) => el("span", { class: "chip check", "data-check": c.name, "data-state": c.state, title: c.answer || "",
+      text: "check " + c.name + ": " + c.state + (c.failures ? ", " + c.failures + " failed" : "") })),
     w.approval ? el("span", { class: "approval", text: "approved by " + w.approval.by + " at " + w.approval.at }) : null,
     approveButton(r, w));
 }

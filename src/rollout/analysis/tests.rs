@@ -1,0 +1,259 @@
+use super::*;
+use crate::rollout::spec::WebhookCheck;
+use proptest::prelude::*;
+
+fn check(name: &str, limit: Option<i32>) -> AnalysisCheck {
+    AnalysisCheck {
+        name: name.into(),
+        webhook: Some(WebhookCheck {
+            url: "http://127.0.0.1:9/check".into(),
+            timeout: None,
+        }),
+        interval: Some("10s".into()),
+        failure_limit: limit,
+    }
+}
+
+fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+fn evidence(generations: &[(&str, i64)]) -> Evidence {
+    Evidence {
+        revision: "api-2".into(),
+        wave: "canary".into(),
+        generations: generations
+            .iter()
+            .map(|(c, g)| (c.to_string(), *g))
+            .collect(),
+    }
+}
+
+fn run(e: &Evidence, started: i64, passed: bool) -> Run {
+    Run {
+        check: "errors".into(),
+        evidence: e.clone(),
+        started: t(started),
+        passed,
+        answer: if passed { "HTTP 200" } else { "HTTP 503" }.into(),
+    }
+}
+
+#[test]
+fn settings_are_checked_with_the_reason() {
+    assert_eq!(settings(&check("errors", None)).unwrap().failure_limit, 1);
+    let mut c = check("errors", None);
+    c.webhook = None;
+    assert!(settings(&c).unwrap_err().contains("provider"));
+    let mut c = check("errors", None);
+    c.webhook.as_mut().unwrap().url = "file:///etc/passwd".into();
+    assert!(settings(&c).unwrap_err().contains("webhook.url"));
+    let mut c = check("errors", None);
+    c.interval = Some("100ms".into());
+    assert!(settings(&c).unwrap_err().contains("at least 1s"));
+    let mut c = check("errors", None);
+    c.webhook.as_mut().unwrap().timeout = Some("2m".into());
+    assert!(settings(&c).unwrap_err().contains("webhook.timeout"));
+    assert!(settings(&check("errors", Some(0))).is_err());
+    let twice = [check("errors", None), check("errors", None)];
+    assert!(check_all(&twice).unwrap_err().contains("twice"));
+}
+
+#[test]
+fn a_wave_passes_only_on_a_pass_that_started_after_its_bake() {
+    let e = evidence(&[("m1", 3)]);
+    let checks = [check("errors", None)];
+    let window = (t(0), t(30));
+    // Nothing ran: run now.
+    let (j, _, due) = judge(&checks, &[], &e, window, t(1));
+    assert!(matches!(j, Judgement::Waiting(_)));
+    assert_eq!(due.len(), 1);
+    // Passed during the bake: not enough, and not again before the interval.
+    let runs = [run(&e, 1, true)];
+    let (j, statuses, due) = judge(&checks, &runs, &e, window, t(5));
+    assert_eq!(j, Judgement::Waiting(Duration::from_secs(6)));
+    assert!(due.is_empty());
+    assert_eq!(statuses[0].state, CheckState::Passed);
+    // The bake is over: run at once, whatever the interval.
+    let (_, _, due) = judge(&checks, &runs, &e, window, t(30));
+    assert_eq!(due.len(), 1);
+    let runs = [run(&e, 1, true), run(&e, 30, true)];
+    let (j, _, due) = judge(&checks, &runs, &e, window, t(31));
+    assert_eq!(j, Judgement::Passed);
+    assert!(due.is_empty());
+}
+
+#[test]
+fn runs_of_other_evidence_or_from_before_the_wave_settled_never_count() {
+    let e = evidence(&[("m1", 3), ("m2", 5)]);
+    let checks = [check("errors", None)];
+    let window = (t(10), t(10));
+    let mut other_revision = e.clone();
+    other_revision.revision = "api-1".into();
+    let mut other_wave = e.clone();
+    other_wave.wave = "rest".into();
+    let moved = evidence(&[("m1", 3), ("m2", 4)]);
+    let stale = [
+        run(&other_revision, 20, true),
+        run(&other_wave, 20, true),
+        run(&moved, 20, true),
+        run(&e, 9, true),
+    ];
+    let (j, statuses, due) = judge(&checks, &stale, &e, window, t(21));
+    assert!(matches!(j, Judgement::Waiting(_)), "{j:?}");
+    assert_eq!(statuses[0].state, CheckState::Running);
+    assert_eq!(due.len(), 1, "run again on the evidence as it is now");
+    // Nor do their failures.
+    let failures: Vec<Run> = stale
+        .iter()
+        .map(|r| Run {
+            passed: false,
+            ..r.clone()
+        })
+        .collect();
+    let (j, _, _) = judge(&checks, &failures, &e, window, t(21));
+    assert!(matches!(j, Judgement::Waiting(_)), "{j:?}");
+}
+
+#[test]
+fn failures_in_a_row_up_to_the_limit_fail_the_wave_and_a_pass_starts_the_count_over() {
+    let e = evidence(&[("m1", 3)]);
+    let checks = [check("errors", Some(2))];
+    let window = (t(0), t(0));
+    let one = [run(&e, 1, false)];
+    let (j, statuses, due) = judge(&checks, &one, &e, window, t(11));
+    assert!(matches!(j, Judgement::Waiting(_)));
+    assert_eq!(
+        (statuses[0].state, statuses[0].failures),
+        (CheckState::Running, 1)
+    );
+    assert_eq!(due.len(), 1, "again after the interval");
+    // Ended out of order: counted in the order they started.
+    let broken = [run(&e, 21, false), run(&e, 11, true), run(&e, 1, false)];
+    let (j, statuses, _) = judge(&checks, &broken, &e, window, t(22));
+    assert!(matches!(j, Judgement::Waiting(_)), "{j:?}");
+    assert_eq!(statuses[0].failures, 1);
+    let two = [run(&e, 1, false), run(&e, 11, false)];
+    let (j, statuses, due) = judge(&checks, &two, &e, window, t(12));
+    assert_eq!(
+        j,
+        Judgement::Failed {
+            check: "errors".into(),
+            answer: "HTTP 503".into()
+        }
+    );
+    assert_eq!(statuses[0].state, CheckState::Failed);
+    assert_eq!(statuses[0].failed_at, Some(stamp(t(11))));
+    assert!(due.is_empty());
+}
+
+#[test]
+fn the_log_runs_one_at_a_time_per_check_keeps_a_bounded_history_and_forgets_a_term() {
+    let e = evidence(&[("m1", 3)]);
+    let due = Due {
+        check: check("errors", None),
+        evidence: e.clone(),
+    };
+    let mut log = Log::default();
+    assert!(log.start("u1", &due));
+    assert!(!log.start("u1", &due), "one under way");
+    log.record("u1", run(&e, 1, true));
+    assert!(log.start("u1", &due));
+    for n in 0..(RUNS_KEPT + 10) {
+        log.record("u1", run(&e, n as i64, true));
+    }
+    assert_eq!(log.runs("u1").len(), RUNS_KEPT);
+    log.new_term();
+    assert!(log.runs("u1").is_empty());
+    assert!(log.start("u1", &due));
+}
+
+#[test]
+fn the_webhook_body_names_the_evidence() {
+    let due = Due {
+        check: check("errors", None),
+        evidence: evidence(&[("m1", 3)]),
+    };
+    let b = body("team-a", "api", &due);
+    assert_eq!(b["revision"], "api-2");
+    assert_eq!(b["wave"], "canary");
+    assert_eq!(
+        b["clusters"][0],
+        serde_json::json!({"name": "m1", "generation": 3})
+    );
+    assert_eq!(b["fleetMicroservice"]["namespace"], "team-a");
+}
+
+/// What happens to one wave of two clusters, in any order.
+#[derive(Clone, Debug)]
+enum Event {
+    Tick(u8),
+    /// A run starts on the evidence as it is now.
+    Start,
+    /// The oldest run under way ends.
+    End(bool),
+    /// A member's generation moves (a drift repaired, a hand edit). Seen:
+    /// it is done again a moment later. Unseen: the index never showed it
+    /// not done, so the wave's `settled` stamp does not move; only the
+    /// generation tells.
+    Bump(usize, bool),
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        3 => (1u8..15).prop_map(Event::Tick),
+        3 => Just(Event::Start),
+        3 => any::<bool>().prop_map(Event::End),
+        1 => ((0usize..2), any::<bool>()).prop_map(|(m, seen)| Event::Bump(m, seen)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    /// argo-cd#29410: no verdict of Passed rests on a run that started
+    /// before a member's generation last moved, or before the bake ended.
+    #[test]
+    fn no_pass_rests_on_stale_evidence(events in proptest::collection::vec(event(), 1..60)) {
+        let checks = [check("errors", Some(2))];
+        let bake = 20;
+        let mut now = 0i64;
+        let mut generations = [1i64, 1i64];
+        let mut last_move = 0i64;
+        let mut settled = 1i64;
+        let mut running: Vec<(Evidence, i64)> = Vec::new();
+        let mut runs: Vec<Run> = Vec::new();
+        let current = |g: &[i64; 2]| evidence(&[("m1", g[0]), ("m2", g[1])]);
+        for e in events {
+            match e {
+                Event::Tick(s) => now += s as i64,
+                Event::Start => running.push((current(&generations), now)),
+                Event::End(passed) => {
+                    if !running.is_empty() {
+                        let (ev, started) = running.remove(0);
+                        runs.push(run(&ev, started, passed));
+                    }
+                }
+                Event::Bump(m, seen) => {
+                    generations[m] += 1;
+                    last_move = now;
+                    now += 1;
+                    if seen {
+                        settled = now;
+                    }
+                }
+            }
+            let window = (t(settled), t(settled + bake));
+            let (j, _, _) = judge(&checks, &runs, &current(&generations), window, t(now));
+            if j == Judgement::Passed {
+                let fresh = runs.iter().any(|r| {
+                    r.passed
+                        && r.evidence == current(&generations)
+                        && r.started > t(last_move)
+                        && r.started >= t(settled + bake)
+                });
+                prop_assert!(fresh, "a stale advance at {now}: {runs:?}");
+            }
+        }
+    }
+}
