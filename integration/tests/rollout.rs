@@ -1172,6 +1172,70 @@ async fn a_webhook_check_passes_a_wave_after_its_bake_and_a_failing_one_rolls_th
     );
 }
 
+/// #35: a deny window holds a release's start, and the next allow window
+/// starts it. Even minutes are denied, odd ones allowed (UTC, the
+/// replicas' and the apiservers' clock).
+#[tokio::test]
+async fn a_deny_window_holds_a_release_and_the_next_allow_window_starts_it() {
+    let _up = MEMBERS_UP.read().await;
+    let fleet = rollout_fleet("fms-window", &[("member-1", CANARY)]).await;
+    let ns = fleet.namespace.clone();
+    // Start early in an even minute, so the hold is seen before it ends.
+    loop {
+        let now = jiff::Timestamp::now().as_second();
+        if (now / 60) % 2 == 0 && now % 60 <= 30 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let created = jiff::Timestamp::now();
+    let opens = jiff::Timestamp::from_second((created.as_second() / 60 + 1) * 60).unwrap();
+    let mut rollout = canary_first("0s", "5m");
+    rollout["windows"] = json!([
+        {"kind": "Deny", "schedule": "*/2 * * * *", "duration": "1m"},
+        {"kind": "Allow", "schedule": "1-59/2 * * * *", "duration": "1m"},
+    ]);
+    fleet
+        .create(fleet_microservice("api", "ghcr.io/acme/api:1", rollout))
+        .await;
+    let f = eventually(
+        "the release held by the deny window",
+        Duration::from_secs(20),
+        || async {
+            let f = fleet.api().get("api").await.ok()?;
+            let held = f
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Progressing" && c.reason == "DenyWindow");
+            held.then_some(f)
+        },
+    )
+    .await;
+    let rev1 = revision_of(&f);
+    assert!(
+        jiff::Timestamp::now() < opens,
+        "seen held before the window opened"
+    );
+    fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(120))
+        .await;
+    let first = fleet_writes("member-1", &ns)
+        .into_iter()
+        .find(|w| w.revision.as_deref() == Some(rev1.as_str()))
+        .expect("the canary was written");
+    assert!(
+        first.received >= opens,
+        "written at {} inside the deny window (it opened to writes at {opens})",
+        first.received
+    );
+    println!(
+        "figure: first write {:.1}s after the allow window opened",
+        first.received.duration_since(opens).as_secs_f64()
+    );
+}
+
 fn api_edits(ns: &str) -> Vec<(String, String)> {
     support::audit_events("home")
         .into_iter()

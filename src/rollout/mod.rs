@@ -1,6 +1,6 @@
 //! Fleet rollouts: a `FleetMicroservice` in the home cluster, placed on
 //! member clusters by label and rolled out in waves. `spec`, `approval`, `analysis` (but its webhook), `placement`,
-//! `failover` (but its types), `revision`, `gate`, `leaving`, `trouble`, `plan`, `fold` and `events` are pure; the controller does the I/O.
+//! `failover` (but its types), `revision`, `gate`, `leaving`, `trouble`, `window`, `plan`, `fold` and `events` are pure; the controller does the I/O.
 
 pub mod analysis;
 pub mod approval;
@@ -21,4 +21,5 @@ pub mod plan;
 pub mod revision;
 pub mod spec;
 pub mod trouble;
+pub mod window;
 pub mod write_log;

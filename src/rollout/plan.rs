@@ -126,6 +126,7 @@ struct Settings {
     on_failure: OnFailure,
     /// With `numberOfClusters`.
     counted: Option<choose::Settings>,
+    windows: Vec<super::window::Checked>,
 }
 
 fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String> {
@@ -139,6 +140,7 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
         &spec.placement.cluster_selector,
     )?;
     analysis::check_all(&r.analysis)?;
+    let windows = super::window::check(&r.windows)?;
     for (i, o) in spec.overrides.iter().enumerate() {
         placement::check_selector(
             &format!("overrides[{i}].clusterSelector"),
@@ -185,6 +187,7 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
         deadline: duration("progressDeadline", &r.progress_deadline, DEFAULT_DEADLINE)?,
         max_failed: r.max_failed_clusters as usize,
         on_failure: r.on_failure,
+        windows,
     })
 }
 
@@ -676,6 +679,8 @@ pub fn plan(i: &Inputs) -> Plan {
     let mut current_wave: Option<String> = None;
     // A `Manual` wave whose turn came without an approval for this revision.
     let mut awaiting: Option<&str> = None;
+    // A wave whose turn came outside its time windows.
+    let mut closed: Option<(&str, super::window::Closed)> = None;
     match &mode {
         Mode::Paused | Mode::HeldOnFailure | Mode::Failed => {
             for r in &rows {
@@ -744,6 +749,24 @@ pub fn plan(i: &Inputs) -> Plan {
                     && approval::granted(&i.approvals.given, wave, update).is_none()
                 {
                     awaiting = Some(wave.as_str());
+                    for r in wave_rows {
+                        let keep = (r.at == Some(update)).then(|| update.to_string());
+                        targets.insert(&r.c.name, keep);
+                    }
+                    continue;
+                }
+                // A wave starts only inside its time windows; one under way
+                // goes on.
+                if !wave_rows.iter().any(|r| given(r))
+                    && let Err(shut) = super::window::may_start(&settings.windows, i.now)
+                {
+                    if let Some(wait) = shut
+                        .until
+                        .and_then(|u| Duration::try_from(u.duration_since(i.now)).ok())
+                    {
+                        soon(wait.max(Duration::from_secs(1)));
+                    }
+                    closed = Some((wave.as_str(), shut));
                     for r in wave_rows {
                         let keep = (r.at == Some(update)).then(|| update.to_string());
                         targets.insert(&r.c.name, keep);
@@ -1155,6 +1178,12 @@ pub fn plan(i: &Inputs) -> Plan {
                 "wave {} selects no cluster; requireCanary holds the other waves",
                 canary.unwrap_or("-")
             ),
+        ),
+        _ if let Some((wave, shut)) = &closed => Verdict::new(
+            PROGRESSING,
+            Status::True,
+            shut.reason,
+            format!("wave {wave} waits: {}", shut.message),
         ),
         _ if let Some(wave) = awaiting => Verdict::new(
             PROGRESSING,

@@ -173,3 +173,91 @@ fn an_unreadable_approvals_annotation_approves_nothing_and_says_so() {
     assert_eq!(reason, "AwaitingApproval");
     assert!(message.contains("not a list"), "{message}");
 }
+
+/// Time windows (#35): a deny window holds a wave's start until it
+/// closes; a wave already under way goes on through it.
+#[test]
+fn a_deny_window_holds_a_waves_start_and_lets_a_started_one_finish() {
+    use crate::rollout::spec::{Window, WindowKind};
+    let mut w = World::three();
+    w.spec.rollout.bake = None;
+    // 00:00 to 00:10 every hour.
+    w.spec.rollout.windows = vec![Window {
+        kind: WindowKind::Deny,
+        schedule: "0 * * * *".into(),
+        duration: "10m".into(),
+    }];
+    let r1 = rev(&w, "app:1");
+    let p = w.step();
+    assert!(
+        p.actions.is_empty(),
+        "nothing starts inside the deny window"
+    );
+    assert_eq!(w.progressing().0, "DenyWindow");
+    assert_eq!(
+        p.requeue_after,
+        Some(Duration::from_secs(600)),
+        "looks again when it closes"
+    );
+    w.wait(600);
+    assert_eq!(
+        w.step().actions.len(),
+        1,
+        "the canary starts once it closed"
+    );
+    w.done("m1");
+    // The next deny window opens while the canary is done: the rest waits.
+    w.wait(3000);
+    assert!(w.step().actions.is_empty());
+    assert_eq!(w.written(&r1), ["m1"]);
+    w.wait(600);
+    assert_eq!(w.step().actions.len(), 2);
+    // A wave under way when a deny window opens goes on.
+    w.complete();
+    w.spec.rollout.waves.push(Wave {
+        name: "rest".into(),
+        cluster_selector: LabelSelector::default(),
+        max_parallel: Some(IntOrString::Int(1)),
+        approval: Approval::Auto,
+    });
+    w.spec.template.image = "app:2".into();
+    let r2 = rev(&w, "app:2");
+    w.now = "2026-01-01T05:58:00Z".parse().unwrap();
+    w.step();
+    w.done("m1");
+    w.now = "2026-01-01T05:59:00Z".parse().unwrap();
+    assert_eq!(w.step().actions.len(), 1, "the rest starts, one at a time");
+    w.now = "2026-01-01T06:00:30Z".parse().unwrap();
+    w.done("m2");
+    assert_eq!(
+        w.step().actions.len(),
+        1,
+        "and goes on inside the deny window"
+    );
+    assert_eq!(w.written(&r2), ["m1", "m2", "m3"]);
+}
+
+#[test]
+fn an_allow_window_opens_the_release_and_a_bad_schedule_is_an_invalid_spec() {
+    use crate::rollout::spec::{Window, WindowKind};
+    let mut w = World::three();
+    w.spec.rollout.windows = vec![Window {
+        kind: WindowKind::Allow,
+        schedule: "30 1 * * *".into(),
+        duration: "1h".into(),
+    }];
+    assert!(w.step().actions.is_empty());
+    assert_eq!(w.progressing().0, "OutsideAllowWindow");
+    w.now = "2026-01-01T01:30:00Z".parse().unwrap();
+    assert_eq!(w.step().actions.len(), 1);
+    let mut w = World::three();
+    w.spec.rollout.windows = vec![Window {
+        kind: WindowKind::Allow,
+        schedule: "61 * * * *".into(),
+        duration: "1h".into(),
+    }];
+    assert!(w.step().actions.is_empty());
+    let (reason, message) = w.progressing();
+    assert_eq!(reason, "InvalidSpec");
+    assert!(message.contains("rollout.windows[0].schedule"), "{message}");
+}

@@ -42,6 +42,7 @@ fn spec(image: &str) -> FleetMicroserviceSpec {
             max_failed_clusters: 0,
             on_failure: OnFailure::Rollback,
             analysis: vec![],
+            windows: vec![],
         },
         dns: None,
         paused: false,

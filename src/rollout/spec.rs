@@ -195,6 +195,33 @@ pub struct Rollout {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     pub analysis: Vec<AnalysisCheck>,
+    /// When waves may start (cron schedules in UTC, each opening a window
+    /// of `duration`): inside no `Deny` window, and inside an `Allow` window
+    /// when any is declared. A wave already started finishes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub windows: Vec<Window>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Window {
+    pub kind: WindowKind,
+    /// Five cron fields, in UTC, e.g. `0 9 * * 1-5`.
+    #[schemars(length(min = 9, max = 100))]
+    pub schedule: String,
+    /// How long each window stays open, e.g. `8h`; 1m to 168h.
+    #[schemars(
+        regex(pattern = r"^[0-9]{1,9}(\.[0-9]{1,9})?(ms|s|m|h)$"),
+        length(max = 24)
+    )]
+    pub duration: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum WindowKind {
+    Allow,
+    Deny,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
