@@ -1078,7 +1078,7 @@ async fn a_webhook_check_passes_a_wave_after_its_bake_and_a_failing_one_rolls_th
     hook.passing
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let url = hook.serve().await;
-    let fleet = rollout_fleet("fms-analysis", &[("member-1", CANARY)]).await;
+    let mut fleet = rollout_fleet("fms-analysis", &[("member-1", CANARY)]).await;
     let ns = fleet.namespace.clone();
     let mut rollout = canary_first("4s", "5m");
     rollout["analysis"] = json!([{
@@ -1098,9 +1098,38 @@ async fn a_webhook_check_passes_a_wave_after_its_bake_and_a_failing_one_rolls_th
         .done_at("member-1", "api", &rev1, Duration::from_secs(60))
         .await;
     let canary_done = std::time::Instant::now();
+    // kill -9 of the rollout leader once the canary's check ran: its runs
+    // die with it, and the successor runs the check again before the rest
+    // opens, once.
+    eventually(
+        "the canary's first check",
+        Duration::from_secs(30),
+        || async { (!hook.calls_for(&rev1).is_empty()).then_some(()) },
+    )
+    .await;
+    let leader = fleet.rollout_leader().await;
+    fleet.replicas.kill_9(&leader);
+    let killed = std::time::Instant::now();
+    let killed_at = jiff::Timestamp::now();
     let f = fleet
         .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(90))
         .await;
+    assert_ne!(fleet.rollout_leader().await, leader);
+    let rest_written = fleet_writes("member-2", &fleet.namespace)
+        .into_iter()
+        .find(|w| w.revision.as_deref() == Some(rev1.as_str()))
+        .expect("the rest was written")
+        .received;
+    let rerun = hook
+        .calls_for(&rev1)
+        .iter()
+        .filter(|(at, b)| *at > killed && b["wave"] == "canary")
+        .count();
+    assert!(rerun >= 1, "the successor ran the canary's check again");
+    assert!(rest_written > killed_at);
+    for m in ["member-2", "member-3"] {
+        assert_eq!(writes_of(m, &ns, &rev1), 1, "{m}: the rest opened once");
+    }
     let calls = hook.calls_for(&rev1);
     let canary: Vec<_> = calls
         .iter()
