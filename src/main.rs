@@ -146,6 +146,8 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         credentials: credentials_rx,
         cache: rollout_cache.clone(),
         write_timeout: args.member_write_timeout,
+        analysis_secrets_namespace: Some(args.analysis_secrets_namespace.clone())
+            .filter(|ns| !ns.is_empty()),
     };
     let rollout_source = flotilla::api::server::RolloutSource {
         cache: rollout_cache.clone(),

@@ -272,6 +272,10 @@ async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
         (&["watch", "secrets", "-n", "flotilla-members"][..], false),
         (&["get", "secrets", "-n", "flotilla-members"][..], false),
         (&["list", "secrets", "-n", "flotilla-system"][..], false),
+        // #35: analysis webhook credentials, by name only.
+        (&["get", "secrets", "-n", "flotilla-analysis"][..], true),
+        (&["list", "secrets", "-n", "flotilla-analysis"][..], false),
+        (&["watch", "secrets", "-n", "flotilla-analysis"][..], false),
         (
             &[
                 "get",

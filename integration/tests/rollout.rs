@@ -1029,7 +1029,12 @@ async fn a_manual_wave_holds_until_approved_for_its_revision_and_a_successor_hol
 struct Hook {
     passing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     bodies: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, serde_json::Value)>>>,
+    /// Each call's revision and Authorization header.
+    auth: std::sync::Arc<std::sync::Mutex<Vec<Called>>>,
 }
+
+/// A webhook call's revision, and the Authorization header it carried.
+type Called = (String, Option<String>);
 
 impl Hook {
     async fn serve(&self) -> String {
@@ -1037,10 +1042,15 @@ impl Hook {
         let hook = self.clone();
         let app = axum::Router::new().route(
             "/check",
-            axum::routing::post(move |body: axum::body::Bytes| {
+            axum::routing::post(move |headers: http::HeaderMap, body: axum::body::Bytes| {
                 let hook = hook.clone();
                 async move {
-                    let json = serde_json::from_slice(&body).unwrap_or_default();
+                    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let auth = headers
+                        .get(http::header::AUTHORIZATION)
+                        .map(|v| v.to_str().unwrap_or_default().to_string());
+                    let revision = json["revision"].as_str().unwrap_or_default().to_string();
+                    hook.auth.lock().unwrap().push((revision, auth));
                     hook.bodies
                         .lock()
                         .unwrap()
@@ -1199,6 +1209,219 @@ async fn a_webhook_check_passes_a_wave_after_its_bake_and_a_failing_one_rolls_th
         failed.iter().any(|n| n.contains("analysis errors failed")),
         "{failed:?}"
     );
+}
+
+/// #35: a webhook check's `headersFrom`: the headers of a Secret in the
+/// analysis namespace reach the webhook when the Secret is for the
+/// FleetMicroservice's namespace; one for another team's namespace fails
+/// the check, so the canary is rolled back, with a reason that names no
+/// value, and the webhook is never called with it.
+#[tokio::test]
+async fn a_webhook_gets_headers_from_a_secret_for_its_namespace_and_never_another_teams() {
+    use k8s_openapi::api::core::v1::Secret;
+    let _up = MEMBERS_UP.read().await;
+    let home = support::client("home").await;
+    let secrets = support::TestNamespace::create(&home, "home", "analysis-secrets").await;
+    let hook = Hook::default();
+    hook.passing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let url = hook.serve().await;
+    let secrets_ns = secrets.name.clone();
+    let fleet = rollout_fleet_prepared("fms-headers", &[("member-1", CANARY)], |r| {
+        r.extra_args
+            .extend(["--analysis-secrets-namespace".to_string(), secrets_ns]);
+    })
+    .await;
+    let ns = fleet.namespace.clone();
+    let secret = |name: &str, for_ns: &str, token: &str| -> Secret {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "annotations": {"platform.example.io/analysis-for": for_ns}},
+            "stringData": {"Authorization": token},
+        }))
+        .unwrap()
+    };
+    let api = Api::<Secret>::namespaced(home.clone(), &secrets.name);
+    for s in [
+        secret("judge", &format!("other, {ns}"), "Bearer judge-token-1"),
+        secret("other-team", "someone-else", "Bearer other-token-2"),
+    ] {
+        api.create(&PostParams::default(), &s).await.unwrap();
+    }
+    let mut rollout = canary_first("0s", "5m");
+    rollout["analysis"] = json!([{
+        "name": "judge",
+        "webhook": {"url": url, "timeout": "2s", "headersFrom": {"secretName": "judge"}},
+        "interval": "1s",
+    }]);
+    let f = fleet
+        .create_complete(fleet_microservice("api", "ghcr.io/acme/api:1", rollout))
+        .await;
+    let rev1 = revision_of(&f);
+    let calls: Vec<_> = hook.auth.lock().unwrap().clone();
+    assert!(!calls.is_empty());
+    for (revision, auth) in &calls {
+        assert_eq!(revision, &rev1);
+        assert_eq!(auth.as_deref(), Some("Bearer judge-token-1"));
+    }
+
+    // Another team's Secret, with a release: refused before any call.
+    fleet
+        .api()
+        .patch(
+            "api",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {
+                "template": {"image": "ghcr.io/acme/api:2"},
+                "rollout": {"analysis": [{
+                    "name": "judge",
+                    "webhook": {"url": url, "timeout": "2s", "headersFrom": {"secretName": "other-team"}},
+                    "interval": "1s",
+                }]},
+            }})),
+        )
+        .await
+        .expect("patch");
+    let f = fleet
+        .wait_phase("api", RolloutPhase::RolledBack, Duration::from_secs(90))
+        .await;
+    let rev2 = revision_of(&f);
+    let message = rolled_back_message(&f);
+    assert!(
+        message.contains(&format!("Secret other-team is not for namespace {ns}")),
+        "{message}"
+    );
+    assert!(
+        !message.contains("other-token"),
+        "a value in the status: {message}"
+    );
+    assert!(
+        hook.auth.lock().unwrap().iter().all(|(r, _)| r != &rev2),
+        "the webhook was called with another team's Secret"
+    );
+    for m in ["member-2", "member-3"] {
+        assert_eq!(writes_of(m, &ns, &rev2), 0, "{m}");
+    }
+}
+
+/// The condition a wave failed on, as the RolledBack condition says it.
+fn rolled_back_message(f: &flotilla::rollout::spec::FleetMicroservice) -> String {
+    let st = f.status.as_ref().expect("a status");
+    st.conditions
+        .iter()
+        .find(|c| c.type_ == "RolledBack")
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
+}
+
+/// #35: a Prometheus check over an exporter the test controls. A passing
+/// value completes a release; a failing one rolls the canary back before
+/// any other member is written; and a Prometheus that is down fails the
+/// gate after `failureLimit` runs: nothing passes by default.
+#[tokio::test]
+async fn a_prometheus_check_passes_a_good_value_rolls_back_a_bad_one_and_never_passes_when_down() {
+    use support::prometheus::{Exporter, Prometheus};
+    let _up = MEMBERS_UP.read().await;
+    let exporter = Exporter::default();
+    let good = "app_error_ratio{cluster=\"member-1\"} 0.001\n\
+                app_error_ratio{cluster=\"member-2\"} 0\n\
+                app_error_ratio{cluster=\"member-3\"} 0\n";
+    exporter.set(good);
+    let mut prometheus = Prometheus::start(&exporter.serve().await).await;
+    let canary_query = r#"app_error_ratio{cluster="member-1"}"#;
+    prometheus.wait_value(canary_query, 0.001).await;
+
+    let fleet = rollout_fleet("fms-prom", &[("member-1", CANARY)]).await;
+    let ns = fleet.namespace.clone();
+    let mut rollout = canary_first("2s", "5m");
+    rollout["analysis"] = json!([{
+        "name": "error-ratio",
+        "prometheus": {
+            "address": prometheus.address,
+            "query": r#"app_error_ratio{cluster="$cluster"}"#,
+            "successCondition": "result < 0.01",
+            "timeout": "2s",
+        },
+        "interval": "1s",
+        "failureLimit": 2,
+    }]);
+    let f = fleet
+        .create_complete(fleet_microservice("api", "ghcr.io/acme/api:1", rollout))
+        .await;
+    let rev1 = revision_of(&f);
+    let waves = f.status.unwrap().waves;
+    for (wave, answer) in [
+        (0, "member-1: result 0.001"),
+        (1, "member-2: result 0; member-3: result 0"),
+    ] {
+        let check = &waves[wave].analysis[0];
+        assert_eq!(check.state, flotilla::rollout::spec::CheckState::Passed);
+        assert_eq!(check.answer, answer, "wave {}", waves[wave].name);
+    }
+    // The gate's decision: from the canary's bake end to the rest's first write.
+    let canary_done = fleet_writes("member-1", &ns)
+        .into_iter()
+        .find(|w| w.revision.as_deref() == Some(rev1.as_str()))
+        .expect("the canary was written")
+        .received;
+    let rest = fleet_writes("member-2", &ns)
+        .into_iter()
+        .find(|w| w.revision.as_deref() == Some(rev1.as_str()))
+        .expect("the rest was written")
+        .received;
+    println!(
+        "figure: canary written to the rest written {:.1}s (bake 2s, checks every 1s)",
+        rest.duration_since(canary_done).as_secs_f64()
+    );
+
+    // A bad value on the canary: rolled back, and no other member ever
+    // gets the release.
+    exporter.set(&good.replace("\"member-1\"} 0.001", "\"member-1\"} 0.5"));
+    prometheus.wait_value(canary_query, 0.5).await;
+    fleet.set_image("api", "ghcr.io/acme/api:2").await;
+    let f = fleet
+        .wait_phase("api", RolloutPhase::RolledBack, Duration::from_secs(90))
+        .await;
+    let rev2 = revision_of(&f);
+    let message = rolled_back_message(&f);
+    assert!(
+        message.contains("analysis error-ratio of wave canary (member-1: result 0.5 {")
+            && message.contains("does not meet result < 0.01"),
+        "{message}"
+    );
+    assert_eq!(writes_of("member-1", &ns, &rev2), 1);
+    for m in ["member-2", "member-3"] {
+        assert_eq!(writes_of(m, &ns, &rev2), 0, "{m} got a release that failed");
+    }
+    fleet
+        .done_at("member-1", "api", &rev1, Duration::from_secs(60))
+        .await;
+
+    // Prometheus down, the value good again: the check fails `failureLimit`
+    // times in a row, and the canary is rolled back.
+    exporter.set(good);
+    prometheus.wait_value(canary_query, 0.001).await;
+    prometheus.kill();
+    fleet.set_image("api", "ghcr.io/acme/api:3").await;
+    let f = fleet
+        .wait_phase("api", RolloutPhase::RolledBack, Duration::from_secs(90))
+        .await;
+    let rev3 = revision_of(&f);
+    let message = rolled_back_message(&f);
+    assert!(
+        message.contains("analysis error-ratio of wave canary (member-1: no connection"),
+        "{message}"
+    );
+    let check = &f.status.as_ref().unwrap().waves[0].analysis[0];
+    assert_eq!(check.state, flotilla::rollout::spec::CheckState::Failed);
+    assert_eq!(check.failures, 2, "failureLimit 2: {check:?}");
+    for m in ["member-2", "member-3"] {
+        assert_eq!(
+            writes_of(m, &ns, &rev3),
+            0,
+            "{m}: a release passed with Prometheus down"
+        );
+    }
 }
 
 /// #35: a deny window holds a release's start, and the next allow window

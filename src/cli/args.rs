@@ -305,6 +305,12 @@ pub struct RunArgs {
     /// fails that write, and only its own rollouts wait on it.
     #[arg(long, env = "FLOTILLA_MEMBER_WRITE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub member_write_timeout: Duration,
+    /// Fleet rollouts: where webhook checks' `headersFrom` Secrets are read
+    /// in the home cluster (the manifests use flotilla-analysis); empty:
+    /// `headersFrom` is refused. Each Secret names the namespaces it is for
+    /// (annotation platform.example.io/analysis-for).
+    #[arg(long, env = "FLOTILLA_ANALYSIS_SECRETS_NAMESPACE", default_value = "")]
+    pub analysis_secrets_namespace: String,
     /// Single-cluster mode: kubeconfig of the cluster to reconcile; in-cluster or $KUBECONFIG when omitted.
     #[arg(long, env = "FLOTILLA_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,

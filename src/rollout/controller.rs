@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::Store;
-use kube::{Client, Config, ResourceExt};
+use kube::{Api, Client, Config, ResourceExt};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -55,6 +56,8 @@ pub struct Options {
     pub cache: Arc<RolloutCache>,
     /// How long one member call of a write may take.
     pub write_timeout: Duration,
+    /// Where webhook checks' `headersFrom` Secrets are read; none: refused.
+    pub analysis_secrets_namespace: Option<String>,
 }
 
 /// Plan again at least this often: cluster labels change without a
@@ -92,6 +95,10 @@ pub async fn run(
         Box::pin(async move { f.drained().await })
     }));
     let home = client(&opts.home, Some(&fence))?;
+    let analysis_secrets = opts
+        .analysis_secrets_namespace
+        .as_deref()
+        .map(|ns| (ns.to_string(), Api::namespaced(home.clone(), ns)));
     let ctx = Arc::new(Ctx {
         home: Home::new(home, &opts.replica_id),
         members: Members::new(fence.clone(), &opts.replica_id, opts.credentials.clone())?,
@@ -103,7 +110,8 @@ pub async fn run(
         writes: std::sync::Mutex::new(WriteLog::default()),
         write_done: tokio::sync::Notify::new(),
         analysis: std::sync::Mutex::new(analysis::Log::default()),
-        hooks: analysis::webhook::Hooks::new(),
+        http: analysis::client::Http::new(),
+        analysis_secrets,
         cache: opts.cache.clone(),
         write_timeout: opts.write_timeout,
     });
@@ -148,7 +156,9 @@ struct Ctx {
     write_done: tokio::sync::Notify,
     /// This term's analysis runs (#35).
     analysis: std::sync::Mutex<analysis::Log>,
-    hooks: analysis::webhook::Hooks,
+    http: analysis::client::Http,
+    /// The namespace of `headersFrom` Secrets, and its API.
+    analysis_secrets: Option<(String, Api<Secret>)>,
     /// How long one member call of a write may take.
     write_timeout: Duration,
 }
@@ -195,6 +205,45 @@ impl Ctx {
 
     fn analysis(&self) -> std::sync::MutexGuard<'_, analysis::Log> {
         lock(&self.analysis)
+    }
+
+    /// A webhook check's headers: read from its `headersFrom` Secret at
+    /// each run (a rotated credential is used at once), within `limit`.
+    async fn check_headers(
+        &self,
+        secret: Option<&str>,
+        namespace: &str,
+        limit: Duration,
+    ) -> std::result::Result<Vec<(http::HeaderName, http::HeaderValue)>, String> {
+        let Some(secret) = secret else {
+            return Ok(Vec::new());
+        };
+        let Some((secrets_ns, api)) = &self.analysis_secrets else {
+            return Err(format!(
+                "headersFrom Secret {secret}: this replica reads no analysis Secrets (--analysis-secrets-namespace)"
+            ));
+        };
+        let read = tokio::time::timeout(limit, api.get_opt(secret)).await;
+        let s = match read {
+            Ok(Ok(Some(s))) => s,
+            Ok(Ok(None)) => return Err(format!("Secret {secret} not found in {secrets_ns}")),
+            Ok(Err(e)) => {
+                let why = match &e {
+                    kube::Error::Api(s) => format!("{} {}", s.code, s.reason),
+                    _ => "no answer from the home apiserver".to_string(),
+                };
+                return Err(format!("Secret {secret} in {secrets_ns} unreadable: {why}"));
+            }
+            Err(_) => return Err(format!("Secret {secret}: no answer within {limit:?}")),
+        };
+        let data = s
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect();
+        let annotations = s.metadata.annotations.unwrap_or_default();
+        analysis::headers::from_secret(secret, &annotations, &data, namespace)
     }
 
     fn remember(&self, replaced: &FleetMicroservice, written: FleetMicroservice) {
@@ -478,9 +527,14 @@ async fn round(
         if !ctx.analysis().start(&uid, due) {
             continue;
         }
+        let Some(job) = analysis::job(&namespace, &name, due) else {
+            ctx.analysis().abandon(&uid, due);
+            continue;
+        };
         let check = Check {
             uid: uid.clone(),
-            body: super::analysis::body(&namespace, &name, due),
+            namespace: namespace.clone(),
+            job,
             due: due.clone(),
         };
         lock(writes).spawn(check.run(ctx.clone()));
@@ -597,21 +651,42 @@ impl Write {
 /// One analysis run; its outcome goes to the analysis log.
 struct Check {
     uid: String,
+    /// The FleetMicroservice's: a `headersFrom` Secret must be for it.
+    namespace: String,
     due: analysis::Due,
-    body: serde_json::Value,
+    job: analysis::Job,
 }
 
 impl Check {
     async fn run(self, ctx: Arc<Ctx>) {
-        let Check { uid, due, body } = self;
+        let Check {
+            uid,
+            namespace,
+            due,
+            job,
+        } = self;
         let started = jiff::Timestamp::now();
-        let outcome = match (analysis::settings(&due.check), &due.check.webhook) {
-            (Ok(s), Some(hook)) => Some(ctx.hooks.post(&hook.url, s.timeout, &body).await),
-            _ => None,
-        };
-        let Some((passed, answer)) = outcome else {
-            ctx.analysis().abandon(&uid, &due);
-            return;
+        let (passed, answer) = match &job {
+            analysis::Job::Webhook {
+                url,
+                timeout,
+                body,
+                headers_from,
+            } => match ctx
+                .check_headers(headers_from.as_deref(), &namespace, *timeout)
+                .await
+            {
+                Ok(headers) => {
+                    analysis::webhook::run(&ctx.http, url, *timeout, &headers, body).await
+                }
+                Err(answer) => (false, answer),
+            },
+            analysis::Job::Prometheus {
+                address,
+                timeout,
+                queries,
+                condition,
+            } => analysis::prometheus::run(&ctx.http, address, *timeout, queries, condition).await,
         };
         tracing::info!(check = %due.check.name, wave = %due.evidence.wave, revision = %due.evidence.revision, passed, answer = %answer, "analysis run");
         let run = analysis::Run {

@@ -14,9 +14,11 @@ fn analysed() -> World {
         webhook: Some(WebhookCheck {
             url: "http://127.0.0.1:9/errors".into(),
             timeout: None,
+            headers_from: None,
         }),
         interval: Some("10s".into()),
         failure_limit: None,
+        ..Default::default()
     }];
     w
 }

@@ -235,6 +235,10 @@ pub struct AnalysisCheck {
     /// POST the wave's evidence as JSON; a 2xx answer passes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<WebhookCheck>,
+    /// An instant query whose every sample must meet `successCondition`.
+    /// Exactly one of `webhook` and `prometheus`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusCheck>,
     /// How often it runs during a bake; 10s by default, 1s to 1h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
@@ -256,6 +260,49 @@ pub struct WebhookCheck {
     pub url: String,
     /// How long an answer may take; 5s by default, at most 60s. No answer
     /// in time is a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        regex(pattern = r"^[0-9]{1,9}(\.[0-9]{1,9})?(ms|s|m|h)$"),
+        length(max = 24)
+    )]
+    pub timeout: Option<String>,
+    /// Request headers (credentials) from a Secret the platform team keeps
+    /// in the operator's analysis namespace (`--analysis-secrets-namespace`):
+    /// each data key is a header. The Secret must name this
+    /// FleetMicroservice's namespace in its annotation
+    /// `platform.example.io/analysis-for`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_from: Option<HeadersFrom>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeadersFrom {
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub secret_name: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusCheck {
+    /// The server's `http://` or `https://` base URL; `/api/v1/query` is
+    /// appended.
+    #[schemars(length(min = 1, max = 2048))]
+    pub address: String,
+    /// PromQL. `$cluster`, `$namespace`, `$name` and `$revision` are
+    /// replaced (as label values, quoted); a query naming `$cluster` runs
+    /// once per cluster of the wave, and each must pass.
+    #[schemars(length(min = 1, max = 4096))]
+    pub query: String,
+    /// What every sample must satisfy, e.g. `result < 0.01`: comparisons of
+    /// `result` with a number, joined by `&&` and `||`, with parentheses.
+    /// No sample, or NaN, fails.
+    #[schemars(length(min = 1, max = 256))]
+    pub success_condition: String,
+    /// How long the query may take; 5s by default, at most 60s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         regex(pattern = r"^[0-9]{1,9}(\.[0-9]{1,9})?(ms|s|m|h)$"),

@@ -10,6 +10,7 @@ pub mod browser;
 pub mod gate;
 pub mod lag;
 pub mod policy;
+pub mod prometheus;
 pub mod raw_grpc;
 pub mod registry;
 pub mod replicas;

@@ -1,5 +1,5 @@
 //! Analysis at wave boundaries (#35): which checks to run, and what their
-//! runs prove. Pure, but for `webhook` (the HTTP call).
+//! runs prove. Pure, but for the calls (`client`, `webhook`, `prometheus`).
 //!
 //! Every run is bound to the evidence it judged: the update revision, the
 //! wave, and the generation of each of the wave's member objects when it
@@ -8,6 +8,11 @@
 //! argo-cd#29410). Runs live in the rollout leader's memory for its term:
 //! a successor runs the checks again.
 
+pub mod client;
+pub mod condition;
+pub mod headers;
+pub mod prometheus;
+pub mod promql;
 pub mod webhook;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,7 +21,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::gate::stamp;
-use super::spec::{AnalysisCheck, CheckState, CheckStatus};
+use super::spec::{AnalysisCheck, CheckState, CheckStatus, PrometheusCheck};
 use crate::domain::duration::parse_bounded;
 
 /// What a run judged.
@@ -53,6 +58,8 @@ pub struct Settings {
     pub interval: Duration,
     pub failure_limit: usize,
     pub timeout: Duration,
+    /// A Prometheus check's `successCondition`.
+    pub condition: Option<condition::Condition>,
 }
 
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -79,19 +86,36 @@ pub fn settings(c: &AnalysisCheck) -> Result<Settings, String> {
         Some(n @ 1..=100) => n as usize,
         Some(n) => return Err(format!("{at}.failureLimit: {n} is not within 1..=100")),
     };
-    let Some(hook) = &c.webhook else {
-        return Err(format!("{at}: name a provider (webhook)"));
+    let (url_at, url, timeout, condition) = match (&c.webhook, &c.prometheus) {
+        (Some(hook), None) => ("webhook.url", &hook.url, &hook.timeout, None),
+        (None, Some(p)) => {
+            promql::check_query(&p.query).map_err(|e| format!("{at}.prometheus.query: {e}"))?;
+            let condition = condition::parse(&p.success_condition)
+                .map_err(|e| format!("{at}.prometheus.successCondition: {e}"))?;
+            (
+                "prometheus.address",
+                &p.address,
+                &p.timeout,
+                Some(condition),
+            )
+        }
+        (None, None) => return Err(format!("{at}: name a provider (webhook or prometheus)")),
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "{at}: name one provider, not webhook and prometheus"
+            ));
+        }
     };
-    let scheme_ok = hook.url.starts_with("http://") || hook.url.starts_with("https://");
-    if !scheme_ok || hook.url.parse::<http::Uri>().is_err() {
+    let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+    if !scheme_ok || url.parse::<http::Uri>().is_err() {
         return Err(format!(
-            "{at}.webhook.url: {:?} is not an http:// or https:// URL",
-            hook.url
+            "{at}.{url_at}: {url:?} is not an http:// or https:// URL"
         ));
     }
+    let provider = url_at.split('.').next().unwrap_or_default();
     let timeout = duration(
-        "webhook.timeout",
-        &hook.timeout,
+        &format!("{provider}.timeout"),
+        timeout,
         Duration::from_secs(5),
         MAX_TIMEOUT,
     )?;
@@ -99,6 +123,7 @@ pub fn settings(c: &AnalysisCheck) -> Result<Settings, String> {
         interval,
         failure_limit,
         timeout,
+        condition,
     })
 }
 
@@ -262,6 +287,61 @@ impl Log {
         );
         self.running.remove(&key);
     }
+}
+
+/// What one run of a check sends, computed before any call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Job {
+    Webhook {
+        url: String,
+        timeout: Duration,
+        body: serde_json::Value,
+        /// The Secret its headers come from (`headersFrom`).
+        headers_from: Option<String>,
+    },
+    Prometheus {
+        address: String,
+        timeout: Duration,
+        /// Each query, with the cluster it asks about when it names one.
+        queries: Vec<(Option<String>, String)>,
+        condition: condition::Condition,
+    },
+}
+
+/// The job for a due check of FleetMicroservice `namespace/name`; `None`
+/// for invalid settings, which the spec check refuses first.
+pub fn job(namespace: &str, name: &str, due: &Due) -> Option<Job> {
+    let s = settings(&due.check).ok()?;
+    if let Some(hook) = &due.check.webhook {
+        return Some(Job::Webhook {
+            url: hook.url.clone(),
+            timeout: s.timeout,
+            body: body(namespace, name, due),
+            headers_from: hook.headers_from.as_ref().map(|h| h.secret_name.clone()),
+        });
+    }
+    let PrometheusCheck { address, query, .. } = due.check.prometheus.as_ref()?;
+    let vars = |cluster| promql::Vars {
+        cluster,
+        namespace,
+        name,
+        revision: &due.evidence.revision,
+    };
+    let queries = match promql::per_cluster(query) {
+        true => due
+            .evidence
+            .generations
+            .keys()
+            .map(|c| (Some(c.clone()), promql::render(query, &vars(Some(c)))))
+            .collect(),
+        false => vec![(None, promql::render(query, &vars(None)))],
+    };
+    Some(Job::Prometheus {
+        address: address.clone(),
+        timeout: s.timeout,
+        queries,
+        condition: s.condition?,
+    })
 }
 
 /// The JSON a webhook receives.

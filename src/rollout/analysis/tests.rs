@@ -1,5 +1,5 @@
 use super::*;
-use crate::rollout::spec::WebhookCheck;
+use crate::rollout::spec::{PrometheusCheck, WebhookCheck};
 use proptest::prelude::*;
 
 fn check(name: &str, limit: Option<i32>) -> AnalysisCheck {
@@ -8,9 +8,11 @@ fn check(name: &str, limit: Option<i32>) -> AnalysisCheck {
         webhook: Some(WebhookCheck {
             url: "http://127.0.0.1:9/check".into(),
             timeout: None,
+            headers_from: None,
         }),
         interval: Some("10s".into()),
         failure_limit: limit,
+        ..Default::default()
     }
 }
 
@@ -57,6 +59,100 @@ fn settings_are_checked_with_the_reason() {
     assert!(settings(&check("errors", Some(0))).is_err());
     let twice = [check("errors", None), check("errors", None)];
     assert!(check_all(&twice).unwrap_err().contains("twice"));
+}
+
+fn prometheus(query: &str, condition: &str) -> AnalysisCheck {
+    AnalysisCheck {
+        name: "errors".into(),
+        prometheus: Some(PrometheusCheck {
+            address: "http://127.0.0.1:9090/".into(),
+            query: query.into(),
+            success_condition: condition.into(),
+            timeout: Some("3s".into()),
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_prometheus_check_is_checked_whole_before_it_runs() {
+    let s = settings(&prometheus("up", "result == 1")).unwrap();
+    assert_eq!(s.timeout, Duration::from_secs(3));
+    assert_eq!(s.interval, Duration::from_secs(10));
+    for (c, reason) in [
+        (
+            prometheus(r#"up{c="$clustr"}"#, "result == 1"),
+            "prometheus.query: $clustr is not a placeholder",
+        ),
+        (
+            prometheus("up", "result = 1"),
+            "prometheus.successCondition: unexpected '='",
+        ),
+        (prometheus(" ", "result == 1"), "prometheus.query: is empty"),
+    ] {
+        let e = settings(&c).unwrap_err();
+        assert!(e.contains(reason), "{reason}: {e}");
+    }
+    let mut c = prometheus("up", "result == 1");
+    c.prometheus.as_mut().unwrap().address = "127.0.0.1:9090".into();
+    assert!(settings(&c).unwrap_err().contains("prometheus.address"));
+    let mut c = prometheus("up", "result == 1");
+    c.prometheus.as_mut().unwrap().timeout = Some("61s".into());
+    assert!(settings(&c).unwrap_err().contains("prometheus.timeout"));
+    let mut both = prometheus("up", "result == 1");
+    both.webhook = check("errors", None).webhook;
+    assert!(settings(&both).unwrap_err().contains("name one provider"));
+}
+
+#[test]
+fn a_prometheus_job_asks_about_each_cluster_of_the_evidence_it_judges() {
+    let e = evidence(&[("m1", 3), ("m2", 5)]);
+    let due = |check| Due {
+        check,
+        evidence: e.clone(),
+    };
+    let per_cluster = prometheus(
+        r#"err{cluster="$cluster",app="$namespace/$name",rev="$revision"}"#,
+        "result < 0.01",
+    );
+    let Some(Job::Prometheus {
+        address,
+        queries,
+        condition,
+        timeout,
+    }) = job("shop", "api", &due(per_cluster))
+    else {
+        panic!("a prometheus job")
+    };
+    assert_eq!(address, "http://127.0.0.1:9090/");
+    assert_eq!(timeout, Duration::from_secs(3));
+    assert!(condition.holds(0.001) && !condition.holds(0.01));
+    assert_eq!(
+        queries,
+        vec![
+            (
+                Some("m1".into()),
+                r#"err{cluster="m1",app="shop/api",rev="api-2"}"#.into()
+            ),
+            (
+                Some("m2".into()),
+                r#"err{cluster="m2",app="shop/api",rev="api-2"}"#.into()
+            ),
+        ]
+    );
+    let Some(Job::Prometheus { queries, .. }) = job(
+        "shop",
+        "api",
+        &due(prometheus(r#"sum(err{rev="$revision"})"#, "result < 1")),
+    ) else {
+        panic!("a prometheus job")
+    };
+    assert_eq!(queries, vec![(None, r#"sum(err{rev="api-2"})"#.into())]);
+    let Some(Job::Webhook { body, .. }) = job("shop", "api", &due(check("errors", None))) else {
+        panic!("a webhook job")
+    };
+    assert_eq!(body["clusters"][1]["generation"], 5);
+    assert_eq!(job("shop", "api", &due(prometheus("up", "nonsense"))), None);
 }
 
 #[test]
