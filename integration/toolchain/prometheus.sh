@@ -13,8 +13,8 @@ if [[ -x "$bin/prometheus" ]]; then
   echo "$bin/prometheus"
   exit 0
 fi
-# One build at a time: `make test` starts it in the background, and a test
-# that needs the binary sooner waits here for that build.
+# One build at a time: a test run on its own builds it too, and a second
+# caller waits here for the first one's build.
 mkdir -p "$cache/bin"
 exec 9>"$cache/bin/prometheus-$VERSION.lock"
 flock 9

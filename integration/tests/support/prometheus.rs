@@ -11,8 +11,8 @@ use super::eventually;
 use super::replicas::free_port;
 
 /// The path of the Prometheus binary: `FLOTILLA_PROMETHEUS`, or the cached
-/// build (`make test` starts it beside the first tests; this waits for
-/// that build, or builds it, for at most 20 minutes).
+/// build (`make test` builds it before the tests; run alone, a test builds
+/// it, waiting at most 20 minutes).
 pub fn binary() -> PathBuf {
     if let Some(p) = std::env::var_os("FLOTILLA_PROMETHEUS") {
         return PathBuf::from(p);
