@@ -12,6 +12,13 @@
 //!   every member but that one, so their p90 shows whether one hung member
 //!   slows the others.
 //!
+//! With `FLOTILLA_BENCH_ANALYSIS=1`, every FleetMicroservice also has a
+//! webhook check (interval 1 s) served by the bench, answering 200 at once:
+//! the clean release then reports the gate's decision latency, from the
+//! last answer a wave's check gave to the next wave's first member write
+//! (member audit logs), p50 and p99 over every rollout and wave boundary,
+//! and the writes per rollout show what the checks add.
+//!
 //! Results: `.fleet/bench/rollouts.json`. The fleet is put back at 3 members.
 
 #[path = "../tests/support/mod.rs"]
@@ -37,6 +44,100 @@ use support::{client, ensure_crd, ensure_fleet_crd, eventually, fleet_cmd, from_
 
 use flotilla::rollout::spec::{FleetMicroservice, RolloutPhase};
 
+/// The bench's analysis webhook: answers 200 at once, and keeps when it
+/// answered each (FleetMicroservice, revision, wave).
+#[derive(Clone, Default)]
+struct Gate {
+    url: String,
+    answers: std::sync::Arc<std::sync::Mutex<Vec<Answered>>>,
+}
+
+/// (FleetMicroservice, revision, wave, when the webhook answered).
+type Answered = (String, String, String, jiff::Timestamp);
+
+impl Gate {
+    async fn serve() -> Gate {
+        let mut gate = Gate::default();
+        let answers = gate.answers.clone();
+        let app = axum::Router::new().route(
+            "/gate",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let answers = answers.clone();
+                async move {
+                    let b: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+                    answers.lock().unwrap().push((
+                        text(&b["fleetMicroservice"]["name"]),
+                        text(&b["revision"]),
+                        text(&b["wave"]),
+                        jiff::Timestamp::now(),
+                    ));
+                    http::StatusCode::OK
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        gate.url = format!("http://{}/gate", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.ok() });
+        gate
+    }
+
+    /// Seconds from the last answer of each wave's check to the next
+    /// wave's first member write, per rollout of `items` and boundary.
+    fn latencies(
+        &self,
+        items: &[FleetMicroservice],
+        namespace: &str,
+        members: &[&str],
+    ) -> Vec<f64> {
+        let answers = self.answers.lock().unwrap().clone();
+        // (name, revision, member) -> first write.
+        let mut first: BTreeMap<(String, String, String), jiff::Timestamp> = BTreeMap::new();
+        for m in members {
+            for w in support::rollout::fleet_writes(m, namespace) {
+                let Some(rev) = w.revision else { continue };
+                first
+                    .entry((w.name, rev, m.to_string()))
+                    .or_insert(w.received);
+            }
+        }
+        let mut out = Vec::new();
+        for f in items {
+            let name = f.metadata.name.clone().unwrap_or_default();
+            let Some(st) = &f.status else { continue };
+            let Some(rev) = st.update_revision.clone() else {
+                continue;
+            };
+            for pair in st.waves.windows(2) {
+                let opened = pair[1]
+                    .clusters
+                    .iter()
+                    .filter_map(|c| first.get(&(name.clone(), rev.clone(), c.clone())))
+                    .min();
+                let Some(opened) = opened else { continue };
+                let last = answers
+                    .iter()
+                    .filter(|(n, r, w, at)| {
+                        n == &name && r == &rev && w == &pair[0].name && at <= opened
+                    })
+                    .map(|(_, _, _, at)| *at)
+                    .max();
+                if let Some(last) = last {
+                    out.push(opened.duration_since(last).as_secs_f64());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The bench webhook's URL, when the run has analysis.
+static GATE_URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn analysed() -> bool {
+    std::env::var("FLOTILLA_BENCH_ANALYSIS").is_ok_and(|v| v == "1")
+}
+
 fn manifest(name: &str, image: &str, skip: Option<&str>) -> serde_json::Value {
     let mut m = fleet_microservice(
         name,
@@ -47,6 +148,10 @@ fn manifest(name: &str, image: &str, skip: Option<&str>) -> serde_json::Value {
         ]}),
     );
     m["spec"]["template"]["replicas"] = json!(0);
+    if let Some(url) = GATE_URL.get() {
+        m["spec"]["rollout"]["analysis"] =
+            json!([{"name": "gate", "webhook": {"url": url}, "interval": "1s"}]);
+    }
     if let Some(member) = skip {
         m["spec"]["placement"] = json!({"clusterSelector": {"matchExpressions": [{
             "key": "platform.example.io/cluster-name", "operator": "NotIn", "values": [member],
@@ -206,6 +311,14 @@ async fn run(n: usize, k: usize) -> serde_json::Value {
         }
     };
     let last = names.last().expect("a member").clone();
+    let gate = match analysed() {
+        true => {
+            let g = Gate::serve().await;
+            GATE_URL.set(g.url.clone()).ok();
+            Some(g)
+        }
+        false => None,
+    };
     let measured: Vec<String> = (0..k).map(|i| format!("svc-{i}")).collect();
 
     // First release: created.
@@ -240,6 +353,22 @@ async fn run(n: usize, k: usize) -> serde_json::Value {
     let clean_writes = writes_per_rollout(&replicas, &before, k).await;
     let clean_handovers = handovers().await - handed;
     eprintln!("clean: {}", figures(&mut clean));
+    let gate_latency = match &gate {
+        Some(g) => {
+            let items = api.list(&ListParams::default()).await.expect("list").items;
+            let mut l = g.latencies(&items, &ns, &refs);
+            l.sort_by(f64::total_cmp);
+            let calls = g.answers.lock().unwrap().len();
+            json!({
+                "boundaries": l.len(),
+                "p50_s": percentile(&l, 0.5),
+                "p99_s": percentile(&l, 0.99),
+                "max_s": l.last().copied().unwrap_or(f64::NAN),
+                "webhook_calls_per_rollout_all_releases": calls as f64 / k as f64,
+            })
+        }
+        None => json!(null),
+    };
 
     // One member black-holed, ten objects placed on it too.
     let pid = apiserver_pid(&last);
@@ -284,6 +413,8 @@ async fn run(n: usize, k: usize) -> serde_json::Value {
         "rollout_lease_handovers": {"first": first_handovers, "clean": clean_handovers, "black_holed": blackholed_handovers},
         "clean": figures(&mut clean),
         "clean_writes": clean_writes,
+        "analysis": if gate.is_some() { "a webhook check per FleetMicroservice, interval 1s" } else { "none" },
+        "gate_latency": gate_latency,
         "one_member_black_holed": figures(&mut blackholed),
         "black_holed_writes": blackholed_writes,
     });
