@@ -107,7 +107,8 @@ bench-scale: toolchain
 
 # 100 FleetMicroservices released at once over 50 real members in 3 waves,
 # clean and with one member black-holed (FLOTILLA_BENCH_ROLLOUTS,
-# FLOTILLA_BENCH_MEMBERS); .fleet/bench/rollouts.json. The fleet is put back
+# FLOTILLA_BENCH_MEMBERS; FLOTILLA_BENCH_ANALYSIS=1 adds a webhook check to
+# each); .fleet/bench/rollouts.json. The fleet is put back
 # at 3 members.
 bench-rollouts: toolchain
 	integration/fleet up
