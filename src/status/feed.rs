@@ -186,26 +186,71 @@ impl Delivered {
 }
 
 /// What the apiserver has now: a list without a resourceVersion, served
-/// from etcd by quorum, metadata only, paged.
-async fn listed<K>(api: &Api<K>, labels: Option<&str>) -> kube::Result<Versions>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
+/// from etcd by quorum, metadata only, paged. Each page is decoded into
+/// names and versions alone: kube's `list_metadata` builds every entry's
+/// `managedFields` as JSON trees, which at 500 objects was most of the
+/// allocations of a converged replica (docs/performance.md, #37).
+async fn listed<K: kube::Resource + Clone>(
+    api: &Api<K>,
+    labels: Option<&str>,
+) -> kube::Result<Versions> {
+    let request = kube::core::Request::new(api.resource_url());
+    let client: Client = api.clone().into_client();
     let mut params = ListParams::default().limit(500);
     if let Some(l) = labels {
         params = params.labels(l);
     }
     let mut out = Versions::new();
     loop {
-        let page = api.list_metadata(&params).await?;
-        for o in &page.items {
-            out.insert(key(o), o.resource_version().unwrap_or_default());
+        let mut req = request
+            .list_metadata(&params)
+            .map_err(kube::Error::BuildRequest)?;
+        req.extensions_mut().insert("list_metadata");
+        let page: VersionPage = client.request(req).await?;
+        for o in page.items {
+            let m = o.metadata;
+            out.insert(
+                (m.namespace.unwrap_or_default(), m.name),
+                m.resource_version,
+            );
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(next) => params = params.continue_token(&next),
             None => return Ok(out),
         }
     }
+}
+
+/// One page of a metadata list as the probe reads it. Fields it does not
+/// name are skipped by the parser without being built.
+#[derive(serde::Deserialize)]
+struct VersionPage {
+    #[serde(default)]
+    metadata: PageMeta,
+    #[serde(default)]
+    items: Vec<Versioned>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct PageMeta {
+    #[serde(rename = "continue", default)]
+    continue_: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct Versioned {
+    metadata: VersionedMeta,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct VersionedMeta {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    resource_version: String,
 }
 
 /// The probe's two listings in flight.
@@ -364,6 +409,50 @@ async fn watch_until_error(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_page_keeps_names_versions_and_the_continue_token_only() {
+        let page: VersionPage = serde_json::from_value(serde_json::json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": "900", "continue": "next-page"},
+            "items": [{
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": {
+                    "name": "web", "namespace": "shop", "resourceVersion": "812",
+                    "uid": "u-1", "labels": {"a": "b"},
+                    "managedFields": [{"manager": "flotilla", "operation": "Apply",
+                        "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:replicas": {}}}}],
+                },
+            }, {
+                "metadata": {"name": "node-wide", "resourceVersion": "7"},
+            }],
+        }))
+        .unwrap();
+        assert_eq!(page.metadata.continue_.as_deref(), Some("next-page"));
+        let got: Vec<(Option<String>, String, String)> = page
+            .items
+            .into_iter()
+            .map(|i| {
+                (
+                    i.metadata.namespace,
+                    i.metadata.name,
+                    i.metadata.resource_version,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some("shop".into()), "web".into(), "812".into()),
+                (None, "node-wide".into(), "7".into()),
+            ]
+        );
+        let last: VersionPage =
+            serde_json::from_value(serde_json::json!({"metadata": {}, "items": []})).unwrap();
+        assert_eq!(last.metadata.continue_, None);
+    }
 
     #[test]
     fn the_stall_probe_takes_at_most_a_tenth_of_a_small_budget() {
