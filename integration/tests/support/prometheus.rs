@@ -13,36 +13,21 @@ use super::replicas::free_port;
 /// The path of the Prometheus binary: `FLOTILLA_PROMETHEUS`, or the cached
 /// build (`make test` builds it before the tests; run alone, a test builds
 /// it, waiting at most 20 minutes).
-pub fn binary() -> PathBuf {
+pub async fn binary() -> PathBuf {
     if let Some(p) = std::env::var_os("FLOTILLA_PROMETHEUS") {
         return PathBuf::from(p);
     }
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("integration/toolchain/prometheus.sh");
-    let out =
-        std::env::temp_dir().join(format!("flotilla-prom-path-{:08x}", rand::random::<u32>()));
-    let mut child = Command::new(&script)
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(Stdio::inherit())
+    let child = Command::new(&script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("run integration/toolchain/prometheus.sh");
-    let limit = std::time::Instant::now() + Duration::from_secs(20 * 60);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for prometheus.sh") {
-            break status;
-        }
-        if std::time::Instant::now() > limit {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("integration/toolchain/prometheus.sh took more than 20 minutes");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let path = std::fs::read_to_string(&out).unwrap_or_default();
-    std::fs::remove_file(&out).ok();
-    assert!(
-        status.success(),
-        "integration/toolchain/prometheus.sh failed: {status:?}"
+    let (code, path, log) = super::rollout::finish(child, Duration::from_secs(20 * 60)).await;
+    assert_eq!(
+        code, 0,
+        "integration/toolchain/prometheus.sh failed:\n{log}"
     );
     PathBuf::from(path.trim())
 }
@@ -104,7 +89,7 @@ impl Prometheus {
         let port = free_port();
         let address = format!("http://127.0.0.1:{port}");
         let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = Command::new(binary())
+        let child = Command::new(binary().await)
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",

@@ -332,7 +332,7 @@ pub async fn finish(child: std::process::Child, limit: Duration) -> (i32, String
         tokio::task::spawn_blocking(move || child.wait_with_output().expect("wait output")),
     )
     .await
-    .unwrap_or_else(|_| panic!("flotilla (pid {pid}) still running after {limit:?}"))
+    .unwrap_or_else(|_| panic!("pid {pid} still running after {limit:?}"))
     .unwrap();
     (
         out.status.code().unwrap_or(-1),
