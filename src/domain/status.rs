@@ -333,6 +333,36 @@ pub fn coalescable(current: &MicroserviceStatus, next: &MicroserviceStatus) -> b
     })
 }
 
+/// Whether `next` is the first report of its generation and says only that
+/// the rollout is under way, nothing wrong: the status API, the fleet DNS
+/// and the rollout planner all key on `observedGeneration`, and read "not
+/// yet observed" exactly as they read "observed, rolling out" (Progressing,
+/// not Available). So it may wait, and children that become Available
+/// within the window cost one status write, not two. An error, a rejected
+/// or invalid spec, a deadline, `Available=True` or anything else not
+/// named here is written at once.
+pub fn first_report_may_wait(
+    current: Option<&MicroserviceStatus>,
+    next: &MicroserviceStatus,
+) -> bool {
+    let first = current.is_none_or(|c| c.observed_generation < next.observed_generation);
+    let is = |type_: &str, status: &str, reasons: &[&str]| {
+        conditions::find(&next.conditions, type_)
+            .is_some_and(|c| c.status == status && reasons.contains(&c.reason.as_str()))
+    };
+    first
+        && next.conditions.len() == 4
+        && is(ACCEPTED, "True", &["SpecValid"])
+        && is(RECONCILED, "True", &["ChildrenApplied"])
+        && is(
+            AVAILABLE,
+            "False",
+            &["RolloutInProgress", "NoReadyEndpoints"],
+        )
+        && (is(PROGRESSING, "True", &["RolloutInProgress"])
+            || is(PROGRESSING, "False", &["RolloutComplete"]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -683,5 +713,54 @@ mod tests {
         );
         assert!(!coalescable(&available, &failed));
         assert!(coalescable(&available, &available));
+    }
+
+    #[test]
+    fn the_first_report_of_a_generation_may_wait_while_it_says_only_under_way() {
+        let later = Time("2026-01-01T00:00:03Z".parse().unwrap());
+        let starting = next_status(None, &applied(RolloutFacts::default(), 0), 2, 1, &now());
+        assert!(first_report_may_wait(None, &starting), "new, rolling out");
+        // Pods up, endpoints not yet: still only under way.
+        let no_endpoints = next_status(None, &applied(complete(2), 0), 2, 1, &now());
+        assert!(first_report_may_wait(None, &no_endpoints));
+        // Available at once: the verdict is written at once.
+        let available = next_status(None, &applied(complete(2), 2), 2, 1, &now());
+        assert!(!first_report_may_wait(None, &available));
+        // A new generation of a Microservice that was Available.
+        let next_generation = next_status(
+            Some(&available),
+            &applied(RolloutFacts::default(), 0),
+            2,
+            2,
+            &later,
+        );
+        assert!(first_report_may_wait(Some(&available), &next_generation));
+        // Once a generation has been reported, only `coalescable` may hold.
+        assert!(!first_report_may_wait(Some(&starting), &no_endpoints));
+        // Anything wrong is written at once.
+        let stuck = RolloutFacts {
+            observed_current: true,
+            deadline_exceeded: true,
+            ..Default::default()
+        };
+        let exceeded = next_status(None, &applied(stuck, 0), 2, 1, &now());
+        assert!(!first_report_may_wait(None, &exceeded), "a deadline");
+        for outcome in [
+            Outcome::InvalidSpec("bad".into()),
+            Outcome::OwnershipConflict("theirs".into()),
+            Outcome::Rejected("422".into()),
+            Outcome::ApiError("boom".into()),
+            Outcome::ChildTerminating("going".into()),
+            Outcome::CachesStale("12s".into()),
+        ] {
+            let s = next_status(None, &outcome, 2, 1, &now());
+            assert!(!first_report_may_wait(None, &s), "{outcome:?}");
+        }
+        // A status with a condition of another concern (the registry's) is
+        // not judged here.
+        let mut registered = starting.clone();
+        registered.conditions.push(registered.conditions[0].clone());
+        registered.conditions[4].type_ = conditions::REGISTERED.into();
+        assert!(!first_report_may_wait(None, &registered));
     }
 }

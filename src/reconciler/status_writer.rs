@@ -12,7 +12,7 @@ use super::context::{Context, FIELD_MANAGER};
 use super::error::{ReconcileError, Result};
 use crate::crd::{Microservice, MicroserviceStatus};
 use crate::domain::conditions::{Verdict, transition};
-use crate::domain::status::{Outcome, coalescable, next_status};
+use crate::domain::status::{Outcome, coalescable, first_report_may_wait, next_status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Concluded {
@@ -22,7 +22,8 @@ pub enum Concluded {
     /// The CR changed (new generation or uid) or is being deleted since this
     /// reconcile read it: its result is about an object that no longer is.
     Dropped,
-    /// Only counts or wording changed: held for `coalesce::WINDOW`.
+    /// Only counts or wording changed, or the first report of a generation
+    /// says only "under way": held for `coalesce::WINDOW`.
     Held,
 }
 
@@ -70,9 +71,9 @@ pub async fn conclude_with(
         ctx.held.clear(&key);
         return Ok(Concluded::Unchanged);
     }
-    if ms.status.as_ref().is_some_and(|s| coalescable(s, &cached))
-        && !ctx.held.due(&key, tokio::time::Instant::now())
-    {
+    let may_wait = ms.status.as_ref().is_some_and(|s| coalescable(s, &cached))
+        || first_report_may_wait(ms.status.as_ref(), &cached);
+    if may_wait && !ctx.held.due(&key, tokio::time::Instant::now()) {
         return Ok(Concluded::Held);
     }
     ctx.held.clear(&key);
