@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use kube::Resource;
 use kube::runtime::utils::{Backoff, ResetTimerBackoff};
 use kube::runtime::watcher;
 
@@ -26,6 +27,16 @@ pub fn config(streaming_lists: bool) -> watcher::Config {
 /// watching only those keeps the caches small.
 pub fn managed(streaming_lists: bool) -> watcher::Config {
     config(streaming_lists).labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
+}
+
+/// Drops an object's managedFields before it is kept: no decision reads
+/// them, and decoded as free-form JSON trees they were most of a cached
+/// Deployment (12 of 38 MiB live at 500 objects, #37). A replace built
+/// from a stripped object sends none, and the apiserver then keeps the
+/// stored ones (it falls back to the live object's when an update carries
+/// none), so nothing is lost on write.
+pub fn strip<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
 }
 
 /// A trigger stream without its errors. Each watch retries on its own
@@ -183,6 +194,36 @@ impl Backoff for Doubling {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stripped_object_keeps_everything_but_its_managed_fields() {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let full: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "api", "namespace": "ns", "uid": "u1",
+                "resourceVersion": "7", "generation": 3,
+                "labels": {"app": "api"},
+                "annotations": {"deployment.kubernetes.io/revision": "2"},
+                "ownerReferences": [{"apiVersion": "platform.example.io/v1alpha1",
+                    "kind": "Microservice", "name": "api", "uid": "o1", "controller": true}],
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:replicas": {}}}}]
+            },
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "api"}},
+                     "template": {"spec": {"containers": [{"name": "api", "image": "i:1"}]}}},
+            "status": {"observedGeneration": 3, "availableReplicas": 2}
+        }))
+        .expect("deployment");
+        let mut kept = full.clone();
+        strip(&mut kept);
+        assert_eq!(kept.metadata.managed_fields, None);
+        let mut expected = full;
+        expected.metadata.managed_fields = None;
+        assert_eq!(
+            kept, expected,
+            "identity, labels, annotations, owners, spec and status stay"
+        );
+    }
 
     #[test]
     fn a_failure_lasts_from_its_first_error_until_an_event_or_quiet() {

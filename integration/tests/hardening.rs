@@ -500,6 +500,14 @@ fn the_manifests_give_every_replica_its_pod_name_as_identity() {
         pod_name["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name",
         "POD_NAME must come from the pod's own name"
     );
+    // The allocator setting the memory figures are measured with (#37).
+    let arenas = container["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == "MALLOC_ARENA_MAX")
+        .expect("MALLOC_ARENA_MAX in env");
+    assert_eq!(arenas["value"], "2");
 }
 
 use serde::Deserialize as _;

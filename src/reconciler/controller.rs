@@ -106,6 +106,7 @@ pub async fn run(
         cluster_name.clone(),
         "deployments",
     )
+    .modify(crate::watching::strip)
     .reflect(dep_writer)
     .touched_objects();
     let dep_stream = without_errors(dep_stream, settings.cluster.clone(), "Deployment");
@@ -117,6 +118,7 @@ pub async fn run(
         cluster_name.clone(),
         "services",
     )
+    .modify(crate::watching::strip)
     .reflect(svc_writer)
     .touched_objects();
     let svc_stream = without_errors(svc_stream, settings.cluster.clone(), "Service");
@@ -154,6 +156,7 @@ pub async fn run(
     // Only spec changes (generation) trigger: our own status writes do not loop.
     let ms_stream = watcher(scoped::<Microservice>(&client, ns.as_deref()), base.clone())
         .backoff(crate::watching::backoff())
+        .modify(crate::watching::strip)
         .reflect(ms_writer)
         // A deleted Microservice is not reconciled again: drop what the
         // controller remembers of it here.

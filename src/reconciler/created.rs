@@ -49,7 +49,9 @@ where
         let mut notes = self.notes();
         // Expired notes go here, so the map never outgrows one TTL of creates.
         notes.retain(|_, (_, at)| now.duration_since(*at) < TTL);
-        notes.insert(ObjectRef::from_obj(obj), (obj.clone(), now));
+        let mut kept = obj.clone();
+        crate::watching::strip(&mut kept);
+        notes.insert(ObjectRef::from_obj(obj), (kept, now));
     }
 
     /// Our created object, while no watch has shown it and the note is fresh.
@@ -192,6 +194,17 @@ mod tests {
         assert!(created.unseen("ns", "api", t0 + TTL).is_none());
         assert!(!created.awaiting("ns", "api"), "the expired note is gone");
         assert!(created.unseen("ns", "other", t0).is_none());
+    }
+
+    #[test]
+    fn a_note_keeps_the_created_child_without_its_managed_fields() {
+        let created = Created::default();
+        let t0 = Instant::now();
+        let mut child = svc("u1");
+        child.metadata.managed_fields = Some(vec![Default::default()]);
+        created.record(&child, t0);
+        child.metadata.managed_fields = None;
+        assert_eq!(created.unseen("ns", "api", t0), Some(child));
     }
 
     #[test]

@@ -75,8 +75,9 @@ impl Written {
     /// Notes that `result` was written over `replaced`. When `replaced` is
     /// our own last write, the chain grows: the cache may still show any
     /// version before it.
-    pub fn record(&self, replaced: Option<String>, result: Microservice) {
+    pub fn record(&self, replaced: Option<String>, mut result: Microservice) {
         let Some(replaced) = replaced else { return };
+        crate::watching::strip(&mut result);
         let key = ObjectRef::from_obj(&result);
         let mut map = self.notes();
         let mut superseded = match map.remove(&key) {
@@ -134,6 +135,19 @@ mod tests {
         // The cache reached 9 (or anything else): it is the truth again.
         assert_eq!(rv(written.fresher_than(&at("9"))), None);
         assert_eq!(rv(written.fresher_than(&at("7"))), None, "the note is gone");
+    }
+
+    #[test]
+    fn a_note_keeps_the_written_object_without_its_managed_fields() {
+        let written = Written::default();
+        let mut after = at("8");
+        after.metadata.managed_fields = Some(vec![Default::default()]);
+        after.status = Some(Default::default());
+        written.record(Some("7".into()), after.clone());
+        let kept = written.fresher_than(&at("7")).expect("the note");
+        after.metadata.managed_fields = None;
+        let json = |m: &Microservice| serde_json::to_value(m).expect("json");
+        assert_eq!(json(&kept), json(&after));
     }
 
     #[test]
