@@ -358,7 +358,7 @@ pub async fn run(
         name.clone(),
         settings.namespace.clone(),
         settings.streaming_lists,
-        crate::status::feed::probe_period(settings.budget.qps),
+        settings.budget.qps,
         hub.clone(),
     ));
 

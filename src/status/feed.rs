@@ -73,13 +73,26 @@ const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// budget a probe every 5 s took most of it (0.4 of 0.5 requests a second).
 const PROBE_SHARE: f64 = 0.1;
 
-/// The probe's period on a member whose budget is `qps` requests a second:
-/// every `PROBE_EVERY`, or less often when that would take more than
-/// `PROBE_SHARE` of the budget.
-pub fn probe_period(qps: f64) -> Duration {
-    let share = 2.0 / (PROBE_SHARE * qps);
-    if share.is_finite() && share > PROBE_EVERY.as_secs_f64() {
-        Duration::from_secs_f64(share.min(3600.0))
+/// Objects the probe may list a second, whatever the budget. Its quorum
+/// lists cost the member's apiserver in proportion to the objects listed,
+/// on every replica, so a large member is probed less often: at 500
+/// Microservices (1,000 objects with their Deployments) every 10 s (#37).
+const PROBE_OBJECTS_PER_SECOND: f64 = 100.0;
+/// A probe list's page size.
+const PROBE_PAGE: u32 = 500;
+
+/// The probe's period on a member whose budget is `qps` requests a second,
+/// with `objects` Microservices and managed Deployments: every
+/// `PROBE_EVERY`, or less often when that would take more than
+/// `PROBE_SHARE` of the budget or list more than `PROBE_OBJECTS_PER_SECOND`.
+pub fn probe_period(qps: f64, objects: usize) -> Duration {
+    // Two lists, each of at least one page.
+    let pages = 2.0 * (objects as f64 / f64::from(PROBE_PAGE)).ceil().max(1.0);
+    let by_budget = pages / (PROBE_SHARE * qps);
+    let by_objects = objects as f64 / PROBE_OBJECTS_PER_SECOND;
+    let period = by_budget.max(by_objects);
+    if period.is_finite() && period > PROBE_EVERY.as_secs_f64() {
+        Duration::from_secs_f64(period.min(3600.0))
     } else {
         PROBE_EVERY
     }
@@ -103,7 +116,7 @@ pub async fn run(
     cluster: String,
     namespace: Option<String>,
     streaming_lists: bool,
-    probe_every: Duration,
+    probe_qps: f64,
     hub: Arc<Hub>,
 ) {
     let mut health = Health::default();
@@ -113,7 +126,7 @@ pub async fn run(
             &cluster,
             namespace.as_deref(),
             streaming_lists,
-            probe_every,
+            probe_qps,
             &hub,
             &mut health,
         )
@@ -196,7 +209,7 @@ async fn listed<K: kube::Resource + Clone>(
 ) -> kube::Result<Versions> {
     let request = kube::core::Request::new(api.resource_url());
     let client: Client = api.clone().into_client();
-    let mut params = ListParams::default().limit(500);
+    let mut params = ListParams::default().limit(PROBE_PAGE);
     if let Some(l) = labels {
         params = params.labels(l);
     }
@@ -268,7 +281,7 @@ async fn watch_until_error(
     cluster: &str,
     namespace: Option<&str>,
     streaming_lists: bool,
-    probe_every: Duration,
+    probe_qps: f64,
     hub: &Hub,
     health: &mut Health,
 ) -> Ended {
@@ -293,8 +306,9 @@ async fn watch_until_error(
     let mut stable_at: Option<Instant> = None;
     let (mut ms_seen, mut dep_seen) = (Delivered::default(), Delivered::default());
     let (mut ms_stall, mut dep_stall) = (Stall::default(), Stall::default());
-    let mut probe = tokio::time::interval_at(Instant::now() + probe_every, probe_every);
-    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The period follows the objects the watches have delivered.
+    let mut probe_every = probe_period(probe_qps, 0);
+    let mut next_probe = Instant::now() + probe_every;
     let mut probing: Option<ProbeRead> = None;
     let delay = crate::supervise::feed_delay(cluster);
     loop {
@@ -312,7 +326,9 @@ async fn watch_until_error(
             // The probe's reads run beside the watches, never in place of
             // them: a read waiting on a small request budget must not hold
             // back the events it is checking.
-            _ = probe.tick(), if announced && probing.is_none() => {
+            _ = tokio::time::sleep_until(next_probe), if announced && probing.is_none() => {
+                probe_every = probe_period(probe_qps, ms_seen.now.len() + dep_seen.now.len());
+                next_probe = Instant::now() + probe_every;
                 // Judged only between listings: a relist in progress is
                 // progress, however long it takes.
                 if ms_seen.listing.is_none() && dep_seen.listing.is_none() {
@@ -457,12 +473,26 @@ mod tests {
     #[test]
     fn the_stall_probe_takes_at_most_a_tenth_of_a_small_budget() {
         // The default budget (100 a second), and any above 4: every 5 s.
-        assert_eq!(probe_period(100.0), PROBE_EVERY);
-        assert_eq!(probe_period(4.0), PROBE_EVERY);
+        assert_eq!(probe_period(100.0, 0), PROBE_EVERY);
+        assert_eq!(probe_period(4.0, 0), PROBE_EVERY);
         // Half a request a second: two lists every 40 s, a tenth of it.
-        assert_eq!(probe_period(0.5), Duration::from_secs(40));
+        assert_eq!(probe_period(0.5, 0), Duration::from_secs(40));
         // Nothing absurd from a budget that cannot be set anyway.
-        assert_eq!(probe_period(0.0), PROBE_EVERY);
-        assert_eq!(probe_period(1e-9), Duration::from_secs(3600));
+        assert_eq!(probe_period(0.0, 0), PROBE_EVERY);
+        assert_eq!(probe_period(1e-9, 0), Duration::from_secs(3600));
+        // Lists of more than one page are more requests: three pages
+        // each, six requests, every 60 s at one request a second.
+        assert_eq!(probe_period(1.0, 1200), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_large_member_is_probed_less_often() {
+        // Up to 500 objects: every 5 s, as on a small member.
+        assert_eq!(probe_period(100.0, 100), PROBE_EVERY);
+        assert_eq!(probe_period(100.0, 500), PROBE_EVERY);
+        // 500 Microservices and their Deployments: every 10 s, so a
+        // silent stall is proven within 20 s.
+        assert_eq!(probe_period(100.0, 1000), Duration::from_secs(10));
+        assert_eq!(probe_period(100.0, 10_000), Duration::from_secs(100));
     }
 }
