@@ -87,6 +87,8 @@ fn start(who: Who, ns: &str, equal_limits: bool, sample: &Path, tag: &str) -> Pr
                 .args(["--cluster-qps", qps, "--cluster-burst", burst])
                 .args(local_server_args())
                 .env("RUST_LOG", "warn")
+                // As `deploy/home` runs it.
+                .env("MALLOC_ARENA_MAX", "2")
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
