@@ -24,8 +24,11 @@ pub type Names<K> = Store<PartialObjectMeta<K>>;
 /// Keeps the identity and ownerReferences; drops managedFields, labels and
 /// annotations (a last-applied annotation alone can be kilobytes), so each
 /// entry stays a few hundred bytes however large the object.
-fn strip<K>(m: &mut PartialObjectMeta<K>) {
-    m.metadata.managed_fields = None;
+fn strip<K>(m: &mut PartialObjectMeta<K>)
+where
+    PartialObjectMeta<K>: Resource,
+{
+    crate::watching::strip(m);
     m.metadata.annotations = None;
     m.metadata.labels = None;
 }
