@@ -66,7 +66,8 @@ const STALE_AFTER: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often a synced feed compares what its watches delivered with a
 /// consistent list, at the most: a silent stall is proven at the second
-/// probe, so within two periods of the first change it missed.
+/// probe, so within two periods of the first change it missed. A watch is
+/// listed only once it has delivered nothing for a period.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// The share of a member's request budget the probe may take. Its two
 /// lists draw from the same budget as the leader's writes, and on a small
@@ -175,11 +176,16 @@ impl Default for Health {
 struct Delivered {
     now: Versions,
     listing: Option<Versions>,
+    /// When it last delivered a change.
+    last: Option<Instant>,
 }
 
 impl Delivered {
     fn saw<K: ResourceExt>(&mut self, event: &Event<K>) {
         let rv = |o: &K| o.resource_version().unwrap_or_default();
+        if matches!(event, Event::Apply(_) | Event::Delete(_)) {
+            self.last = Some(Instant::now());
+        }
         match event {
             Event::Init => self.listing = Some(Versions::new()),
             Event::InitApply(o) => {
@@ -195,6 +201,22 @@ impl Delivered {
                 self.now.remove(&key(o));
             }
         }
+    }
+
+    /// Whether this watch needs the probe's list at `now`: only once it
+    /// has delivered nothing for a whole `period`. One that delivers is
+    /// not stalled, and a watch delivers in order, so it has also
+    /// delivered every change before its last. On a busy member this saves
+    /// the quorum lists, which cost the apiserver by the objects listed
+    /// (#37).
+    fn quiet_at(&self, now: Instant, period: Duration) -> bool {
+        self.last
+            .is_none_or(|t| now.saturating_duration_since(t) >= period)
+    }
+
+    /// When it will have been quiet for `period`, if nothing comes.
+    fn quiet_from(&self, now: Instant, period: Duration) -> Instant {
+        self.last.map_or(now, |t| t + period)
     }
 }
 
@@ -270,7 +292,10 @@ struct VersionedMeta {
 type ProbeRead = std::pin::Pin<
     Box<
         dyn std::future::Future<
-                Output = Result<kube::Result<(Versions, Versions)>, tokio::time::error::Elapsed>,
+                Output = Result<
+                    kube::Result<(Option<Versions>, Option<Versions>)>,
+                    tokio::time::error::Elapsed,
+                >,
             > + Send,
     >,
 >;
@@ -328,13 +353,24 @@ async fn watch_until_error(
             // back the events it is checking.
             _ = tokio::time::sleep_until(next_probe), if announced && probing.is_none() => {
                 probe_every = probe_period(probe_qps, ms_seen.now.len() + dep_seen.now.len());
-                next_probe = Instant::now() + probe_every;
+                let now = Instant::now();
+                let (ms_quiet, dep_quiet) = (ms_seen.quiet_at(now, probe_every), dep_seen.quiet_at(now, probe_every));
+                if !ms_quiet && !dep_quiet {
+                    // Both are delivering: look again once either has been
+                    // quiet for a whole period, so a stall that follows a
+                    // delivery is still proven within two periods.
+                    next_probe = ms_seen.quiet_from(now, probe_every).min(dep_seen.quiet_from(now, probe_every));
+                    continue;
+                }
+                next_probe = now + probe_every;
                 // Judged only between listings: a relist in progress is
                 // progress, however long it takes.
                 if ms_seen.listing.is_none() && dep_seen.listing.is_none() {
                     let (ms_api, dep_api, labels) = (ms_api.clone(), dep_api.clone(), labels.clone());
                     probing = Some(Box::pin(tokio::time::timeout(PROBE_TIMEOUT, async move {
-                        Ok::<_, kube::Error>((listed(&ms_api, None).await?, listed(&dep_api, labels.as_deref()).await?))
+                        let ms = if ms_quiet { Some(listed(&ms_api, None).await?) } else { None };
+                        let dep = if dep_quiet { Some(listed(&dep_api, labels.as_deref()).await?) } else { None };
+                        Ok::<_, kube::Error>((ms, dep))
                     })));
                 }
                 continue;
@@ -347,11 +383,13 @@ async fn watch_until_error(
                 // An apiserver that does not answer is its reachability,
                 // which the Lease covers; only an answer is evidence.
                 let Ok(Ok((ms_now, dep_now))) = read else { continue };
+                // A watch that was not listed keeps its suspects for the
+                // next turn it is: still unmoved then is still a stall.
                 let verdicts = [
-                    ("Microservice", ms_stall.judge(&ms_seen.now, &ms_now)),
-                    ("Deployment", dep_stall.judge(&dep_seen.now, &dep_now)),
+                    ms_now.map(|now| ("Microservice", ms_stall.judge(&ms_seen.now, &now))),
+                    dep_now.map(|now| ("Deployment", dep_stall.judge(&dep_seen.now, &now))),
                 ];
-                for (kind, verdict) in verdicts {
+                for (kind, verdict) in verdicts.into_iter().flatten() {
                     if let Probe::Stalled((ns, name)) = verdict {
                         return Ended::Stalled(format!(
                             "the watch stalled: {kind} {ns}/{name} changed on the apiserver and the watch has not shown it for {}s",
@@ -483,6 +521,33 @@ mod tests {
         // Lists of more than one page are more requests: three pages
         // each, six requests, every 60 s at one request a second.
         assert_eq!(probe_period(1.0, 1200), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn only_a_watch_quiet_for_a_whole_period_is_listed() {
+        let dep = |name: &str, rv: &str| {
+            let mut d = Deployment::default();
+            d.metadata.name = Some(name.into());
+            d.metadata.namespace = Some("shop".into());
+            d.metadata.resource_version = Some(rv.into());
+            d
+        };
+        let period = Duration::from_secs(5);
+        let mut seen = Delivered::default();
+        // A listing is not a delivery: right after it, the watch is listed.
+        seen.saw(&Event::<Deployment>::Init);
+        seen.saw(&Event::InitApply(dep("web", "1")));
+        seen.saw(&Event::<Deployment>::InitDone);
+        assert!(seen.quiet_at(Instant::now(), period));
+        // A change delivered: not listed for a whole period after it.
+        seen.saw(&Event::Apply(dep("web", "2")));
+        let at = seen.last.expect("a delivery");
+        assert!(!seen.quiet_at(at + Duration::from_millis(4999), period));
+        assert!(seen.quiet_at(at + period, period));
+        assert_eq!(seen.quiet_from(at, period), at + period);
+        seen.saw(&Event::Delete(dep("web", "3")));
+        assert!(seen.last.expect("a delivery") >= at);
+        assert!(seen.now.is_empty());
     }
 
     #[test]
