@@ -163,6 +163,9 @@ pub struct Latency {
     /// The members' apiservers' CPU over the run, in cores (summed), when
     /// the scenario measures it: shows when the test bed is saturated.
     pub apiserver_cores: f64,
+    /// The members' apiservers' CPU per change sent (ms), over a window of
+    /// the same length for both controllers: the changes, then 15 s.
+    pub apiserver_ms_per_change: f64,
 }
 
 /// Waits (up to `drain`) for every change to show, then sums up.
@@ -198,5 +201,6 @@ pub async fn settle(
         p99_ms: percentile(&ms, 0.99),
         max_ms: percentile(&ms, 1.0),
         apiserver_cores: f64::NAN,
+        apiserver_ms_per_change: f64::NAN,
     }
 }
