@@ -210,13 +210,13 @@ impl Delivered {
     /// the quorum lists, which cost the apiserver by the objects listed
     /// (#37).
     fn quiet_at(&self, now: Instant, period: Duration) -> bool {
-        self.last
-            .is_none_or(|t| now.saturating_duration_since(t) >= period)
+        self.quiet_from(period).is_none_or(|t| t <= now)
     }
 
-    /// When it will have been quiet for `period`, if nothing comes.
-    fn quiet_from(&self, now: Instant, period: Duration) -> Instant {
-        self.last.map_or(now, |t| t + period)
+    /// When it will have been quiet for `period`, if nothing comes; `None`
+    /// if it never delivered.
+    fn quiet_from(&self, period: Duration) -> Option<Instant> {
+        self.last.map(|t| t + period)
     }
 }
 
@@ -359,7 +359,7 @@ async fn watch_until_error(
                     // Both are delivering: look again once either has been
                     // quiet for a whole period, so a stall that follows a
                     // delivery is still proven within two periods.
-                    next_probe = ms_seen.quiet_from(now, probe_every).min(dep_seen.quiet_from(now, probe_every));
+                    next_probe = ms_seen.quiet_from(probe_every).min(dep_seen.quiet_from(probe_every)).unwrap_or(now);
                     continue;
                 }
                 next_probe = now + probe_every;
@@ -539,12 +539,13 @@ mod tests {
         seen.saw(&Event::InitApply(dep("web", "1")));
         seen.saw(&Event::<Deployment>::InitDone);
         assert!(seen.quiet_at(Instant::now(), period));
+        assert_eq!(seen.quiet_from(period), None);
         // A change delivered: not listed for a whole period after it.
         seen.saw(&Event::Apply(dep("web", "2")));
         let at = seen.last.expect("a delivery");
         assert!(!seen.quiet_at(at + Duration::from_millis(4999), period));
         assert!(seen.quiet_at(at + period, period));
-        assert_eq!(seen.quiet_from(at, period), at + period);
+        assert_eq!(seen.quiet_from(period), Some(at + period));
         seen.saw(&Event::Delete(dep("web", "3")));
         assert!(seen.last.expect("a delivery") >= at);
         assert!(seen.now.is_empty());
