@@ -440,10 +440,16 @@ async fn round(
         gate_spans(&previous, &plan.status, &namespace, &name);
     }
     // The decisions first, so that a successor reads them; observations
-    // wait for the next decision, or `OBSERVATIONS_EVERY`.
+    // wait for the next decision, or their share of the write budget.
     let held_since = held.map(|(_, since)| since);
+    let every = fold::observations_every(lock(&ctx.held).len());
     let mut flush = None;
-    if fold::write_now(&written, &plan.status, held_since.map(|s| s.elapsed())) {
+    if fold::write_now(
+        &written,
+        &plan.status,
+        held_since.map(|s| s.elapsed()),
+        every,
+    ) {
         let stored = ctx.home.write_status(fms, &plan.status).await?;
         ctx.remember(fms, stored);
         lock(&ctx.held).remove(&uid);
@@ -459,7 +465,7 @@ async fn round(
             since,
         };
         lock(&ctx.held).insert(uid.clone(), held);
-        flush = Some(fold::OBSERVATIONS_EVERY.saturating_sub(since.elapsed()));
+        flush = Some(every.saturating_sub(since.elapsed()));
     } else {
         lock(&ctx.held).remove(&uid);
     }

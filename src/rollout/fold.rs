@@ -1,7 +1,7 @@
 //! Which status changes must be written before the round acts, and which
 //! may wait: decisions are written at once, so that a successor reads
 //! them; observations are folded into the next decision, or written after
-//! at most `OBSERVATIONS_EVERY` (#29: one status write per decision, not
+//! at most `observations_every` (#29: one status write per decision, not
 //! one per cluster step). Pure.
 
 use std::time::Duration;
@@ -11,8 +11,27 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use super::spec::{ClusterState, ClusterStatus, FleetMicroserviceStatus};
 use crate::domain::conditions::AVAILABLE;
 
-/// How stale the written observations may be while nothing is decided.
+/// How stale the written observations may be while nothing is decided,
+/// with few rollouts in flight.
 pub const OBSERVATIONS_EVERY: Duration = Duration::from_secs(5);
+/// Observation-only status writes a second, over every FleetMicroservice
+/// the leader holds observations for: with many rollouts in flight each
+/// waits longer, so a hundred at once cost home 5 such writes a second,
+/// not 20, and a rollout shorter than its wait is written once per
+/// decision (#29: at most 5 home writes per rollout).
+const OBSERVATION_WRITES_PER_SECOND: f64 = 5.0;
+/// The longest observations wait, however many rollouts hold some.
+pub const OBSERVATIONS_AT_MOST: Duration = Duration::from_secs(30);
+
+/// How long observations may wait when `holding` FleetMicroservices hold
+/// some: `OBSERVATIONS_EVERY`, or their share of the write budget, at most
+/// `OBSERVATIONS_AT_MOST`.
+pub fn observations_every(holding: usize) -> Duration {
+    // Past the bound's worth of rollouts the share no longer matters.
+    let holding = holding.min(1_000_000) as f64;
+    let share = Duration::from_secs_f64(holding / OBSERVATION_WRITES_PER_SECOND);
+    share.clamp(OBSERVATIONS_EVERY, OBSERVATIONS_AT_MOST)
+}
 
 /// Whether `planned` decides something `written` does not say: a phase, a
 /// generation, a revision, a wave, a cluster's target, a failure, a cluster
@@ -21,14 +40,14 @@ pub fn urgent(written: &FleetMicroserviceStatus, planned: &FleetMicroserviceStat
     !same_decisions(written, planned)
 }
 
-/// Whether to write now: a decision, or observations held long enough.
+/// Whether to write now: a decision, or observations held for `every`.
 pub fn write_now(
     written: &FleetMicroserviceStatus,
     planned: &FleetMicroserviceStatus,
     held_for: Option<Duration>,
+    every: Duration,
 ) -> bool {
-    written != planned
-        && (urgent(written, planned) || held_for.is_some_and(|d| d >= OBSERVATIONS_EVERY))
+    written != planned && (urgent(written, planned) || held_for.is_some_and(|d| d >= every))
 }
 
 /// The two statuses agree once their observations are left out. Compared
@@ -195,10 +214,44 @@ mod tests {
         planned.current_revision = None;
         planned.conditions[0].message = "wave canary: 1/2".into();
         planned.conditions[1] = condition("Available", "False", "ClustersNotAvailable", "1/2");
+        let every = observations_every(1);
         assert!(!urgent(&written, &planned));
-        assert!(!write_now(&written, &planned, None));
-        assert!(!write_now(&written, &planned, Some(Duration::from_secs(4))));
-        assert!(write_now(&written, &planned, Some(OBSERVATIONS_EVERY)));
+        assert!(!write_now(&written, &planned, None, every));
+        assert!(!write_now(
+            &written,
+            &planned,
+            Some(Duration::from_secs(4)),
+            every
+        ));
+        assert!(write_now(
+            &written,
+            &planned,
+            Some(OBSERVATIONS_EVERY),
+            every
+        ));
+        // With a hundred rollouts holding observations, 5 s is not enough.
+        let busy = observations_every(100);
+        assert!(!write_now(
+            &written,
+            &planned,
+            Some(OBSERVATIONS_EVERY),
+            busy
+        ));
+        assert!(write_now(&written, &planned, Some(busy), busy));
+    }
+
+    #[test]
+    fn observations_wait_for_their_share_of_the_write_budget() {
+        // Few in flight: 5 s, as a single rollout always had.
+        for holding in [0, 1, 10, 25] {
+            assert_eq!(observations_every(holding), OBSERVATIONS_EVERY, "{holding}");
+        }
+        // Many: each waits its share of 5 writes a second.
+        assert_eq!(observations_every(40), Duration::from_secs(8));
+        assert_eq!(observations_every(100), Duration::from_secs(20));
+        // Never past the bound, however many.
+        assert_eq!(observations_every(150), OBSERVATIONS_AT_MOST);
+        assert_eq!(observations_every(usize::MAX), OBSERVATIONS_AT_MOST);
     }
 
     type Change = Box<dyn Fn(&mut FleetMicroserviceStatus)>;
@@ -284,13 +337,21 @@ mod tests {
             let mut planned = written.clone();
             change(&mut planned);
             assert!(urgent(&written, &planned), "{what} must be written at once");
-            assert!(write_now(&written, &planned, None), "{what}");
+            assert!(
+                write_now(&written, &planned, None, OBSERVATIONS_EVERY),
+                "{what}"
+            );
         }
     }
 
     #[test]
     fn nothing_changed_is_never_written() {
         let s = opened();
-        assert!(!write_now(&s, &s, Some(Duration::from_secs(3600))));
+        assert!(!write_now(
+            &s,
+            &s,
+            Some(Duration::from_secs(3600)),
+            OBSERVATIONS_EVERY
+        ));
     }
 }
