@@ -328,10 +328,13 @@ impl<S: LeaseStore> Elector<S> {
             .filter(|h| !h.is_empty() && *h != self.identity)
     }
 
-    /// Runs until `shutdown` resolves. Returns the Lease as last written when
-    /// this candidate still leads, so that the caller can stop its writers
+    /// Runs until `shutdown` resolves. Returns the Lease as last seen when
+    /// it names this candidate, so that the caller can stop its writers
     /// first and then `release` it; by then the writes admitted at the wire
     /// (the drain) have ended, or the term's deadline has cut them off.
+    /// A term that ran out just before (a renewal lost to load) still
+    /// hands back: the release is conditional on that version, so it lands
+    /// only if no one has written the Lease since.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> (S, Option<Versioned>) {
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -429,7 +432,8 @@ impl<S: LeaseStore> Elector<S> {
             let left = (renewed + self.timings.renew_deadline).saturating_sub(self.now());
             tokio::time::timeout(left, drain()).await.ok();
         }
-        let held = if leading { self.read.take() } else { None };
+        let identity = self.identity.clone();
+        let held = self.read.take().filter(|r| r.record.holder == identity);
         (self.store, held)
     }
 }
@@ -455,6 +459,7 @@ fn jittered(period: Duration) -> Duration {
 mod tests {
     use super::*;
     use crate::fleet::election::LeaseRecord;
+    use std::sync::Arc;
     use std::sync::Mutex;
 
     /// A Lease in memory, with conditional writes as the apiserver does them.
@@ -553,6 +558,59 @@ mod tests {
         done.send(true).unwrap();
         let (_, held) = run.await.unwrap();
         assert!(held.is_some(), "still the holder, so it may release");
+    }
+
+    /// A leader whose reads stop answering steps down at its deadline;
+    /// shut down after that, it still hands the Lease back (conditionally),
+    /// so the member is not left named after a replica that let it go.
+    #[tokio::test(start_paused = true)]
+    async fn a_term_that_ran_out_still_hands_the_lease_back_on_shutdown() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        struct Stalling(Arc<Memory>, Arc<AtomicBool>);
+        impl LeaseStore for Stalling {
+            async fn get(&self) -> Result<Option<Versioned>, LeaseError> {
+                if self.1.load(Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
+                self.0.get().await
+            }
+            async fn create(&self, record: &LeaseRecord) -> Result<Versioned, LeaseError> {
+                self.0.create(record).await
+            }
+            async fn update(
+                &self,
+                read: &Versioned,
+                record: &LeaseRecord,
+                acquired: bool,
+            ) -> Result<Versioned, LeaseError> {
+                self.0.update(read, record, acquired).await
+            }
+        }
+        let (lease, stalled) = (
+            Arc::new(Memory::default()),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let store = Stalling(lease.clone(), stalled.clone());
+        let (elector, mut leadership) = Elector::new("r1", TIMINGS, store);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(elector.run(async move {
+            stopped.await.ok();
+        }));
+        leadership
+            .wait_for(|l| matches!(l, Leadership::Leading { .. }))
+            .await
+            .unwrap();
+        stalled.store(true, Ordering::SeqCst);
+        leadership
+            .wait_for(|l| matches!(l, Leadership::Following { .. }))
+            .await
+            .unwrap();
+        stop.send(()).unwrap();
+        let (store, held) = run.await.unwrap();
+        let held = held.expect("the Lease still names r1, so it is handed back");
+        release(&store, &held).await.expect("nobody wrote since");
+        let now = lease.get().await.unwrap().unwrap();
+        assert!(now.record.holder.is_empty(), "released: {:?}", now.record);
     }
 
     /// A write that never ends costs at most the rest of the term: the
