@@ -753,14 +753,14 @@ async fn a_replica_restarted_mid_rollout_answers_done_only_when_every_member_is(
     );
 }
 
-#[tokio::test]
-async fn a_status_watch_that_stalls_without_an_error_turns_its_entries_unknown() {
-    let clients = member_clients().await;
-    let (ns, _guards) = namespaces(&clients, "wait-stall").await;
-    let m1 = clients["member-1"].clone();
-    let mut replicas = Replicas::new(&ns, &["member-1"]);
-    // While this file exists, the replica's status watch of member-1 stays
-    // connected and delivers no change: a stuck watch cache.
+/// One replica serving `web:1` on member-1 of `ns`, whose status watch of
+/// member-1 stays connected and delivers no change (a stuck watch cache)
+/// while the returned file exists.
+async fn web_rolled_out_behind_a_stallable_feed(
+    m1: &kube::Client,
+    ns: &str,
+) -> (Replicas, String, std::path::PathBuf) {
+    let mut replicas = Replicas::new(ns, &["member-1"]);
     let switch = std::env::temp_dir().join(format!("flotilla-stall-{ns}"));
     let _ = std::fs::remove_file(&switch);
     replicas.env.push((
@@ -770,9 +770,82 @@ async fn a_status_watch_that_stalls_without_an_error_turns_its_entries_unknown()
     replicas.start("r1");
     let url = replicas.grpc_url("r1");
     serving(&url).await;
-    create(&m1, &ns, "web", "web:1").await;
-    let (code, stdout, stderr) = wait_web(&ns, &["--image", "web:1"], &url).await;
+    create(m1, ns, "web", "web:1").await;
+    let (code, stdout, stderr) = wait_web(ns, &["--image", "web:1"], &url).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
+    (replicas, url, switch)
+}
+
+/// A stalled watch that missed the deletion of the namespace's last
+/// Microservice: the probe's list is then empty (`"items": null` from the
+/// apiserver), which it once failed to read, so the deleted object was
+/// shown Done for as long as the stall lasted.
+#[tokio::test]
+async fn a_stalled_watch_that_missed_the_last_deletion_stops_showing_the_object() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "wait-stall-gone").await;
+    let m1 = clients["member-1"].clone();
+    let (_replicas, url, switch) = web_rolled_out_behind_a_stallable_feed(&m1, &ns).await;
+
+    std::fs::write(&switch, b"").expect("stall the watch");
+    Api::<Microservice>::namespaced(m1.clone(), &ns)
+        .delete("web", &Default::default())
+        .await
+        .expect("delete");
+    eventually("web gone from member-1", Duration::from_secs(120), || {
+        let api = Api::<Microservice>::namespaced(m1.clone(), &ns);
+        async move { api.get_opt("web").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let gone = std::time::Instant::now();
+    let grpc = connect(&ClientOptions {
+        server: url.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("gRPC");
+    let get = pb::GetMicroserviceRequest {
+        namespace: ns.clone(),
+        name: "web".into(),
+    };
+    // Shown Unknown, or not at all: never Done for an object that is gone.
+    eventually(
+        "member-1 no longer shows web",
+        Duration::from_secs(20),
+        || {
+            let (mut grpc, get) = (grpc.clone(), get.clone());
+            async move {
+                match grpc.get_microservice(get).await {
+                    Err(s) if s.code() == tonic::Code::NotFound => Some(()),
+                    Err(_) => None,
+                    Ok(m) => {
+                        let shown = m
+                            .into_inner()
+                            .clusters
+                            .into_iter()
+                            .find(|e| e.cluster == "member-1");
+                        shown
+                            .is_none_or(|e| e.state == pb::EntryState::Unknown as i32)
+                            .then_some(())
+                    }
+                }
+            }
+        },
+    )
+    .await;
+    println!(
+        "figure: a deletion hidden by a stalled watch stopped showing {:.1} s after it",
+        gone.elapsed().as_secs_f64()
+    );
+    std::fs::remove_file(&switch).expect("unstall the watch");
+}
+
+#[tokio::test]
+async fn a_status_watch_that_stalls_without_an_error_turns_its_entries_unknown() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "wait-stall").await;
+    let m1 = clients["member-1"].clone();
+    let (replicas, url, switch) = web_rolled_out_behind_a_stallable_feed(&m1, &ns).await;
 
     std::fs::write(&switch, b"").expect("stall the watch");
     set_image(&m1, &ns, "web", "web:2").await;

@@ -242,7 +242,7 @@ async fn listed<K: kube::Resource + Clone>(
             .map_err(kube::Error::BuildRequest)?;
         req.extensions_mut().insert("list_metadata");
         let page: VersionPage = client.request(req).await?;
-        for o in page.items {
+        for o in page.items.unwrap_or_default() {
             let m = o.metadata;
             out.insert(
                 (m.namespace.unwrap_or_default(), m.name),
@@ -262,8 +262,11 @@ async fn listed<K: kube::Resource + Clone>(
 struct VersionPage {
     #[serde(default)]
     metadata: PageMeta,
+    /// An empty metadata list comes as `"items": null`; as an error it
+    /// left the probe blind to a stalled watch that missed the last
+    /// object's deletion.
     #[serde(default)]
-    items: Vec<Versioned>,
+    items: Option<Vec<Versioned>>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -464,6 +467,18 @@ async fn watch_until_error(
 mod tests {
     use super::*;
 
+    /// As the apiserver sends an empty metadata list (seen in a replica's
+    /// log as a parse error every probe).
+    #[test]
+    fn an_empty_probe_page_is_read_as_no_objects() {
+        let page: VersionPage = serde_json::from_str(
+            r#"{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"27253"},"items":null}"#,
+        )
+        .expect("an empty list is a list");
+        assert!(page.items.unwrap_or_default().is_empty());
+        assert_eq!(page.metadata.continue_, None);
+    }
+
     #[test]
     fn a_probe_page_keeps_names_versions_and_the_continue_token_only() {
         let page: VersionPage = serde_json::from_value(serde_json::json!({
@@ -487,6 +502,7 @@ mod tests {
         assert_eq!(page.metadata.continue_.as_deref(), Some("next-page"));
         let got: Vec<(Option<String>, String, String)> = page
             .items
+            .unwrap_or_default()
             .into_iter()
             .map(|i| {
                 (
