@@ -753,6 +753,24 @@ async fn a_replica_restarted_mid_rollout_answers_done_only_when_every_member_is(
     );
 }
 
+/// A gRPC client of `url`, and the request for `web` in `ns`.
+async fn asking_for_web(
+    url: &str,
+    ns: &str,
+) -> (flotilla::api::client::Client, pb::GetMicroserviceRequest) {
+    let grpc = connect(&ClientOptions {
+        server: url.to_string(),
+        ..Default::default()
+    })
+    .await
+    .expect("gRPC");
+    let get = pb::GetMicroserviceRequest {
+        namespace: ns.to_string(),
+        name: "web".into(),
+    };
+    (grpc, get)
+}
+
 /// One replica serving `web:1` on member-1 of `ns`, whose status watch of
 /// member-1 stays connected and delivers no change (a stuck watch cache)
 /// while the returned file exists.
@@ -798,16 +816,7 @@ async fn a_stalled_watch_that_missed_the_last_deletion_stops_showing_the_object(
     })
     .await;
     let gone = std::time::Instant::now();
-    let grpc = connect(&ClientOptions {
-        server: url.clone(),
-        ..Default::default()
-    })
-    .await
-    .expect("gRPC");
-    let get = pb::GetMicroserviceRequest {
-        namespace: ns.clone(),
-        name: "web".into(),
-    };
+    let (grpc, get) = asking_for_web(&url, &ns).await;
     // Shown Unknown, or not at all: never Done for an object that is gone.
     eventually(
         "member-1 no longer shows web",
@@ -850,16 +859,7 @@ async fn a_status_watch_that_stalls_without_an_error_turns_its_entries_unknown()
     std::fs::write(&switch, b"").expect("stall the watch");
     set_image(&m1, &ns, "web", "web:2").await;
     let changed = std::time::Instant::now();
-    let grpc = connect(&ClientOptions {
-        server: url.clone(),
-        ..Default::default()
-    })
-    .await
-    .expect("gRPC");
-    let get = pb::GetMicroserviceRequest {
-        namespace: ns.clone(),
-        name: "web".into(),
-    };
+    let (grpc, get) = asking_for_web(&url, &ns).await;
     // The entry still shows web:1 Done: the watch said nothing. Within 20 s
     // it is Unknown, with the reason.
     let entry = eventually("member-1 Unknown", Duration::from_secs(20), || {

@@ -533,6 +533,17 @@ mod tests {
                 write.wait_for(|done| *done).await.ok();
             })
         }));
+        run_until_leading(elector, &mut leadership).await
+    }
+
+    /// Starts `elector` and returns once it leads: its task and its stop.
+    async fn run_until_leading<S: LeaseStore + Send + Sync + 'static>(
+        elector: Elector<S>,
+        leadership: &mut watch::Receiver<Leadership>,
+    ) -> (
+        tokio::task::JoinHandle<(S, Option<Versioned>)>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let run = tokio::spawn(elector.run(async move {
             stopped.await.ok();
@@ -592,14 +603,7 @@ mod tests {
         );
         let store = Stalling(lease.clone(), stalled.clone());
         let (elector, mut leadership) = Elector::new("r1", TIMINGS, store);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let run = tokio::spawn(elector.run(async move {
-            stopped.await.ok();
-        }));
-        leadership
-            .wait_for(|l| matches!(l, Leadership::Leading { .. }))
-            .await
-            .unwrap();
+        let (run, stop) = run_until_leading(elector, &mut leadership).await;
         stalled.store(true, Ordering::SeqCst);
         leadership
             .wait_for(|l| matches!(l, Leadership::Following { .. }))
