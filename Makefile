@@ -4,11 +4,13 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build fleet-up fleet-down fleet-status test unit demo lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-authz bench-dashboard bench-scale bench-rollouts bench-dns bench-failover-workload bench-notes bench chaos
+.PHONY: help deps toolchain build image fleet-up fleet-down fleet-status test unit demo demo-pods lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-authz bench-dashboard bench-scale bench-rollouts bench-dns bench-failover-workload bench-notes bench chaos
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
 	@echo "make demo        start the local fleet and show it"
+	@echo "make demo-pods   the same fleet with the operator as Pods on a real node (kubectl apply -k)"
+	@echo "make image       the container image, without a container engine (target/image)"
 	@echo "make fleet-up    start the local fleet ($(CLUSTERS) members + home)"
 	@echo "make fleet-down  stop the local fleet"
 	@echo "make lint        cargo fmt --check and clippy -D warnings"
@@ -45,6 +47,14 @@ unit:
 
 demo: toolchain
 	integration/demo
+
+demo-pods: toolchain
+	integration/demo-pods
+
+# A static binary in an OCI image with no base layer: target/image/oci and
+# target/image/flotilla.tar; prints the digest.
+image: deps
+	integration/image
 
 # deploy/member/crd.yaml is generated from the Rust types; a unit test fails on drift.
 crd:
