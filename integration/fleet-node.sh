@@ -55,6 +55,23 @@ node_network_down() {
   ip link del "$NODE_BRIDGE" 2>/dev/null || true
 }
 
+# What the kubelet (KUBE-FIREWALL, its canaries) and kube-proxy leave in
+# iptables after `kube-proxy --cleanup`: the jumps from the built-in chains
+# first, then the chains (no other kubelet runs on a test bed machine).
+node_kube_chains_down() {
+  local t line jumps chains
+  for t in filter nat mangle; do
+    jumps="$(iptables -t "$t" -S 2>/dev/null | grep -E '^-A [A-Z]+ -j KUBE-[A-Z-]+$' || true)"
+    chains="$(iptables -t "$t" -S 2>/dev/null | sed -n 's/^-N \(KUBE-.*\)/\1/p')"
+    while read -r line; do
+      # shellcheck disable=SC2086
+      if [[ -n "$line" ]]; then iptables -t "$t" -D ${line#-A }; fi
+    done <<<"$jumps"
+    for line in $chains; do iptables -t "$t" -F "$line"; done
+    for line in $chains; do iptables -t "$t" -X "$line"; done
+  done
+}
+
 node_pki() {
   [[ -f "$node_dir/pki/kubelet.crt" ]] && return 0
   mkdir -p "$node_dir/pki"
@@ -278,6 +295,7 @@ node_down() {
   for c in /sys/fs/cgroup/*/kubepods; do
     [[ -d "$c" ]] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null
   done
+  node_kube_chains_down
   node_network_down
   rm -rf "$node_dir"
   log "node: down"
