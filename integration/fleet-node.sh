@@ -1,7 +1,8 @@
 # A real node in the home cluster, sourced by integration/fleet (its process
-# helpers and paths): containerd and runc, the CNI bridge, and a kubelet that
-# registers "flotilla-node". kwok keeps faking every other node; this one runs
-# real containers, and carries a taint only the operator's Pods tolerate.
+# helpers and paths): containerd and runc, the CNI bridge, a kubelet that
+# registers "flotilla-node", and kube-proxy. kwok keeps faking every other
+# node; this one runs real containers, and carries a taint only the
+# operator's Pods tolerate.
 #
 # The network never leaves the machine: the Pods live on the bridge
 # flotilla0 (10.88.0.0/24, the host is 10.88.0.1), with no route out
@@ -387,7 +388,10 @@ pods_up() {
   node_import "$(node_bin)" "$image"
   pods_members_up "$bin"
   pods_secrets "$bin"
-  "$bin/kubectl" --kubeconfig "$kubeconfigs/home.yaml" apply -k "$root/integration/pods" >/dev/null
+  # Server-side, as a manager of its own: a later server-side apply of
+  # deploy/home (deploy.rs) then leaves the fields only this overlay sets.
+  "$bin/kubectl" --kubeconfig "$kubeconfigs/home.yaml" apply --server-side --force-conflicts \
+    --field-manager flotilla-test-bed -k "$root/integration/pods" >/dev/null
   "$bin/kubectl" --kubeconfig "$kubeconfigs/home.yaml" -n flotilla-system rollout status deploy/flotilla \
     --timeout 180s >&2 || die "the operator's Pods did not become Ready; see kubectl -n flotilla-system describe pods"
   log "pods: deploy/flotilla Ready in the home cluster"
