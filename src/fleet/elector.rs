@@ -439,10 +439,26 @@ impl<S: LeaseStore> Elector<S> {
 }
 
 /// Hands a held Lease back (empty holder) so that a standby takes over at
-/// its next retry instead of waiting out the lease duration.
+/// its next retry instead of waiting out the lease duration. A joining
+/// owner's handover request (an annotation, the holder unchanged) moves the
+/// Lease's version under a replica that is shutting down; the release is
+/// then tried again on the Lease as it is now, as long as it still names
+/// this holder. Each try is conditional: a Lease another replica took is
+/// never touched.
 pub async fn release<S: LeaseStore>(store: &S, held: &Versioned) -> Result<(), LeaseError> {
-    let record = election::released(&held.record);
-    store.update(held, &record, false).await.map(|_| ())
+    let mut current = held.clone();
+    for _ in 0..3 {
+        let record = election::released(&current.record);
+        match store.update(&current, &record, false).await {
+            Ok(_) => return Ok(()),
+            Err(LeaseError::Conflict) => match store.get().await? {
+                Some(now) if now.record.holder == held.record.holder => current = now,
+                _ => return Ok(()),
+            },
+            Err(e) => return Err(e),
+        }
+    }
+    Err(LeaseError::Conflict)
 }
 
 /// Up to 20% extra, as client-go jitters its retries, so that candidates
@@ -615,6 +631,40 @@ mod tests {
         release(&store, &held).await.expect("nobody wrote since");
         let now = lease.get().await.unwrap().unwrap();
         assert!(now.record.holder.is_empty(), "released: {:?}", now.record);
+    }
+
+    /// A handover request written while the holder shuts down (the rolling
+    /// restart of the operator's Pods left a member unled for 15 s: the
+    /// release was refused 409 and never retried).
+    #[tokio::test]
+    async fn a_release_goes_through_a_handover_request_written_meanwhile() {
+        let lease = Memory::default();
+        let mine = LeaseRecord {
+            holder: "r1".into(),
+            lease_duration_seconds: 15,
+            transitions: 3,
+            handoff_to: None,
+        };
+        let held = lease.put(&mine);
+        lease.put(&LeaseRecord {
+            handoff_to: Some("r2".into()),
+            ..mine.clone()
+        });
+        release(&lease, &held).await.expect("still ours: released");
+        let now = lease.get().await.unwrap().unwrap();
+        assert!(now.record.holder.is_empty(), "released: {:?}", now.record);
+        assert_eq!(now.record.transitions, 3);
+
+        // Taken by another meanwhile: nothing of ours to release.
+        let held = lease.put(&mine);
+        let theirs = LeaseRecord {
+            holder: "r2".into(),
+            transitions: 4,
+            ..mine.clone()
+        };
+        lease.put(&theirs);
+        release(&lease, &held).await.expect("nothing to do");
+        assert_eq!(lease.get().await.unwrap().unwrap().record, theirs);
     }
 
     /// A write that never ends costs at most the rest of the term: the
