@@ -1163,7 +1163,17 @@ async fn the_rollouts_view_shows_waves_in_order_and_a_rollback() {
         json!([0, false])
     );
     let refused = std::process::Command::new("curl")
-        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args([
+            "-s",
+            "--max-time",
+            "10",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "POST",
+        ])
         .arg(format!("{url}api/rollouts/{key}/pause"))
         .output()
         .unwrap();

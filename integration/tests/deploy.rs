@@ -12,7 +12,8 @@ use kube::Api;
 use kube::api::PostParams;
 use support::replicas::{FAST_ELECTION, local_server_args};
 use support::{
-    TestNamespace, client, fleet_dir, kubeconfig_path, kubectl, microservice, wait_all_true,
+    TestNamespace, client, fleet_dir, kubeconfig_path, kubectl, microservice, output_within,
+    wait_all_true,
 };
 
 use flotilla::crd::Microservice;
@@ -27,12 +28,18 @@ fn deploy_dir(sub: &str) -> PathBuf {
 
 /// kubectl against a cluster of the fleet: exit status and output.
 fn k(cluster: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(kubectl())
-        .arg("--kubeconfig")
-        .arg(kubeconfig_path(cluster))
-        .args(args)
-        .output()
-        .expect("kubectl");
+    k_with(&kubeconfig_path(cluster), args)
+}
+
+/// kubectl with a kubeconfig of the test's own (a ServiceAccount token).
+fn k_with(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
+    let out = output_within(
+        Command::new(kubectl())
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args),
+        Duration::from_secs(120),
+    );
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -450,22 +457,6 @@ async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
         "the operator hit RBAC denials:\n{log}"
     );
     std::fs::remove_dir_all(&dir).ok();
-}
-
-/// kubectl with a kubeconfig of the test's own (a ServiceAccount token).
-fn k_with(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(kubectl())
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .expect("kubectl");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
 }
 
 /// A test namespace in `cluster`, and a directory with a kubeconfig for

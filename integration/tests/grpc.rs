@@ -13,12 +13,16 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::replicas::*;
-use support::{certificates, eventually, from_json, microservice};
+use support::{certificates, eventually, from_json, microservice, output_within};
 use tokio::time::Instant;
 
 use flotilla::api::client::{Client as GrpcClient, ClientOptions, connect};
 use flotilla::api::pb;
 use flotilla::crd::Microservice;
+
+/// The longest a `flotilla` command may run here: a process meant to exit
+/// that keeps serving fails its test instead of hanging it.
+const CLI_LIMIT: Duration = Duration::from_secs(60);
 
 async fn grpc(url: &str) -> GrpcClient {
     connect(&ClientOptions {
@@ -50,10 +54,10 @@ fn states(m: &pb::Microservice) -> Vec<(String, i32, i64, i64, String)> {
 
 /// `flotilla ARGS` against a replica; returns the exit code and stdout.
 fn cli(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(args)
-        .output()
-        .expect("run flotilla");
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_flotilla")).args(args),
+        CLI_LIMIT,
+    );
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -903,11 +907,12 @@ async fn tls_client_certificates_and_the_token_guard_the_api() {
 
 #[tokio::test]
 async fn run_refuses_plaintext_unless_asked() {
-    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["run", "--fleet", "--grpc-addr", "127.0.0.1:0"])
-        .args(["--replica-id", "plain"])
-        .output()
-        .expect("run");
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["run", "--fleet", "--grpc-addr", "127.0.0.1:0"])
+            .args(["--replica-id", "plain"]),
+        CLI_LIMIT,
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--grpc-insecure"), "{err}");
@@ -1120,12 +1125,12 @@ async fn rotated_certificates_client_ca_and_token_apply_without_a_restart_and_en
 #[test]
 fn a_command_line_that_does_not_parse_exits_64_not_a_verdict_code() {
     let code = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(args)
-            .output()
-            .expect("run flotilla")
-            .status
-            .code()
+        output_within(
+            Command::new(env!("CARGO_BIN_EXE_flotilla")).args(args),
+            CLI_LIMIT,
+        )
+        .status
+        .code()
     };
     for bad in [
         &["wait"][..],

@@ -29,7 +29,7 @@ use serde_json::json;
 use support::replicas::*;
 use support::{
     TestNamespace, assert_writes_inside_leadership, audited_writes, client, eventually, from_json,
-    http_get, kubeconfig_path, kubeconfig_via, lease_writes, microservice,
+    http_get, kubeconfig_path, kubeconfig_via, lease_writes, microservice, output_within,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -453,18 +453,19 @@ async fn a_joining_replica_gets_its_share_handed_over_without_waiting_out_the_le
 #[test]
 fn fleet_replicas_without_an_identity_refuse_to_start() {
     for _ in 0..2 {
-        let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(["run", "--fleet", "--grpc-insecure"])
-            .args([
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ])
-            .env_remove("POD_NAME")
-            .env_remove("FLOTILLA_REPLICA_ID")
-            .output()
-            .expect("run");
+        let out = output_within(
+            Command::new(env!("CARGO_BIN_EXE_flotilla"))
+                .args(["run", "--fleet", "--grpc-insecure"])
+                .args([
+                    "--grpc-addr",
+                    "127.0.0.1:0",
+                    "--metrics-addr",
+                    "127.0.0.1:0",
+                ])
+                .env_remove("POD_NAME")
+                .env_remove("FLOTILLA_REPLICA_ID"),
+            Duration::from_secs(60),
+        );
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
-use support::{TestNamespace, client, eventually, from_json};
+use support::{StoppedMember, TestNamespace, client, eventually, from_json};
 
 fn deployment(name: &str, replicas: i32) -> Deployment {
     from_json(json!({
@@ -51,6 +51,35 @@ async fn deployment_in_member_2_becomes_available() {
     })
     .await;
     assert_eq!(available, 2);
+}
+
+/// A member whose apiserver was down runs workloads again as soon as it is
+/// back: its controller-manager and kwok do not sit out a reconnect backoff
+/// grown during the outage (member-3: no other test here uses it).
+#[tokio::test]
+async fn a_member_back_from_an_outage_runs_workloads_at_once() {
+    let down = StoppedMember::stop("member-3");
+    // Long enough for client-go's reconnect backoff to pass 10 s.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    drop(down);
+    let client = client("member-3").await;
+    let ns = TestNamespace::create(&client, "member-3", "bed-restart").await;
+    let api = ns.api::<Deployment>();
+    api.create(&PostParams::default(), &deployment("web", 1))
+        .await
+        .expect("create deployment");
+    eventually(
+        "the Deployment Available after the restart",
+        Duration::from_secs(15),
+        || {
+            let api = api.clone();
+            async move {
+                let d = api.get("web").await.ok()?;
+                (d.status?.available_replicas? == 1).then_some(())
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

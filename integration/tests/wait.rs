@@ -15,7 +15,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::replicas::*;
-use support::{eventually, microservice};
+use support::{eventually, microservice, output_within};
 
 use flotilla::api::client::{ClientOptions, connect};
 use flotilla::api::pb;
@@ -327,10 +327,15 @@ async fn generation_targets_are_per_cluster_and_explicit_ones_win() {
     assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
 
     // Bad values are usage errors, named.
-    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["wait", "ns/x", "--generation", "member-2=zero"])
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_flotilla")).args([
+            "wait",
+            "ns/x",
+            "--generation",
+            "member-2=zero",
+        ]),
+        Duration::from_secs(60),
+    );
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a generation"));
 }

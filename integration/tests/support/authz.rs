@@ -86,13 +86,14 @@ pub fn apply_user_roles() {
     // that race is told AlreadyExists, and the next apply updates.
     let mut last = None;
     for _ in 0..3 {
-        let out = std::process::Command::new(super::kubectl())
-            .arg("--kubeconfig")
-            .arg(super::kubeconfig_path("home"))
-            .args(["apply", "-f"])
-            .arg(&file)
-            .output()
-            .expect("kubectl");
+        let out = super::output_within(
+            std::process::Command::new(super::kubectl())
+                .arg("--kubeconfig")
+                .arg(super::kubeconfig_path("home"))
+                .args(["apply", "-f"])
+                .arg(&file),
+            std::time::Duration::from_secs(60),
+        );
         if out.status.success() {
             return;
         }

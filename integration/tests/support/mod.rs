@@ -666,11 +666,69 @@ pub const LEASE_NAMESPACE_FOR_AUDIT: &str = "flotilla-system";
 
 /// Runs `integration/fleet ARGS`, failing the test if it fails.
 pub fn fleet_cmd(args: &[&str]) {
-    let status = std::process::Command::new(fleet_script())
-        .args(args)
-        .status()
-        .expect("run integration/fleet");
+    let status = wait_within(
+        std::process::Command::new(fleet_script()).args(args),
+        Duration::from_secs(180),
+    );
     assert!(status.success(), "integration/fleet {args:?} failed");
+}
+
+/// Runs `cmd` to its end, inheriting stdout and stderr, and panics (after
+/// killing it) if it runs past `limit`: a hung child fails its test, not CI.
+pub fn wait_within(cmd: &mut std::process::Command, limit: Duration) -> std::process::ExitStatus {
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    reap_within(child, cmd, limit)
+}
+
+/// `Command::output`, bounded by `limit` like [`wait_within`].
+pub fn output_within(cmd: &mut std::process::Command, limit: Duration) -> std::process::Output {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    // Drained beside the wait, so a child that fills a pipe still ends.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = reap_within(child, cmd, limit);
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+fn reap_within(
+    mut child: std::process::Child,
+    cmd: &std::process::Command,
+    limit: Duration,
+) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for a child") {
+            return status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} still running after {limit:?}; killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Stops a member's apiserver; starts it again when dropped, whatever the
@@ -799,16 +857,15 @@ pub fn percentile(values: &[f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
-/// A CA, a server certificate for 127.0.0.1, a client certificate from that
-/// CA, and a client certificate from a CA the server does not know.
 /// Runs a bash script (`-e`) in `dir`, failing the test with its stderr.
 pub fn sh_in(dir: &std::path::Path, script: &str) {
-    let ok = std::process::Command::new("bash")
-        .arg("-ec")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .expect("bash");
+    let ok = output_within(
+        std::process::Command::new("bash")
+            .arg("-ec")
+            .arg(script)
+            .current_dir(dir),
+        Duration::from_secs(120),
+    );
     assert!(
         ok.status.success(),
         "{}",
@@ -816,6 +873,8 @@ pub fn sh_in(dir: &std::path::Path, script: &str) {
     );
 }
 
+/// A CA, a server certificate for 127.0.0.1, a client certificate from that
+/// CA, and a client certificate from a CA the server does not know.
 pub fn certificates(dir: &std::path::Path) {
     let sh = |script: &str| sh_in(dir, script);
     sh(r#"

@@ -112,10 +112,10 @@ pub async fn resolves(name: &str, qtype: &str, want: &[String]) {
 /// `integration/fleet registry stop|start`: the registry etcd alone.
 pub fn registry_etcd(action: &str) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/fleet");
-    let status = Command::new(script)
-        .args(["registry", action])
-        .status()
-        .expect("integration/fleet");
+    let status = super::wait_within(
+        Command::new(script).args(["registry", action]),
+        std::time::Duration::from_secs(180),
+    );
     assert!(status.success(), "fleet registry {action}");
 }
 
