@@ -2,6 +2,7 @@
 
 use std::future::Future;
 
+use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
@@ -60,8 +61,15 @@ fn api_error(e: kube::Error) -> LeaseError {
     }
 }
 
-/// Where a Lease lives. The elector only ever uses these three calls.
+/// Where a Lease lives. The elector's rounds use only the reads and
+/// conditional writes; `changes` only says when to run one.
 pub trait LeaseStore: Send + Sync {
+    /// Yields when the Lease may have changed (a watch), so that an owner
+    /// waiting for a Lease held elsewhere runs its round the moment the
+    /// holder lets go, not at its next retry. `None`: polling only.
+    fn changes(&self) -> Option<BoxStream<'static, ()>> {
+        None
+    }
     fn get(&self) -> impl Future<Output = Result<Option<Versioned>, LeaseError>> + Send;
     fn create(
         &self,
@@ -194,6 +202,27 @@ impl KubeLeaseStore {
 }
 
 impl LeaseStore for KubeLeaseStore {
+    fn changes(&self) -> Option<BoxStream<'static, ()>> {
+        use kube::runtime::{WatchStreamExt, watcher};
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        Some(
+            watcher(self.api.clone(), config)
+                .default_backoff()
+                // The first listing too: a release between the round's read
+                // and the watch's start is in it.
+                .filter_map(|event| async move {
+                    matches!(
+                        event,
+                        Ok(watcher::Event::Apply(_)
+                            | watcher::Event::Delete(_)
+                            | watcher::Event::InitDone)
+                    )
+                    .then_some(())
+                })
+                .boxed(),
+        )
+    }
+
     async fn get(&self) -> Result<Option<Versioned>, LeaseError> {
         self.api
             .get_opt(&self.name)

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -133,6 +134,7 @@ pub async fn run(
     // holder -> (resourceVersion last seen, when we saw it change)
     let mut seen: BTreeMap<String, (String, Instant)> = BTreeMap::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut departures = departures(api.clone(), &selector);
     let mut rounds = 0u32;
     'beats: loop {
         rounds += 1;
@@ -179,6 +181,13 @@ pub async fn run(
             tokio::select! {
                 _ = &mut shutdown => break 'beats,
                 _ = tokio::time::sleep_until(until) => {}
+                Some(gone) = departures.next() => {
+                    // A replica shutting down leaves before it lets go of its
+                    // clusters, so that their owners are named in time.
+                    if gone != me {
+                        seen.remove(&gone);
+                    }
+                }
             }
             if Instant::now() >= next_beat {
                 break;
@@ -186,12 +195,29 @@ pub async fn run(
             publish(&live_tx, live(&seen, &me, ttl, Instant::now()), rounds);
         }
     }
-    if let Err(e) = api
-        .delete(&lease_name(&fleet, &me), &DeleteParams::default())
-        .await
-    {
-        tracing::debug!(error = %e, "could not delete heartbeat");
+    // Bounded: an unreachable home must not hold the shutdown; the
+    // heartbeat then runs out at its TTL instead.
+    let (name, params) = (lease_name(&fleet, &me), DeleteParams::default());
+    match tokio::time::timeout(period, api.delete(&name, &params)).await {
+        Ok(Ok(_)) => tracing::info!("heartbeat deleted: left the live replicas"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not delete heartbeat"),
+        Err(_) => tracing::warn!("deleting the heartbeat timed out"),
     }
+}
+
+/// The replicas whose heartbeat was deleted (a clean shutdown), as the
+/// watch sees it: they leave the live set at once, not at the next listing.
+fn departures(api: Api<Lease>, selector: &str) -> BoxStream<'static, String> {
+    use kube::runtime::{WatchStreamExt, watcher};
+    watcher(api, watcher::Config::default().labels(selector))
+        .default_backoff()
+        .filter_map(|event| async move {
+            match event {
+                Ok(watcher::Event::Delete(lease)) => lease.spec.and_then(|s| s.holder_identity),
+                _ => None,
+            }
+        })
+        .boxed()
 }
 
 #[cfg(test)]

@@ -113,8 +113,8 @@ async fn stop_clusters(stops: Vec<(String, Running)>) {
         .await;
 }
 
-/// Runs until `shutdown` resolves; then stops every cluster's writers,
-/// releases their Leases and removes this replica's heartbeat. Returns an
+/// Runs until `shutdown` resolves; then removes this replica's heartbeat,
+/// stops every cluster's writers and releases their Leases. Returns an
 /// error if the heartbeat ends before that: a replica that no longer
 /// announces itself must not keep leading.
 pub async fn run(
@@ -352,14 +352,18 @@ pub async fn run(
         }
     }
 
-    tracing::info!("shutting down: stopping writers, then releasing leases");
-    stop_clusters(running.into_iter().collect()).await;
+    tracing::info!("shutting down: leaving the live replicas, stopping writers, releasing leases");
+    // Leave first: the others see the heartbeat deleted (a watch), name each
+    // of this replica's clusters' successor and ask for its Lease while this
+    // replica still leads, so that each release is taken the moment it
+    // lands. The Leases, not the heartbeat, decide who may write.
     if failure.is_none() {
         stop_beat_tx.send(true).ok();
         if let Err(e) = heartbeat.await {
             tracing::error!(error = %e, "heartbeat task failed");
         }
     }
+    stop_clusters(running.into_iter().collect()).await;
     failure.map_or(Ok(()), Err)
 }
 
