@@ -125,6 +125,7 @@ pub async fn run(
     let me = opts.replica.replica_id.clone();
     // Empty until the heartbeats have been read: nobody is assigned anything yet.
     let (live_tx, live_rx) = watch::channel(BTreeSet::new());
+    hub.update(|ix| ix.await_peers());
     cluster::ensure_namespace(&opts.home, &opts.home_namespace).await;
     let (stop_beat_tx, mut stop_beat_rx) = watch::channel(false);
     let mut heartbeat = tokio::spawn(replicas::run(
@@ -151,6 +152,8 @@ pub async fn run(
     let mut running_from_secrets: BTreeMap<String, registry::Found> = BTreeMap::new();
     let mut running_from_files: BTreeMap<String, registry::Found> = BTreeMap::new();
     let mut failure: Option<String> = None;
+    // Ready (for /readyz and gRPC health) only once the live set is read.
+    let mut joined = false;
     let mut pending_labels: BTreeMap<String, Labels> = BTreeMap::new();
     // Never resolve outside test builds (see `supervise::injected`).
     let mut heartbeat_fault = std::pin::pin!(crate::supervise::injected("heartbeat"));
@@ -316,6 +319,10 @@ pub async fn run(
 
         // The assignment follows the live replicas and the valid clusters.
         let live = live_rx.borrow_and_update().clone();
+        if !joined && live.contains(&me) {
+            joined = true;
+            hub.update(|ix| ix.peers_known());
+        }
         let next: BTreeMap<String, String> = assign(&valid, &live)
             .into_iter()
             .map(|(c, r)| (c, r.to_string()))

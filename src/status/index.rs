@@ -65,6 +65,9 @@ pub struct Index {
     compacted: u64,
     /// The registry has been read at least once.
     registry_read: bool,
+    /// A fleet replica that has not yet read the live replicas: it owns
+    /// nothing yet, so it could not take over a departing peer's clusters.
+    peers_unknown: bool,
     /// Moves when the cluster set, or what a wait reads of a cluster
     /// (reach, synced, a failing feed), changes: such a change can move a
     /// verdict without touching any entry.
@@ -125,9 +128,23 @@ impl Index {
         self.registry_read
     }
 
-    /// Ready to serve: the registry was read and every cluster settled.
+    /// Ready to serve: the registry was read, every cluster settled, and
+    /// (a fleet replica) the live replicas are known.
     pub fn ready(&self) -> bool {
-        self.registry_read && self.state.clusters.values().all(ClusterInfo::settled)
+        self.registry_read
+            && !self.peers_unknown
+            && self.state.clusters.values().all(ClusterInfo::settled)
+    }
+
+    /// A fleet replica: not ready until `peers_known`.
+    pub fn await_peers(&mut self) {
+        self.peers_unknown = true;
+    }
+
+    /// The live replicas were read: this replica takes its share of the
+    /// assignment, so a rolling update may now stop the next old one.
+    pub fn peers_known(&mut self) {
+        self.peers_unknown = false;
     }
 
     pub fn clusters(&self) -> &BTreeMap<String, ClusterInfo> {
@@ -641,6 +658,19 @@ mod tests {
         ix.update_cluster("m1", "file x", |_| {});
         assert!(!ix.ready());
         reachable(&mut ix, "m1");
+        assert!(ix.ready());
+    }
+
+    /// A fleet replica is ready only once it knows the live replicas: a
+    /// rolling update that moved on before (Ready 0.5 s after start, the
+    /// live set read 2 s after) left a member unled for 1.5 s.
+    #[test]
+    fn a_fleet_replica_is_ready_once_it_knows_its_peers() {
+        let mut ix = Index::default();
+        ix.await_peers();
+        ix.registry_read();
+        assert!(!ix.ready());
+        ix.peers_known();
         assert!(ix.ready());
     }
 }

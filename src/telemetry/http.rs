@@ -42,7 +42,10 @@ pub async fn serve(
                     if ready {
                         (StatusCode::OK, "ready\n")
                     } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n")
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "not ready: registry, caches or live replicas not read yet\n",
+                        )
                     }
                 }
             }),
