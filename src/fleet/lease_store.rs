@@ -205,20 +205,35 @@ impl LeaseStore for KubeLeaseStore {
     fn changes(&self) -> Option<BoxStream<'static, ()>> {
         use kube::runtime::{WatchStreamExt, watcher};
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        // Only a change of holder (a release, a takeover, a deletion) wakes
+        // the round: the holder's renewals and handover requests do not, so
+        // a waiting candidate reads no more often than it polls.
+        let holder = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone());
         Some(
             watcher(self.api.clone(), config)
                 .default_backoff()
-                // The first listing too: a release between the round's read
-                // and the watch's start is in it.
-                .filter_map(|event| async move {
-                    matches!(
-                        event,
-                        Ok(watcher::Event::Apply(_)
-                            | watcher::Event::Delete(_)
-                            | watcher::Event::InitDone)
-                    )
-                    .then_some(())
+                .scan(None::<Option<String>>, move |last, event| {
+                    let wake = match event {
+                        // The first listing counts: a release between the
+                        // round's read and the watch's start is in it.
+                        Ok(watcher::Event::InitApply(l)) => {
+                            *last = Some(holder(&l));
+                            false
+                        }
+                        Ok(watcher::Event::InitDone) => true,
+                        Ok(watcher::Event::Apply(l)) => {
+                            let now = Some(holder(&l));
+                            std::mem::replace(last, now.clone()) != now
+                        }
+                        Ok(watcher::Event::Delete(_)) => {
+                            *last = None;
+                            true
+                        }
+                        _ => false,
+                    };
+                    std::future::ready(Some(wake))
                 })
+                .filter_map(|wake| std::future::ready(wake.then_some(())))
                 .boxed(),
         )
     }

@@ -364,10 +364,22 @@ pub async fn run(
     // of this replica's clusters' successor and ask for its Lease while this
     // replica still leads, so that each release is taken the moment it
     // lands. The Leases, not the heartbeat, decide who may write.
+    // Owner of nothing from now on: a cluster this replica waits for is
+    // not asked for against its successor, and one it holds is renewed
+    // until its release.
+    assignment_tx.send_replace(BTreeMap::new());
     if failure.is_none() {
         stop_beat_tx.send(true).ok();
-        if let Err(e) = heartbeat.await {
-            tracing::error!(error = %e, "heartbeat task failed");
+        // Bounded: a beat or listing hung on a stalled home must not keep
+        // the member Leases from being released (its TTL then ends it).
+        let limit = opts.replica.timings.retry_period * 2;
+        match tokio::time::timeout(limit, &mut heartbeat).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "heartbeat task failed"),
+            Err(_) => {
+                heartbeat.abort();
+                tracing::warn!("the heartbeat did not end within {limit:?}; left to its TTL");
+            }
         }
     }
     stop_clusters(running.into_iter().collect()).await;
