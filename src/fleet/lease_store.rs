@@ -201,36 +201,49 @@ impl KubeLeaseStore {
     }
 }
 
+/// Which events of one Lease's watch wake a candidate waiting for it: a
+/// change of holder (a release, a takeover, a deletion) and the end of each
+/// listing (a release between the round's read and the watch's start is in
+/// it). The holder's renewals and handover requests do not, so a waiting
+/// candidate reads no more often than it polls. Pure.
+#[derive(Debug, Default)]
+struct HolderChanges {
+    /// The holder last seen; `None` before a listing or after a deletion.
+    last: Option<Option<String>>,
+}
+
+impl HolderChanges {
+    fn wakes(&mut self, event: &kube::runtime::watcher::Event<Lease>) -> bool {
+        use kube::runtime::watcher::Event;
+        let holder = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+        match event {
+            Event::InitApply(l) => {
+                self.last = Some(holder(l));
+                false
+            }
+            Event::InitDone => true,
+            Event::Apply(l) => {
+                let now = Some(holder(l));
+                std::mem::replace(&mut self.last, now.clone()) != now
+            }
+            Event::Delete(_) => {
+                self.last = None;
+                true
+            }
+            Event::Init => false,
+        }
+    }
+}
+
 impl LeaseStore for KubeLeaseStore {
     fn changes(&self) -> Option<BoxStream<'static, ()>> {
         use kube::runtime::{WatchStreamExt, watcher};
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
-        // Only a change of holder (a release, a takeover, a deletion) wakes
-        // the round: the holder's renewals and handover requests do not, so
-        // a waiting candidate reads no more often than it polls.
-        let holder = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone());
         Some(
             watcher(self.api.clone(), config)
                 .default_backoff()
-                .scan(None::<Option<String>>, move |last, event| {
-                    let wake = match event {
-                        // The first listing counts: a release between the
-                        // round's read and the watch's start is in it.
-                        Ok(watcher::Event::InitApply(l)) => {
-                            *last = Some(holder(&l));
-                            false
-                        }
-                        Ok(watcher::Event::InitDone) => true,
-                        Ok(watcher::Event::Apply(l)) => {
-                            let now = Some(holder(&l));
-                            std::mem::replace(last, now.clone()) != now
-                        }
-                        Ok(watcher::Event::Delete(_)) => {
-                            *last = None;
-                            true
-                        }
-                        _ => false,
-                    };
+                .scan(HolderChanges::default(), |changes, event| {
+                    let wake = event.as_ref().is_ok_and(|e| changes.wakes(e));
                     std::future::ready(Some(wake))
                 })
                 .filter_map(|wake| std::future::ready(wake.then_some(())))
@@ -293,6 +306,43 @@ mod tests {
             Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("no I/O here"))
         });
         KubeLeaseStore::new(kube::Client::new(svc, "default"), "ns", "flotilla-x")
+    }
+
+    fn held_by(holder: Option<&str>, handoff_to: Option<&str>, renewed: &str) -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.resource_version = Some(renewed.into());
+        lease.metadata.annotations =
+            handoff_to.map(|to| [(ANNOTATION_HANDOFF.to_string(), to.to_string())].into());
+        lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: holder.map(str::to_string),
+            ..Default::default()
+        });
+        lease
+    }
+
+    #[test]
+    fn a_waiting_candidate_wakes_on_a_new_holder_not_on_renewals() {
+        use kube::runtime::watcher::Event;
+        let mut changes = HolderChanges::default();
+        let mut wakes = |e: Event<Lease>| changes.wakes(&e);
+        // The listing ends with a wake: a release may lie before it.
+        assert!(!wakes(Event::Init));
+        assert!(!wakes(Event::InitApply(held_by(Some("a"), None, "1"))));
+        assert!(wakes(Event::InitDone));
+        // Renewals and a handover request change no holder.
+        assert!(!wakes(Event::Apply(held_by(Some("a"), None, "2"))));
+        assert!(!wakes(Event::Apply(held_by(Some("a"), Some("b"), "3"))));
+        // A release, a takeover, a deletion, a creation: each wakes once.
+        assert!(wakes(Event::Apply(held_by(None, None, "4"))));
+        assert!(!wakes(Event::Apply(held_by(None, None, "5"))));
+        assert!(wakes(Event::Apply(held_by(Some("b"), None, "6"))));
+        assert!(wakes(Event::Delete(held_by(Some("b"), None, "7"))));
+        assert!(wakes(Event::Apply(held_by(Some("b"), None, "8"))));
+        // A relisting after a watch error wakes: it may have missed one.
+        assert!(!wakes(Event::Init));
+        assert!(!wakes(Event::InitApply(held_by(Some("b"), None, "9"))));
+        assert!(wakes(Event::InitDone));
+        assert!(!wakes(Event::Apply(held_by(Some("b"), None, "10"))));
     }
 
     fn record(holder: &str, handoff_to: Option<&str>) -> LeaseRecord {
