@@ -697,16 +697,24 @@ fn blob(layout: &std::path::Path, digest: &str) -> serde_json::Value {
     .expect("a JSON blob")
 }
 
-/// The Dockerfile's value for `instruction` (USER, EXPOSE, ENTRYPOINT).
-fn dockerfile(instruction: &str) -> String {
+/// The Dockerfile's values for `instruction`, in order (continuation lines
+/// left out: none of the instructions checked spans lines).
+fn dockerfile_all(instruction: &str) -> Vec<String> {
     let text =
         std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Dockerfile"))
             .expect("Dockerfile");
     text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{instruction} ")))
-        .unwrap_or_else(|| panic!("no {instruction} in the Dockerfile"))
-        .trim()
-        .to_string()
+        .filter_map(|l| l.strip_prefix(&format!("{instruction} ")))
+        .map(|v| v.trim().to_string())
+        .collect()
+}
+
+/// The Dockerfile's one value for `instruction` (USER, EXPOSE, ENTRYPOINT).
+fn dockerfile(instruction: &str) -> String {
+    match dockerfile_all(instruction).as_slice() {
+        [one] => one.clone(),
+        all => panic!("{instruction} in the Dockerfile: {all:?}, want one"),
+    }
 }
 
 /// The image has no base: one layer, the static binary and CA roots. It
@@ -751,8 +759,9 @@ fn the_image_runs_what_the_dockerfile_runs_and_packs_to_the_same_digest() {
         .map(String::from)
         .collect();
     assert_eq!(exposed, want);
-    // The same build: the Dockerfile's `cargo build --release --locked --bin
-    // flotilla`, which integration/image runs with the static target added.
+    // The same build: the Dockerfile runs integration/image's own build
+    // (static, paths remapped) and its runtime stage, with no libc, takes
+    // the binary that build writes for release.
     let script = std::fs::read_to_string(
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("integration/image"),
     )
@@ -760,14 +769,73 @@ fn the_image_runs_what_the_dockerfile_runs_and_packs_to_the_same_digest() {
     let build = "cargo build --profile \"$profile\" --locked --target \"$triple\" --bin flotilla";
     assert!(
         script.contains(build),
-        "integration/image no longer builds like the Dockerfile"
+        "integration/image builds no static binary"
     );
-    assert!(dockerfile("RUN").contains("cargo build --release --locked --bin flotilla"));
+    assert!(
+        script.contains("--binary-only) pack=0"),
+        "no build-only mode"
+    );
+    let runs = dockerfile_all("RUN");
+    assert!(
+        runs.iter().any(|r| r == "integration/image --binary-only"),
+        "the Dockerfile builds otherwise than integration/image: {runs:?}"
+    );
+    let copies = dockerfile_all("COPY");
+    assert!(
+        copies.iter().any(|c| c
+            == "--from=build /src/target/x86_64-unknown-linux-gnu/release/flotilla /usr/local/bin/flotilla"),
+        "the Dockerfile's image takes another binary: {copies:?}"
+    );
+    let bases = dockerfile_all("FROM");
+    assert!(
+        bases
+            .last()
+            .is_some_and(|b| b.starts_with("gcr.io/distroless/static-")),
+        "a static binary on a base with a libc it does not use: {bases:?}"
+    );
 
     let profile = std::fs::read_to_string(out.join("profile")).expect("the image's profile");
     let again = std::env::temp_dir().join(format!("flotilla-image-{:08x}", rand::random::<u32>()));
     // The binary lies in the target directory the image was built from.
     let target = out.parent().expect("the image's target directory");
+
+    // Built anywhere, the same bytes: the binary names no path of the
+    // checkout, the target directory or the cargo home (panic locations
+    // would carry them; the build remaps them).
+    let dir = if profile.trim() == "dev" {
+        "debug"
+    } else {
+        "release"
+    };
+    let binary = target
+        .join("x86_64-unknown-linux-gnu")
+        .join(dir)
+        .join("flotilla");
+    let cargo_home = std::env::var("CARGO_HOME")
+        .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").expect("HOME")));
+    let here = env!("CARGO_MANIFEST_DIR").to_string();
+    let target_path = std::fs::canonicalize(target)
+        .expect("target directory")
+        .display()
+        .to_string();
+    for path in [here, target_path, cargo_home] {
+        let (found, _) = run(
+            std::path::Path::new("grep"),
+            &[
+                "-a",
+                "-F",
+                "-q",
+                &format!("{path}/"),
+                &binary.display().to_string(),
+            ],
+            Duration::from_secs(60),
+        );
+        assert!(
+            !found,
+            "{} names {path}: built elsewhere, it would differ",
+            binary.display()
+        );
+    }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("integration/image");
     let (ok, printed) = run(
         std::path::Path::new("env"),
