@@ -239,14 +239,14 @@ impl LeaseStore for KubeLeaseStore {
     fn changes(&self) -> Option<BoxStream<'static, ()>> {
         use kube::runtime::{WatchStreamExt, watcher};
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        let mut changes = HolderChanges::default();
         Some(
             watcher(self.api.clone(), config)
                 .default_backoff()
-                .scan(HolderChanges::default(), |changes, event| {
+                .filter_map(move |event| {
                     let wake = event.as_ref().is_ok_and(|e| changes.wakes(e));
-                    std::future::ready(Some(wake))
+                    std::future::ready(wake.then_some(()))
                 })
-                .filter_map(|wake| std::future::ready(wake.then_some(())))
                 .boxed(),
         )
     }
