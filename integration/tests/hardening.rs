@@ -96,11 +96,19 @@ async fn a_deposed_leader_with_a_backlog_writes_nothing_once_its_successor_holds
     replicas.start("fa");
     replicas.start("fb");
     let name = replicas.lease_name();
-    let leader = eventually("a leader of member-1", Duration::from_secs(30), || {
-        holder(&member, &name)
-    })
+    // Whichever starts first takes the Lease, then hands it to the owner the
+    // assignment gives member-1 once it sees the other: stopping the first
+    // holder could stop a replica that no longer writes.
+    let (leader, successor) = settled_owner("member-1", ["fa", "fb"]);
+    eventually(
+        "the assigned owner holding member-1",
+        Duration::from_secs(30),
+        || {
+            let (member, name) = (member.clone(), name.clone());
+            async move { (holder(&member, &name).await.as_deref() == Some(leader)).then_some(()) }
+        },
+    )
     .await;
-    let successor = if leader == "fa" { "fb" } else { "fa" };
 
     let api: Api<Microservice> = Api::namespaced(member.clone(), &ns);
     for i in 0..20 {
@@ -125,7 +133,7 @@ async fn a_deposed_leader_with_a_backlog_writes_nothing_once_its_successor_holds
     )
     .await;
 
-    replicas.signal(&leader, "STOP");
+    replicas.signal(leader, "STOP");
     let stopped = Instant::now();
     let successor_ua = format!("flotilla/{successor}");
     eventually(
@@ -150,10 +158,10 @@ async fn a_deposed_leader_with_a_backlog_writes_nothing_once_its_successor_holds
         .find(|w| w.holder == successor && w.writer == successor && w.received > stopped_at)
         .expect("the successor's acquisition");
     let to_acquisition = acquired.received.duration_since(stopped_at);
-    replicas.signal(&leader, "CONT");
+    replicas.signal(leader, "CONT");
     // The old leader wakes with its queue full: give it time to try.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let fenced = sum_metric(&replicas, &leader, "flotilla_fenced_writes_total{").await;
+    let fenced = sum_metric(&replicas, leader, "flotilla_fenced_writes_total{").await;
     drop(replicas);
 
     let checked = assert_writes_inside_leadership(
@@ -169,6 +177,18 @@ async fn a_deposed_leader_with_a_backlog_writes_nothing_once_its_successor_holds
         to_acquisition.as_secs_f64(),
         to_successor_write.as_secs_f64()
     );
+}
+
+/// The replica the assignment gives `member` when both run, and the other.
+fn settled_owner(member: &str, pair: [&'static str; 2]) -> (&'static str, &'static str) {
+    let clusters = BTreeSet::from([member.to_string()]);
+    let live: BTreeSet<String> = pair.iter().map(|r| r.to_string()).collect();
+    let owner = flotilla::fleet::shard::assign(&clusters, &live)[member].to_string();
+    if owner == pair[0] {
+        (pair[0], pair[1])
+    } else {
+        (pair[1], pair[0])
+    }
 }
 
 /// A loopback TCP proxy that can stop forwarding without closing anything:
