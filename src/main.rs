@@ -325,6 +325,7 @@ fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
     o.kube_auth = args.grpc_kube_auth;
     o.max_wait = args.grpc_max_wait;
     o.max_streams = args.grpc_max_streams as usize;
+    o.max_page_bytes = args.grpc_max_page_bytes as usize;
     o.max_stream_age = args.grpc_max_stream_age;
     o.token = match &args.grpc_token_file {
         Some(p) => Some(read_token(p, "--grpc-token-file")?),

@@ -65,6 +65,21 @@ fn cli(args: &[&str]) -> (i32, String) {
 }
 
 /// The message a rollout stream ends with.
+/// A client of a replica just started, once it serves: connected, and the
+/// registry read (until then every call is UNAVAILABLE).
+async fn serving(url: &str) -> GrpcClient {
+    eventually("gRPC serving", Duration::from_secs(30), || async {
+        let options = ClientOptions {
+            server: url.to_string(),
+            ..Default::default()
+        };
+        let mut api = connect(&options).await.ok()?;
+        api.list_clusters(pb::ListClustersRequest {}).await.ok()?;
+        Some(api)
+    })
+    .await
+}
+
 async fn last_progress(mut stream: tonic::Streaming<pb::RolloutProgress>) -> pb::RolloutProgress {
     let mut last = None;
     while let Some(p) = stream.next().await {
@@ -924,20 +939,9 @@ async fn a_page_token_cut_inside_a_character_is_invalid_and_the_server_keeps_ser
     let (ns, _guards) = namespaces(&clients, "grpc-token").await;
     let mut replicas = Replicas::new(&ns, &["member-1"]);
     replicas.start("r1");
-    let url = replicas.grpc_url("r1");
-    // Serving: connected, and the registry read (until then every call is
-    // UNAVAILABLE, which would hide whether a bad token broke anything).
-    let mut api = eventually("gRPC serving", Duration::from_secs(30), || async {
-        let mut api = connect(&ClientOptions {
-            server: url.clone(),
-            ..Default::default()
-        })
-        .await
-        .ok()?;
-        api.list_clusters(pb::ListClustersRequest {}).await.ok()?;
-        Some(api)
-    })
-    .await;
+    // Until the registry is read every call is UNAVAILABLE, which would
+    // hide whether a bad token broke anything.
+    let mut api = serving(&replicas.grpc_url("r1")).await;
     for token in ["aé0", "éé", "0é", "zz"] {
         let err = api
             .list_microservices(pb::ListMicroservicesRequest {
@@ -955,6 +959,92 @@ async fn a_page_token_cut_inside_a_character_is_invalid_and_the_server_keeps_ser
     api.list_clusters(pb::ListClustersRequest {})
         .await
         .expect("the server keeps serving");
+}
+
+#[tokio::test]
+async fn a_list_page_stops_at_its_byte_budget_and_the_pages_hold_every_item_once() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "grpc-pages").await;
+    let member = clients["member-1"].clone();
+    let api: Api<Microservice> = Api::namespaced(member, &ns);
+    let names: Vec<String> = (0..30).map(|i| format!("svc-{i:02}")).collect();
+    for name in &names {
+        api.create(
+            &PostParams::default(),
+            &microservice(name, "ghcr.io/acme/app:1", 8080, Some(1)),
+        )
+        .await
+        .expect("create");
+    }
+    const BUDGET: usize = 4096;
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    replicas.extra_args = vec!["--grpc-max-page-bytes".into(), BUDGET.to_string()];
+    replicas.start("r1");
+    let mut client = serving(&replicas.grpc_url("r1")).await;
+    let ask = |page_token: String| pb::ListMicroservicesRequest {
+        namespace: ns.clone(),
+        page_size: 1000,
+        page_token,
+        ..Default::default()
+    };
+    let first = eventually("all 30 indexed", Duration::from_secs(60), || {
+        let mut client = client.clone();
+        let (ns, names) = (ns.clone(), names.clone());
+        async move {
+            for name in names {
+                let r = client.get_microservice(pb::GetMicroserviceRequest {
+                    namespace: ns.clone(),
+                    name,
+                });
+                r.await.ok()?;
+            }
+            Some(
+                client
+                    .list_microservices(ask(String::new()))
+                    .await
+                    .ok()?
+                    .into_inner(),
+            )
+        }
+    })
+    .await;
+    assert!(
+        first.items.len() < names.len() && !first.next_page_token.is_empty(),
+        "a page of {} FULL items and token {:?}: the budget did not cut it",
+        first.items.len(),
+        first.next_page_token
+    );
+    let mut seen = Vec::new();
+    let mut page = first;
+    let mut pages = 1;
+    loop {
+        use prost::Message;
+        assert!(!page.items.is_empty(), "an empty page {pages}");
+        let items_bytes = pb::ListMicroservicesResponse {
+            items: page.items.clone(),
+            ..Default::default()
+        }
+        .encoded_len();
+        assert!(
+            items_bytes <= BUDGET,
+            "page {pages}: {items_bytes} bytes > {BUDGET}"
+        );
+        seen.extend(page.items.iter().map(|m| m.name.clone()));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page = client
+            .list_microservices(ask(page.next_page_token.clone()))
+            .await
+            .expect("next page")
+            .into_inner();
+        pages += 1;
+        assert!(pages <= names.len(), "paging does not end");
+    }
+    assert_eq!(seen, names, "every item once, in order, over {pages} pages");
+    println!(
+        "figure: 30 FULL items asked 1000 to a page came in {pages} pages of at most {BUDGET} bytes"
+    );
 }
 
 /// Replaces a file as cert-manager does: the new bytes appear at once.

@@ -59,6 +59,31 @@ pub fn page_size(requested: u32) -> usize {
     }
 }
 
+/// A page of `items`, in order: at most `size` of them, and no more than fit
+/// in `budget` bytes encoded as a repeated field, but never none, so that
+/// paging always moves on. Tonic encodes a unary reply whole, so the
+/// budget bounds what each call holds until it is sent. Says whether
+/// items were left.
+pub fn take_page<M: prost::Message>(
+    items: impl IntoIterator<Item = M>,
+    size: usize,
+    budget: usize,
+) -> (Vec<M>, bool) {
+    let mut page = Vec::new();
+    let mut used = 0usize;
+    for m in items {
+        let len = m.encoded_len();
+        // The field's tag, then its length.
+        let framed = 1 + prost::encoding::encoded_len_varint(len as u64) + len;
+        if page.len() == size || (!page.is_empty() && used.saturating_add(framed) > budget) {
+            return (page, true);
+        }
+        used = used.saturating_add(framed);
+        page.push(m);
+    }
+    (page, false)
+}
+
 /// Whether a list returns basic items; unspecified means full, as before
 /// views existed. A value this server does not know is refused, not
 /// guessed at.
@@ -181,6 +206,51 @@ mod tests {
             Err(ApiError::InvalidArgument(m)) => m,
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
+    }
+
+    fn item(name_len: usize) -> pb::Microservice {
+        pb::Microservice {
+            name: "n".repeat(name_len),
+            ..Default::default()
+        }
+    }
+
+    fn encoded(items: &[pb::Microservice]) -> usize {
+        use prost::Message;
+        pb::ListMicroservicesResponse {
+            items: items.to_vec(),
+            ..Default::default()
+        }
+        .encoded_len()
+    }
+
+    #[test]
+    fn a_page_holds_what_fits_its_byte_budget_and_never_nothing() {
+        let items: Vec<_> = (0..10).map(|_| item(1000)).collect();
+        let budget = 3500;
+        let (page, more) = take_page(items.clone(), 1000, budget);
+        assert_eq!(page.len(), 3);
+        assert!(more);
+        assert!(encoded(&page) <= budget, "{} > {budget}", encoded(&page));
+        assert!(encoded(&items[..4]) > budget);
+        // One item over the budget still makes a page, so paging moves on.
+        let (page, more) = take_page(vec![item(5000), item(1)], 1000, budget);
+        assert_eq!((page.len(), more), (1, true));
+        let (page, more) = take_page(vec![item(5000)], 1000, budget);
+        assert_eq!((page.len(), more), (1, false));
+        assert_eq!(
+            take_page(Vec::<pb::Microservice>::new(), 10, budget),
+            (vec![], false)
+        );
+    }
+
+    #[test]
+    fn a_page_holds_at_most_its_size_and_says_when_items_are_left() {
+        let items = || (0..5).map(|_| item(3));
+        assert_eq!(take_page(items(), 5, usize::MAX).0.len(), 5);
+        assert!(!take_page(items(), 5, usize::MAX).1);
+        let (page, more) = take_page(items(), 4, usize::MAX);
+        assert_eq!((page.len(), more), (4, true));
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct ServerOptions {
     pub reflection: bool,
     pub max_request_bytes: usize,
     pub max_response_bytes: usize,
+    /// The most one List page holds, encoded (at least one item).
+    pub max_page_bytes: usize,
     /// The cap on WaitForRollout.
     pub max_wait: Duration,
     /// The cap on unary calls.
@@ -80,6 +82,7 @@ impl ServerOptions {
             reflection: false,
             max_request_bytes: 64 * 1024,
             max_response_bytes: 64 * 1024 * 1024,
+            max_page_bytes: 256 * 1024,
             max_wait: Duration::from_secs(3600),
             unary_timeout: Duration::from_secs(30),
             max_streams: 1000,
@@ -231,6 +234,7 @@ pub async fn serve(
         live: opts.live.clone(),
         dns: opts.dns.clone(),
         gate: gate.clone(),
+        page_bytes: opts.max_page_bytes,
     })
     .max_decoding_message_size(opts.max_request_bytes)
     .max_encoding_message_size(opts.max_response_bytes);

@@ -46,6 +46,8 @@ pub struct FleetStatusService {
     pub dns: Option<crate::dns::lookup::DnsLookup>,
     /// Who calls, and whether they may (#34).
     pub gate: Gate,
+    /// The most a List page holds encoded; fewer items then, and a token.
+    pub page_bytes: usize,
 }
 
 impl FleetStatusService {
@@ -187,19 +189,20 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         // Views are built outside the index lock, from a snapshot.
         let snap = self.hub.read(|ix| ix.snapshot());
         // One extra tells whether another page follows.
-        let mut page: Vec<MicroserviceView> =
-            snap.list(&filter, after.as_ref(), size + 1).collect();
-        let more = page.len() > size;
-        page.truncate(size);
-        let revision = snap.revision();
-        let next_page_token = match (more, page.last()) {
+        let views = snap.list(&filter, after.as_ref(), size + 1);
+        let (items, more) = request::take_page(
+            views.map(|v: MicroserviceView| item(&v)),
+            size,
+            self.page_bytes,
+        );
+        let next_page_token = match (more, items.last()) {
             (true, Some(last)) => request::page_token(&(last.namespace.clone(), last.name.clone())),
             _ => String::new(),
         };
         Ok(Response::new(pb::ListMicroservicesResponse {
-            items: page.iter().map(item).collect(),
+            items,
             next_page_token,
-            revision,
+            revision: snap.revision(),
         }))
     }
 

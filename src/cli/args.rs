@@ -390,6 +390,10 @@ pub struct RunArgs {
     /// with RESOURCE_EXHAUSTED.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_STREAMS", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub grpc_max_streams: u32,
+    /// The most one ListMicroservices page holds, encoded: a page then has
+    /// fewer items than asked, and a next_page_token. At least one item.
+    #[arg(long, env = "FLOTILLA_GRPC_MAX_PAGE_BYTES", default_value_t = 256 * 1024, value_parser = clap::value_parser!(u32).range(1024..))]
+    pub grpc_max_page_bytes: u32,
     /// A watch stream's longest life: it then ends UNAVAILABLE and the client
     /// resumes, so long-lived streams spread over replicas.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_STREAM_AGE", default_value = "30m", value_parser = parse_duration)]
@@ -620,5 +624,19 @@ mod tests {
         assert_eq!(replica_id(Some("a"), Some("b"), true, 1).unwrap(), "a");
         assert_eq!(replica_id(None, None, false, 42).unwrap(), "flotilla-42");
         assert!(replica_id(Some("a b"), None, true, 1).is_err());
+    }
+
+    #[test]
+    fn a_page_budget_under_a_kibibyte_is_refused() {
+        let run =
+            |bytes: &str| Cli::try_parse_from(["flotilla", "run", "--grpc-max-page-bytes", bytes]);
+        let err = run("100").err().expect("refused").to_string();
+        assert!(
+            err.contains("--grpc-max-page-bytes") && err.contains("1024"),
+            "{err}"
+        );
+        assert!(run("-1").is_err());
+        assert!(run("lots").is_err());
+        assert!(run("1024").is_ok());
     }
 }
