@@ -65,21 +65,6 @@ fn cli(args: &[&str]) -> (i32, String) {
 }
 
 /// The message a rollout stream ends with.
-/// A client of a replica just started, once it serves: connected, and the
-/// registry read (until then every call is UNAVAILABLE).
-async fn serving(url: &str) -> GrpcClient {
-    eventually("gRPC serving", Duration::from_secs(30), || async {
-        let options = ClientOptions {
-            server: url.to_string(),
-            ..Default::default()
-        };
-        let mut api = connect(&options).await.ok()?;
-        api.list_clusters(pb::ListClustersRequest {}).await.ok()?;
-        Some(api)
-    })
-    .await
-}
-
 async fn last_progress(mut stream: tonic::Streaming<pb::RolloutProgress>) -> pb::RolloutProgress {
     let mut last = None;
     while let Some(p) = stream.next().await {

@@ -54,23 +54,6 @@ async fn wait_done(args: &[&str], limit: Duration) -> (i32, String, String) {
     finish(wait(args), limit).await
 }
 
-async fn serving(url: &str) {
-    eventually(
-        &format!("{url} answers"),
-        Duration::from_secs(30),
-        || async {
-            let mut c = connect(&ClientOptions {
-                server: url.to_string(),
-                ..Default::default()
-            })
-            .await
-            .ok()?;
-            c.list_clusters(pb::ListClustersRequest {}).await.ok()
-        },
-    )
-    .await;
-}
-
 async fn create(client: &kube::Client, ns: &str, name: &str, image: &str) {
     Api::<Microservice>::namespaced(client.clone(), ns)
         .create(

@@ -72,10 +72,13 @@ pub fn take_page<M: prost::Message>(
     let mut page = Vec::new();
     let mut used = 0usize;
     for m in items {
+        if page.len() == size {
+            return (page, true);
+        }
         let len = m.encoded_len();
-        // The field's tag, then its length.
-        let framed = 1 + prost::encoding::encoded_len_varint(len as u64) + len;
-        if page.len() == size || (!page.is_empty() && used.saturating_add(framed) > budget) {
+        // A one-byte tag (the items are field 1), the length, the item.
+        let framed = 1 + prost::length_delimiter_len(len) + len;
+        if !page.is_empty() && used.saturating_add(framed) > budget {
             return (page, true);
         }
         used = used.saturating_add(framed);

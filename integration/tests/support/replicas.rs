@@ -454,3 +454,24 @@ pub async fn three_replica_fleet(prefix: &str) -> ThreeReplicaFleet {
         held,
     }
 }
+
+/// A client of a replica just started, once it serves: connected, and the
+/// registry read (until then every call is UNAVAILABLE).
+pub async fn serving(url: &str) -> flotilla::api::client::Client {
+    use flotilla::api::client::{ClientOptions, connect};
+    use flotilla::api::pb;
+    eventually(
+        &format!("{url} answers"),
+        Duration::from_secs(30),
+        || async {
+            let options = ClientOptions {
+                server: url.to_string(),
+                ..Default::default()
+            };
+            let mut api = connect(&options).await.ok()?;
+            api.list_clusters(pb::ListClustersRequest {}).await.ok()?;
+            Some(api)
+        },
+    )
+    .await
+}
