@@ -582,8 +582,7 @@ async fn highest_rss_anon_mib(pid: u32, readings: usize) -> f64 {
 }
 
 /// Pages through every FULL entry of `namespace` `times` times; returns the
-/// pages answered.
-/// Pages and items answered.
+/// pages and the items answered.
 async fn full_pages(url: &str, namespace: &str, times: usize) -> (usize, usize) {
     use flotilla::api::pb;
     let mut client = flotilla::api::client::connect(&flotilla::api::client::ClientOptions {
