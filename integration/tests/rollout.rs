@@ -1792,6 +1792,105 @@ async fn watch_rollouts_snapshots_streams_changes_and_resumes() {
     );
 }
 
+/// Every page of a ListRollouts, in order, up to 50 pages.
+async fn rollout_pages(
+    grpc: &mut flotilla::api::client::RolloutsClient,
+    namespace: &str,
+    page_size: u32,
+) -> Vec<pb::ListRolloutsResponse> {
+    let mut pages: Vec<pb::ListRolloutsResponse> = Vec::new();
+    let mut page_token = String::new();
+    while pages.len() < 50 {
+        let ask = grpc.list_rollouts(pb::ListRolloutsRequest {
+            namespace: namespace.to_string(),
+            page_size,
+            page_token,
+        });
+        let page = tokio::time::timeout(Duration::from_secs(30), ask)
+            .await
+            .expect("a page within 30 s")
+            .expect("list")
+            .into_inner();
+        page_token = page.next_page_token.clone();
+        pages.push(page);
+        if page_token.is_empty() {
+            break;
+        }
+    }
+    pages
+}
+
+/// ListRollouts pages as ListMicroservices does (#37): by `page_size`, and
+/// by the server's byte budget, so that a fleet's FleetMicroservices are
+/// never one reply of unbounded size.
+#[tokio::test]
+async fn list_rollouts_pages_by_size_and_by_bytes_and_every_rollout_comes_once() {
+    use prost::Message;
+    let _up = MEMBERS_UP.read().await;
+    // The least budget allowed; 20 rollouts with long names come to about
+    // 2 KB before any status.
+    const BUDGET: usize = 1024;
+    let budget = ["--grpc-max-page-bytes".to_string(), BUDGET.to_string()];
+    let fleet = rollout_fleet_with("fms-pages", &[], &budget).await;
+    let ns = fleet.namespace.clone();
+    let long = "x".repeat(40);
+    let names: Vec<String> = (0..20).map(|i| format!("svc-{i:02}-{long}")).collect();
+    for name in &names {
+        // Placed nowhere: the list is under test, not the members.
+        let mut fms = fleet_microservice(name, "ghcr.io/acme/api:1", json!({}));
+        fms["spec"]["placement"] = json!({"clusterSelector": {"matchLabels": {"nowhere": "x"}}});
+        fleet.create(fms).await;
+    }
+    let mut grpc = flotilla::api::client::connect_rollouts(&ClientOptions {
+        server: fleet.replicas.grpc_url("r1"),
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
+    let names_of = |pages: &[pb::ListRolloutsResponse]| -> Vec<String> {
+        pages
+            .iter()
+            .flat_map(|p| p.rollouts.iter().map(|r| r.name.clone()))
+            .collect()
+    };
+    // By size: pages of 5 (five of these fit in the budget).
+    let sized = rollout_pages(&mut grpc, &ns, 5).await;
+    let counts: Vec<usize> = sized.iter().map(|p| p.rollouts.len()).collect();
+    assert_eq!(counts, [5, 5, 5, 5], "pages of at most 5");
+    assert_eq!(names_of(&sized), names, "every rollout once, in key order");
+    // By bytes: a thousand asked, and each page stops at the budget.
+    let cut = rollout_pages(&mut grpc, &ns, 1000).await;
+    assert!(
+        cut.len() > 1,
+        "20 rollouts in {} page(s) under a {BUDGET}-byte budget: the budget did not cut",
+        cut.len()
+    );
+    for (i, page) in cut.iter().enumerate() {
+        let bytes = pb::ListRolloutsResponse {
+            rollouts: page.rollouts.clone(),
+            ..Default::default()
+        }
+        .encoded_len();
+        assert!(!page.rollouts.is_empty(), "page {i} is empty");
+        assert!(
+            bytes <= BUDGET || page.rollouts.len() == 1,
+            "page {i}: {} rollouts in {bytes} bytes, over the {BUDGET}-byte budget",
+            page.rollouts.len()
+        );
+    }
+    assert_eq!(names_of(&cut), names, "every rollout once, in key order");
+    // A token this server did not issue is refused, not read as "start over".
+    let forged = grpc
+        .list_rollouts(pb::ListRolloutsRequest {
+            namespace: ns.clone(),
+            page_size: 5,
+            page_token: "zz".into(),
+        })
+        .await
+        .expect_err("a forged token");
+    assert_eq!(forged.code(), tonic::Code::InvalidArgument, "{forged:?}");
+}
+
 /// Found by `make chaos` (seed 2): a `rollout wait` sent to a replica that
 /// was stopped (SIGSTOP) when an undo was made was answered, once the
 /// replica woke, from its cache as it was before the edit: the old

@@ -108,6 +108,15 @@ pub fn page_token(last: &Key) -> String {
         .collect()
 }
 
+/// The token of the page after one that ended at `last` (namespace, name),
+/// or none when nothing is left.
+pub fn next_page_token(more: bool, last: Option<(&str, &str)>) -> String {
+    match (more, last) {
+        (true, Some((ns, name))) => page_token(&(ns.to_string(), name.to_string())),
+        _ => String::new(),
+    }
+}
+
 pub fn after(token: &str) -> Result<Option<Key>, ApiError> {
     if token.is_empty() {
         return Ok(None);
@@ -278,8 +287,12 @@ mod tests {
     #[test]
     fn page_tokens_round_trip_and_forgeries_are_refused() {
         let k: Key = ("ns".into(), "web".into());
-        assert_eq!(after(&page_token(&k)).unwrap(), Some(k));
+        assert_eq!(after(&page_token(&k)).unwrap(), Some(k.clone()));
         assert_eq!(after("").unwrap(), None);
+        // The last page carries no token; another page, the last key's.
+        assert_eq!(next_page_token(false, Some(("ns", "web"))), "");
+        assert_eq!(next_page_token(true, None), "");
+        assert_eq!(next_page_token(true, Some(("ns", "web"))), page_token(&k));
         for bad in ["zz", "abc", "6e73", &"00".repeat(300), "aé0", "éé", "+1"] {
             assert!(invalid(after(bad)).contains("page_token"), "{bad}");
         }

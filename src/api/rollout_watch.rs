@@ -53,12 +53,9 @@ fn event(
 /// A snapshot: RESET, every rollout in view, SYNCED.
 fn snapshot(cache: &RolloutCache, view: &View, revision: u64) -> Vec<pb::RolloutEvent> {
     let id = cache.index_id.as_str();
-    let mut items = listed(cache, &view.namespace);
-    items.retain(|r| view.shows(&r.namespace));
     std::iter::once(event(WatchEventType::Reset, 0, id, None))
         .chain(
-            items
-                .into_iter()
+            listed(cache, |ns| view.shows(ns), None)
                 .map(|r| event(WatchEventType::Snapshot, 0, id, Some(r))),
         )
         .chain(std::iter::once(event(

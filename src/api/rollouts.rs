@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use kube::Client;
+use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -21,10 +21,11 @@ use super::streams::{self, Streams};
 use super::watch::WatchLimits;
 use crate::authz::access::{self, Access, Caller, Resource};
 use crate::authz::gate::Gate;
-use crate::rollout::cache::RolloutCache;
+use crate::rollout::cache::{Key, RolloutCache};
 use crate::rollout::edits::{self, EditError};
 use crate::rollout::home::revisions_of;
 use crate::rollout::revision::Revision;
+use crate::rollout::spec::FleetMicroservice;
 
 pub struct FleetRolloutsService {
     pub cache: Arc<RolloutCache>,
@@ -38,6 +39,8 @@ pub struct FleetRolloutsService {
     pub shutdown: watch::Receiver<bool>,
     /// The tokens and TLS files in force: a watch ends when one changes.
     pub credentials: Vec<watch::Receiver<u64>>,
+    /// What one ListRollouts page may hold, encoded (`request::take_page`).
+    pub page_bytes: usize,
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::RolloutEvent, Status>> + Send>>;
@@ -152,6 +155,8 @@ impl FleetRollouts for FleetRolloutsService {
         const METHOD: &str = "ListRollouts";
         let caller = self.gate.caller(&r, METHOD).await?;
         let ns = namespace_filter(&r.get_ref().namespace)?;
+        let after = request::after(&r.get_ref().page_token)?;
+        let size = request::page_size(r.get_ref().page_size);
         self.ready()?;
         if let Some(n) = &ns {
             let access = Access::new("list", Resource::FleetMicroservices).in_namespace(n);
@@ -169,14 +174,24 @@ impl FleetRollouts for FleetRolloutsService {
             }
         };
         let revision = self.cache.revision();
-        let mut rollouts = listed(&self.cache, &ns);
-        if let Some(v) = visible {
-            rollouts.retain(|r| v.contains(&r.namespace));
-        }
+        let shows = |n: &str| {
+            ns.as_deref().is_none_or(|want| want == n)
+                && visible.as_ref().is_none_or(|v| v.contains(n))
+        };
+        let (rollouts, more) = request::take_page(
+            listed(&self.cache, shows, after.as_ref()),
+            size,
+            self.page_bytes,
+        );
+        let last = rollouts
+            .last()
+            .map(|l| (l.namespace.as_str(), l.name.as_str()));
+        let next_page_token = request::next_page_token(more, last);
         Ok(Response::new(pb::ListRolloutsResponse {
             rollouts,
             revision,
             index_id: self.cache.index_id.clone(),
+            next_page_token,
         }))
     }
 
@@ -318,26 +333,31 @@ fn namespace_filter(ns: &str) -> Result<Option<String>, Status> {
     Ok(Some(ns.to_string()))
 }
 
-/// Every rollout in `ns` (or all), ordered by key, with revision numbers;
-/// the stored revisions are read once, not once per rollout.
-pub(super) fn listed(cache: &RolloutCache, ns: &Option<String>) -> Vec<pb::Rollout> {
-    let stored = cache.revisions.state();
-    let mut out: Vec<pb::Rollout> = cache
+/// The rollouts whose namespace `shows` admits, after `after`, ordered by
+/// key, with revision numbers. Each is built as it is taken, so a page
+/// builds only what it sends; the stored revisions are read once, not
+/// once per rollout.
+pub(super) fn listed(
+    cache: &RolloutCache,
+    shows: impl Fn(&str) -> bool,
+    after: Option<&Key>,
+) -> impl Iterator<Item = pb::Rollout> {
+    let key = |f: &FleetMicroservice| (f.namespace().unwrap_or_default(), f.name_any());
+    let mut chosen: Vec<(Key, Arc<FleetMicroservice>)> = cache
         .fleet
         .state()
-        .iter()
-        .filter(|f| {
-            ns.as_ref()
-                .is_none_or(|n| f.metadata.namespace.as_ref() == Some(n))
-        })
-        .map(|f| {
-            let history: Vec<Revision> = revisions_of(f, stored.iter().map(|r| r.as_ref()))
-                .into_iter()
-                .map(|(r, _)| r)
-                .collect();
-            rollout(f, &history, false)
-        })
+        .into_iter()
+        .map(|f| (key(&f), f))
+        .filter(|((ns, _), _)| shows(ns))
+        .filter(|(k, _)| after.is_none_or(|a| k > a))
         .collect();
-    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    out
+    chosen.sort_by(|a, b| a.0.cmp(&b.0));
+    let stored = cache.revisions.state();
+    chosen.into_iter().map(move |(_, f)| {
+        let history: Vec<Revision> = revisions_of(&f, stored.iter().map(|r| r.as_ref()))
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect();
+        rollout(&f, &history, false)
+    })
 }

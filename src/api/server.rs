@@ -249,6 +249,7 @@ pub async fn serve(
             watch: watch_limits,
             shutdown: stopping.clone(),
             credentials,
+            page_bytes: opts.max_page_bytes,
         })
         .max_decoding_message_size(opts.max_request_bytes)
         .max_encoding_message_size(opts.max_response_bytes);

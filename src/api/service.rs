@@ -195,10 +195,10 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             size,
             self.page_bytes,
         );
-        let next_page_token = match (more, items.last()) {
-            (true, Some(last)) => request::page_token(&(last.namespace.clone(), last.name.clone())),
-            _ => String::new(),
-        };
+        let last = items
+            .last()
+            .map(|l| (l.namespace.as_str(), l.name.as_str()));
+        let next_page_token = request::next_page_token(more, last);
         Ok(Response::new(pb::ListMicroservicesResponse {
             items,
             next_page_token,
