@@ -216,6 +216,87 @@ async fn sigterm_releases_leases_for_a_fast_handoff() {
     );
 }
 
+/// 60a8b0f: a replica whose home apiserver stops answering just before its
+/// SIGTERM has a heartbeat hung on it. It must still release its member
+/// Leases (they are on the members, which answer) and exit, rather than
+/// wait on the heartbeat until the client's own timeout, minutes later.
+#[tokio::test]
+async fn a_sigterm_with_home_silent_still_releases_the_member_leases_and_exits() {
+    use support::gate::Gate;
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "fleet-home-silent").await;
+    let mut replicas = Replicas::new(&ns, &MEMBERS);
+    let gate = Gate::start(support::kubeconfig_via("home", 0).1).await;
+    // Beside the kubeconfig directory, not in it: home is not a member.
+    let home_kubeconfig = (replicas.dir.parent().expect("a parent"))
+        .join(format!("{}-home-via-gate.yaml", replicas.fleet));
+    let via = support::kubeconfig_via("home", gate.port).0;
+    std::fs::write(&home_kubeconfig, via).expect("kubeconfig");
+    let leaving = "r1".to_string();
+    replicas
+        .home_kubeconfigs
+        .insert(leaving.clone(), home_kubeconfig);
+    for id in REPLICA_IDS {
+        replicas.start(id);
+    }
+    let lease = replicas.lease_name();
+    let held = balanced(&clients, &lease, &REPLICA_IDS).await;
+    let mine: Vec<&str> = MEMBERS
+        .into_iter()
+        .filter(|m| held[*m] == leaving)
+        .collect();
+    assert!(!mine.is_empty(), "{leaving} leads nothing: {held:?}");
+    // Home goes silent (connections open, nothing answered); within a
+    // retry period the next beat is in flight and hangs. The heartbeat's
+    // TTL (2 s) has not run out when the SIGTERM comes.
+    gate.silence();
+    tokio::time::sleep(RETRY_PERIOD * 3).await;
+    let started = Instant::now();
+    // Killed if the test fails before it exits, so that no replica outlives it.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            if self.0.try_wait().ok().flatten().is_none() {
+                self.0.kill().ok();
+                self.0.wait().ok();
+            }
+        }
+    }
+    let mut child = Reaped(replicas.sigterm(&leaving));
+    for m in &mine {
+        let next = eventually(
+            &format!("{m} handed off"),
+            Duration::from_secs(20),
+            || async { holder(&clients[*m], &lease).await.filter(|h| *h != leaving) },
+        )
+        .await;
+        eprintln!("{m}: {leaving} -> {next} after {:?}", started.elapsed());
+    }
+    let exited = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(status) = child.0.try_wait().expect("try_wait") {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    gate.release();
+    let status = exited
+        .unwrap_or_else(|_| panic!("{leaving} had not exited 20 s after SIGTERM with home silent"));
+    assert!(status.success(), "{leaving} exited {status:?}");
+    eprintln!("{leaving} exited after {:?}: {status:?}", started.elapsed());
+    let log = replicas.log(&leaving);
+    assert!(
+        log.contains("the heartbeat did not end within"),
+        "the hung heartbeat was cut short"
+    );
+    assert!(
+        log.contains("lease released"),
+        "its member Leases were released, not left to expire"
+    );
+}
+
 fn replicas_log_contains(r: &Replicas, id: &str, needle: &str) -> bool {
     r.log(id).contains(needle)
 }

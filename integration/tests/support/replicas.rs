@@ -37,6 +37,8 @@ pub struct Replicas {
     pub extra_args: Vec<String>,
     /// Replicas that read a kubeconfig directory of their own.
     pub own_dirs: BTreeMap<String, PathBuf>,
+    /// Replicas that reach home through a kubeconfig of their own (a proxy).
+    pub home_kubeconfigs: BTreeMap<String, PathBuf>,
     children: BTreeMap<String, Child>,
 }
 
@@ -106,6 +108,7 @@ impl Replicas {
             election: FAST_ELECTION.iter().map(|a| a.to_string()).collect(),
             extra_args: Vec::new(),
             own_dirs: BTreeMap::new(),
+            home_kubeconfigs: BTreeMap::new(),
             children: BTreeMap::new(),
         };
         for m in members {
@@ -157,11 +160,13 @@ impl Replicas {
         let port = self.grpc_ports[id];
         let metrics_port = self.metrics_ports[id];
         let dir = self.own_dirs.get(id).unwrap_or(&self.dir);
+        let home =
+            (self.home_kubeconfigs.get(id).cloned()).unwrap_or_else(|| kubeconfig_path("home"));
         let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .args(["run", "--kubeconfig-dir"])
             .arg(dir)
             .arg("--home-kubeconfig")
-            .arg(kubeconfig_path("home"))
+            .arg(home)
             .args([
                 "--fleet-name",
                 &self.fleet,
