@@ -442,7 +442,8 @@ async fn round(
     // The decisions first, so that a successor reads them; observations
     // wait for the next decision, or their share of the write budget.
     let held_since = held.map(|(_, since)| since);
-    let every = fold::observations_every(lock(&ctx.held).len());
+    let news = fold::observed(&written, &plan.status);
+    let every = fold::observations_every(lock(&ctx.held).len(), news);
     let mut flush = None;
     if fold::write_now(
         &written,

@@ -15,21 +15,66 @@ use crate::domain::conditions::AVAILABLE;
 /// with few rollouts in flight.
 pub const OBSERVATIONS_EVERY: Duration = Duration::from_secs(5);
 /// Observation-only status writes a second, over every FleetMicroservice
-/// the leader holds observations for: with many rollouts in flight each
-/// waits longer, so a hundred at once cost home 5 such writes a second,
-/// not 20, and a rollout shorter than its wait is written once per
+/// the leader holds observations for, when what they hold changes a
+/// verdict (`Observed::Verdict`): with many rollouts in flight each waits
+/// longer, so a hundred at once cost home 5 such writes a second, not 20.
+const VERDICT_WRITES_PER_SECOND: f64 = 5.0;
+/// The same when they hold only progress (`Observed::Progress`): steps and
+/// counts of a mass rollout wait longer than a change of availability, so
+/// a rollout whose waves are shorter than its wait is written once per
 /// decision (#29: at most 5 home writes per rollout).
-const OBSERVATION_WRITES_PER_SECOND: f64 = 5.0;
+const PROGRESS_WRITES_PER_SECOND: f64 = 1.0;
 /// The longest observations wait, however many rollouts hold some.
 pub const OBSERVATIONS_AT_MOST: Duration = Duration::from_secs(30);
 
+/// What held observations would change for a reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// Steps towards the targets, the counts, and the `Available`
+    /// condition as they follow: a rollout moving on.
+    Progress,
+    /// A cluster that stops answering or answers again, or a `Done`
+    /// cluster that is no longer done (its availability lost at its
+    /// target): something no step of a rollout explains.
+    Verdict,
+}
+
+/// The reason of a cluster that does not answer, pending or targeted.
+const UNREACHABLE: &str = "ClusterUnreachable";
+
+/// What the observations `planned` holds beyond `written` change. Only
+/// meaningful when nothing is decided (`urgent` is false), so the clusters
+/// are the same ones in the same order. `Available` is not looked at: it
+/// is the count of done clusters, so it dips while a wave's clusters
+/// update (progress), and a loss no step explains shows as a cluster here.
+pub fn observed(written: &FleetMicroserviceStatus, planned: &FleetMicroserviceStatus) -> Observed {
+    let unreachable =
+        |c: &ClusterStatus| c.state == ClusterState::Unknown || c.reason == UNREACHABLE;
+    let lost = |w: &ClusterStatus, p: &ClusterStatus| {
+        w.state == ClusterState::Done && p.state != ClusterState::Done
+    };
+    let turned = written
+        .clusters
+        .iter()
+        .zip(&planned.clusters)
+        .any(|(w, p)| unreachable(w) != unreachable(p) || lost(w, p));
+    match turned {
+        true => Observed::Verdict,
+        false => Observed::Progress,
+    }
+}
+
 /// How long observations may wait when `holding` FleetMicroservices hold
-/// some: `OBSERVATIONS_EVERY`, or their share of the write budget, at most
-/// `OBSERVATIONS_AT_MOST`.
-pub fn observations_every(holding: usize) -> Duration {
+/// some: `OBSERVATIONS_EVERY`, or their share of the write budget for what
+/// they change, at most `OBSERVATIONS_AT_MOST`.
+pub fn observations_every(holding: usize, observed: Observed) -> Duration {
+    let per_second = match observed {
+        Observed::Verdict => VERDICT_WRITES_PER_SECOND,
+        Observed::Progress => PROGRESS_WRITES_PER_SECOND,
+    };
     // Past the bound's worth of rollouts the share no longer matters.
     let holding = holding.min(1_000_000) as f64;
-    let share = Duration::from_secs_f64(holding / OBSERVATION_WRITES_PER_SECOND);
+    let share = Duration::from_secs_f64(holding / per_second);
     share.clamp(OBSERVATIONS_EVERY, OBSERVATIONS_AT_MOST)
 }
 
@@ -214,7 +259,7 @@ mod tests {
         planned.current_revision = None;
         planned.conditions[0].message = "wave canary: 1/2".into();
         planned.conditions[1] = condition("Available", "False", "ClustersNotAvailable", "1/2");
-        let every = observations_every(1);
+        let every = observations_every(1, observed(&written, &planned));
         assert!(!urgent(&written, &planned));
         assert!(!write_now(&written, &planned, None, every));
         assert!(!write_now(
@@ -230,7 +275,7 @@ mod tests {
             every
         ));
         // With a hundred rollouts holding observations, 5 s is not enough.
-        let busy = observations_every(100);
+        let busy = observations_every(100, Observed::Verdict);
         assert!(!write_now(
             &written,
             &planned,
@@ -242,16 +287,83 @@ mod tests {
 
     #[test]
     fn observations_wait_for_their_share_of_the_write_budget() {
+        use Observed::{Progress, Verdict};
         // Few in flight: 5 s, as a single rollout always had.
-        for holding in [0, 1, 10, 25] {
-            assert_eq!(observations_every(holding), OBSERVATIONS_EVERY, "{holding}");
+        for holding in [0, 1, 5, 10, 25] {
+            assert_eq!(observations_every(holding, Verdict), OBSERVATIONS_EVERY);
         }
-        // Many: each waits its share of 5 writes a second.
-        assert_eq!(observations_every(40), Duration::from_secs(8));
-        assert_eq!(observations_every(100), Duration::from_secs(20));
+        for holding in [0, 1, 5] {
+            assert_eq!(observations_every(holding, Progress), OBSERVATIONS_EVERY);
+        }
+        // Many: a verdict waits its share of 5 writes a second, progress
+        // its share of 1.
+        assert_eq!(observations_every(40, Verdict), Duration::from_secs(8));
+        assert_eq!(observations_every(100, Verdict), Duration::from_secs(20));
+        assert_eq!(observations_every(20, Progress), Duration::from_secs(20));
+        assert_eq!(observations_every(40, Progress), OBSERVATIONS_AT_MOST);
         // Never past the bound, however many.
-        assert_eq!(observations_every(150), OBSERVATIONS_AT_MOST);
-        assert_eq!(observations_every(usize::MAX), OBSERVATIONS_AT_MOST);
+        for observed in [Progress, Verdict] {
+            assert_eq!(observations_every(150, observed), OBSERVATIONS_AT_MOST);
+            assert_eq!(
+                observations_every(usize::MAX, observed),
+                OBSERVATIONS_AT_MOST
+            );
+        }
+    }
+
+    #[test]
+    fn steps_counts_and_a_waves_dip_are_progress() {
+        let written = opened();
+        // The canary cluster, targeted, observed at its new generation and
+        // not yet available: the count of done clusters dips.
+        let mut dip = written.clone();
+        dip.clusters[0].reason = "ReplicasUnavailable".into();
+        dip.available = Some("1/2".into());
+        dip.conditions[1] = condition("Available", "False", "ClustersNotAvailable", "1/2");
+        // Then done, and every count follows.
+        let mut step = written.clone();
+        step.clusters[0].state = ClusterState::Done;
+        step.clusters[0].revision = Some("api-2".into());
+        step.clusters[0].reason = "Available".into();
+        step.updated = Some("1/2".into());
+        step.conditions[0].message = "wave canary: 1/2".into();
+        for (what, planned) in [("the dip", &dip), ("the step", &step)] {
+            assert!(!urgent(&written, planned), "{what} is an observation");
+            assert_eq!(observed(&written, planned), Observed::Progress, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_lost_cluster_or_its_return_is_a_verdict() {
+        let mut done = opened();
+        done.clusters[0].state = ClusterState::Done;
+        type Turn = fn(&mut FleetMicroserviceStatus);
+        let turns: [(&str, Turn); 4] = [
+            ("a targeted cluster unreachable", |s| {
+                s.clusters[0].state = ClusterState::Unknown;
+                s.clusters[0].reason = UNREACHABLE.into();
+            }),
+            ("a pending cluster unreachable", |s| {
+                s.clusters[1].reason = UNREACHABLE.into()
+            }),
+            ("a done cluster no longer done", |s| {
+                s.clusters[0].state = ClusterState::Updating;
+                s.clusters[0].reason = "ReplicasUnavailable".into();
+            }),
+            ("back from unreachable", |s| {
+                s.clusters[1].reason = "WaitingForWave".into()
+            }),
+        ];
+        for (what, turn) in turns {
+            let mut before = done.clone();
+            if what == "back from unreachable" {
+                before.clusters[1].reason = UNREACHABLE.into();
+            }
+            let mut planned = before.clone();
+            turn(&mut planned);
+            assert!(!urgent(&before, &planned), "{what} is an observation");
+            assert_eq!(observed(&before, &planned), Observed::Verdict, "{what}");
+        }
     }
 
     type Change = Box<dyn Fn(&mut FleetMicroserviceStatus)>;
