@@ -1032,6 +1032,125 @@ async fn a_list_page_stops_at_its_byte_budget_and_the_pages_hold_every_item_once
     );
 }
 
+/// A List whose client reads nothing: its reply waits in the server past
+/// the client's 1 KiB stream window. Returns the connection and the reply,
+/// to keep (or drop) together.
+async fn unread_list(
+    url: &str,
+    request: pb::ListMicroservicesRequest,
+) -> (tonic::transport::Channel, http::Response<tonic::body::Body>) {
+    use prost::Message;
+    use tower::{Service, ServiceExt};
+    let mut channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .expect("url")
+        .initial_stream_window_size(Some(1024))
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("connect");
+    let message = request.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend((message.len() as u32).to_be_bytes());
+    framed.extend(message);
+    let call = http::Request::builder()
+        .method("POST")
+        .uri(format!("{url}/flotilla.v1.FleetStatus/ListMicroservices"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::new(http_body_util::Full::new(
+            bytes::Bytes::from(framed),
+        )))
+        .expect("request");
+    let ready = channel.ready().await.expect("ready");
+    let reply = tokio::time::timeout(Duration::from_secs(10), ready.call(call))
+        .await
+        .expect("headers within 10 s")
+        .expect("a reply");
+    assert_eq!(reply.status(), http::StatusCode::OK);
+    (channel, reply)
+}
+
+/// What List replies hold is bounded across calls, not only per page
+/// (#37): a reply keeps its room until its client has read it. With room
+/// for one page, a client that asks and reads nothing holds it; another
+/// List is refused RESOURCE_EXHAUSTED after the 5 s wait, while a Get
+/// answers; once that connection is gone the room is back.
+#[tokio::test]
+async fn a_list_reply_holds_its_room_until_read_and_an_unread_one_blocks_only_lists() {
+    let clients = member_clients().await;
+    let (ns, _guards) = namespaces(&clients, "grpc-room").await;
+    let api: Api<Microservice> = Api::namespaced(clients["member-1"].clone(), &ns);
+    for i in 0..20 {
+        let ms = microservice(&format!("svc-{i:02}"), "ghcr.io/acme/app:1", 8080, Some(1));
+        api.create(&PostParams::default(), &ms)
+            .await
+            .expect("create");
+    }
+    const ROOM: &str = "65536";
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    replicas.extra_args = [
+        "--grpc-max-page-bytes",
+        ROOM,
+        "--grpc-max-list-bytes-in-flight",
+        ROOM,
+    ]
+    .map(String::from)
+    .to_vec();
+    replicas.start("r1");
+    let url = replicas.grpc_url("r1");
+    let mut client = serving(&url).await;
+    let ask = || pb::ListMicroservicesRequest {
+        namespace: ns.clone(),
+        page_size: 1000,
+        ..Default::default()
+    };
+    let all = eventually("20 indexed", Duration::from_secs(60), || {
+        let mut client = client.clone();
+        let ask = ask();
+        async move {
+            let page = client.list_microservices(ask).await.ok()?.into_inner();
+            (page.items.len() == 20).then_some(page)
+        }
+    })
+    .await;
+    {
+        use prost::Message;
+        let bytes = all.encoded_len();
+        assert!(bytes > 1024, "a reply of {bytes} bytes fits the window");
+    }
+    let (connection, unread) = unread_list(&url, ask()).await;
+    let started = Instant::now();
+    let refused = tokio::time::timeout(Duration::from_secs(15), client.list_microservices(ask()))
+        .await
+        .expect("an answer within 15 s")
+        .expect_err("no room while a reply is unread");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    println!(
+        "figure: a List refused after {:?} while one reply was unread",
+        started.elapsed()
+    );
+    let get = pb::GetMicroserviceRequest {
+        namespace: ns.clone(),
+        name: "svc-00".into(),
+    };
+    client
+        .get_microservice(get)
+        .await
+        .expect("a Get needs no List room");
+    drop(unread);
+    drop(connection);
+    let page = tokio::time::timeout(Duration::from_secs(15), client.list_microservices(ask()))
+        .await
+        .expect("an answer within 15 s")
+        .expect("room again once the unread reply is gone")
+        .into_inner();
+    assert_eq!(page.items.len(), 20);
+}
+
 /// Replaces a file as cert-manager does: the new bytes appear at once.
 fn replace_file(dir: &std::path::Path, from: &str, to: &str) {
     let tmp = dir.join(format!(".{to}.new"));

@@ -9,6 +9,7 @@ pub mod convert;
 pub mod deadline;
 pub mod fresh;
 pub mod live;
+pub mod replies;
 pub mod request;
 pub mod rollout_convert;
 pub mod rollout_watch;
@@ -39,6 +40,9 @@ pub enum ApiError {
     /// Not answerable yet (the registry is not read): retry.
     #[error("{0}")]
     Unavailable(String),
+    /// A bounded resource is full: retry later.
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("server configuration: {0}")]
     Config(String),
     #[error("serving: {0}")]
@@ -52,6 +56,7 @@ impl ApiError {
             ApiError::InvalidArgument(_) => "InvalidArgument",
             ApiError::NotFound(_) => "NotFound",
             ApiError::Unavailable(_) => "Unavailable",
+            ApiError::ResourceExhausted(_) => "ResourceExhausted",
             ApiError::Config(_) => "Config",
             ApiError::Transport(_) => "Transport",
         }
@@ -64,6 +69,7 @@ impl From<ApiError> for tonic::Status {
             ApiError::InvalidArgument(m) => tonic::Status::invalid_argument(m),
             ApiError::NotFound(m) => tonic::Status::not_found(m),
             ApiError::Unavailable(m) => tonic::Status::unavailable(m),
+            ApiError::ResourceExhausted(m) => tonic::Status::resource_exhausted(m),
             other => tonic::Status::internal(other.to_string()),
         }
     }

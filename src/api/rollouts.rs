@@ -41,6 +41,8 @@ pub struct FleetRolloutsService {
     pub credentials: Vec<watch::Receiver<u64>>,
     /// What one ListRollouts page may hold, encoded (`request::take_page`).
     pub page_bytes: usize,
+    /// What every List reply not yet sent may hold (`replies`).
+    pub replies: super::replies::ReplyBudget,
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::RolloutEvent, Status>> + Send>>;
@@ -173,6 +175,8 @@ impl FleetRollouts for FleetRolloutsService {
                 gate.visible(&caller, "list", list, present, METHOD).await?
             }
         };
+        // Room for the page before it is built, kept until it is sent.
+        let reserved = self.replies.reserve(self.page_bytes).await?;
         let revision = self.cache.revision();
         let shows = |n: &str| {
             ns.as_deref().is_none_or(|want| want == n)
@@ -187,12 +191,14 @@ impl FleetRollouts for FleetRolloutsService {
             .last()
             .map(|l| (l.namespace.as_str(), l.name.as_str()));
         let next_page_token = request::next_page_token(more, last);
-        Ok(Response::new(pb::ListRolloutsResponse {
+        let mut reply = Response::new(pb::ListRolloutsResponse {
             rollouts,
             revision,
             index_id: self.cache.index_id.clone(),
             next_page_token,
-        }))
+        });
+        reply.extensions_mut().insert(reserved);
+        Ok(reply)
     }
 
     type WatchRolloutsStream = EventStream;

@@ -44,6 +44,9 @@ pub struct ServerOptions {
     pub max_response_bytes: usize,
     /// The most one List page holds, encoded (at least one item).
     pub max_page_bytes: usize,
+    /// The most every List reply not yet sent holds at once, encoded
+    /// (`replies`); each call reserves `max_page_bytes` of it.
+    pub max_list_bytes_in_flight: usize,
     /// The cap on WaitForRollout.
     pub max_wait: Duration,
     /// The cap on unary calls.
@@ -83,6 +86,7 @@ impl ServerOptions {
             max_request_bytes: 64 * 1024,
             max_response_bytes: 64 * 1024 * 1024,
             max_page_bytes: 256 * 1024,
+            max_list_bytes_in_flight: 16 * 1024 * 1024,
             max_wait: Duration::from_secs(3600),
             unary_timeout: Duration::from_secs(30),
             max_streams: 1000,
@@ -219,6 +223,7 @@ pub async fn serve(
         client_certs: opts.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
     };
     let streams = Streams::new(opts.max_streams);
+    let replies = super::replies::ReplyBudget::new(opts.max_list_bytes_in_flight);
     let watch_limits = WatchLimits {
         bookmark_every: opts.bookmark_every,
         max_age: opts.max_stream_age,
@@ -235,6 +240,7 @@ pub async fn serve(
         dns: opts.dns.clone(),
         gate: gate.clone(),
         page_bytes: opts.max_page_bytes,
+        replies: replies.clone(),
     })
     .max_decoding_message_size(opts.max_request_bytes)
     .max_encoding_message_size(opts.max_response_bytes);
@@ -250,6 +256,7 @@ pub async fn serve(
             shutdown: stopping.clone(),
             credentials,
             page_bytes: opts.max_page_bytes,
+            replies,
         })
         .max_decoding_message_size(opts.max_request_bytes)
         .max_encoding_message_size(opts.max_response_bytes);
@@ -281,6 +288,8 @@ pub async fn serve(
             oversized_is_resource_exhausted,
         ))
         .layer(super::catch_panic::CatchPanicLayer)
+        // A List reply's reservation lives as long as its body.
+        .layer(tower::util::MapResponseLayer::new(super::replies::hold))
         .add_service(health_service)
         .add_optional_service(reflection)
         .add_service(guarded)

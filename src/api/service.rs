@@ -48,6 +48,8 @@ pub struct FleetStatusService {
     pub gate: Gate,
     /// The most a List page holds encoded; fewer items then, and a token.
     pub page_bytes: usize,
+    /// What every List reply not yet sent may hold (`replies`).
+    pub replies: super::replies::ReplyBudget,
 }
 
 impl FleetStatusService {
@@ -186,6 +188,8 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             true => convert::basic_microservice,
             false => convert::microservice,
         };
+        // Room for the page before it is built, kept until it is sent.
+        let reserved = self.replies.reserve(self.page_bytes).await?;
         // Views are built outside the index lock, from a snapshot.
         let snap = self.hub.read(|ix| ix.snapshot());
         // One extra tells whether another page follows.
@@ -199,11 +203,13 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             .last()
             .map(|l| (l.namespace.as_str(), l.name.as_str()));
         let next_page_token = request::next_page_token(more, last);
-        Ok(Response::new(pb::ListMicroservicesResponse {
+        let mut reply = Response::new(pb::ListMicroservicesResponse {
             items,
             next_page_token,
             revision: snap.revision(),
-        }))
+        });
+        reply.extensions_mut().insert(reserved);
+        Ok(reply)
     }
 
     type WatchMicroservicesStream = EventStream<pb::WatchEvent>;

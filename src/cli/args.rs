@@ -394,6 +394,12 @@ pub struct RunArgs {
     /// fewer items than asked, and a next_page_token. At least one item.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_PAGE_BYTES", default_value_t = 256 * 1024, value_parser = clap::value_parser!(u32).range(1024..))]
     pub grpc_max_page_bytes: u32,
+    /// The most every List reply not yet read by its client holds at once,
+    /// encoded: each call reserves --grpc-max-page-bytes of it until its
+    /// reply is sent, and one that finds no room within 5 s is refused
+    /// with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "FLOTILLA_GRPC_MAX_LIST_BYTES_IN_FLIGHT", default_value_t = 16 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(1024..))]
+    pub grpc_max_list_bytes_in_flight: u32,
     /// A watch stream's longest life: it then ends UNAVAILABLE and the client
     /// resumes, so long-lived streams spread over replicas.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_STREAM_AGE", default_value = "30m", value_parser = parse_duration)]
@@ -627,16 +633,14 @@ mod tests {
     }
 
     #[test]
-    fn a_page_budget_under_a_kibibyte_is_refused() {
-        let run =
-            |bytes: &str| Cli::try_parse_from(["flotilla", "run", "--grpc-max-page-bytes", bytes]);
-        let err = run("100").err().expect("refused").to_string();
-        assert!(
-            err.contains("--grpc-max-page-bytes") && err.contains("1024"),
-            "{err}"
-        );
-        assert!(run("-1").is_err());
-        assert!(run("lots").is_err());
-        assert!(run("1024").is_ok());
+    fn a_page_budget_or_a_list_room_under_a_kibibyte_is_refused() {
+        for flag in ["--grpc-max-page-bytes", "--grpc-max-list-bytes-in-flight"] {
+            let run = |bytes: &str| Cli::try_parse_from(["flotilla", "run", flag, bytes]);
+            let err = run("100").err().expect("refused").to_string();
+            assert!(err.contains(flag) && err.contains("1024"), "{err}");
+            assert!(run("-1").is_err(), "{flag}");
+            assert!(run("lots").is_err(), "{flag}");
+            assert!(run("1024").is_ok(), "{flag}");
+        }
     }
 }
