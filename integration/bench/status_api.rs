@@ -120,8 +120,10 @@ fn start(hub: Arc<Hub>) -> String {
             let mut opts = ServerOptions::new("127.0.0.1:0".parse().unwrap());
             opts.insecure = true;
             // Its figures are for pages of 100 whatever their bytes, as
-            // they always were; the byte budget is measured elsewhere.
-            opts.max_page_bytes = usize::MAX;
+            // they always were; the byte budget and the List room are
+            // measured elsewhere. A reply is at most max_response_bytes.
+            opts.max_page_bytes = opts.max_response_bytes;
+            opts.max_list_bytes_in_flight = usize::MAX;
             let listener = bind(&opts).await.unwrap();
             tx.send(listener.local_addr().unwrap().to_string()).unwrap();
             serve(hub, None, opts, listener, std::future::pending())

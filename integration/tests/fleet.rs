@@ -227,9 +227,11 @@ async fn a_sigterm_with_home_silent_still_releases_the_member_leases_and_exits()
     let (ns, _guards) = namespaces(&clients, "fleet-home-silent").await;
     let mut replicas = Replicas::new(&ns, &MEMBERS);
     let gate = Gate::start(support::kubeconfig_via("home", 0).1).await;
-    // Beside the kubeconfig directory, not in it: home is not a member.
-    let home_kubeconfig = (replicas.dir.parent().expect("a parent"))
-        .join(format!("{}-home-via-gate.yaml", replicas.fleet));
+    // In a directory of its own (the member scan reads no subdirectory):
+    // home is not a member. Removed with the test's kubeconfigs.
+    let home_dir = replicas.dir.join("home-via-gate");
+    std::fs::create_dir_all(&home_dir).expect("home kubeconfig dir");
+    let home_kubeconfig = home_dir.join("home.yaml");
     let via = support::kubeconfig_via("home", gate.port).0;
     std::fs::write(&home_kubeconfig, via).expect("kubeconfig");
     let leaving = "r1".to_string();
@@ -291,10 +293,15 @@ async fn a_sigterm_with_home_silent_still_releases_the_member_leases_and_exits()
         log.contains("the heartbeat did not end within"),
         "the hung heartbeat was cut short"
     );
-    assert!(
-        log.contains("lease released"),
-        "its member Leases were released, not left to expire"
-    );
+    // Released by the leaving replica, not left to expire: one release
+    // line per member it led (the rollout Lease's line names no cluster).
+    for m in &mine {
+        let released = log
+            .lines()
+            .filter(|l| l.contains("lease released") && l.contains(*m))
+            .count();
+        assert_eq!(released, 1, "{m}'s Lease released by {leaving}");
+    }
 }
 
 fn replicas_log_contains(r: &Replicas, id: &str, needle: &str) -> bool {

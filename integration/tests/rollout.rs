@@ -1827,11 +1827,7 @@ async fn rollout_pages(
 async fn list_rollouts_pages_by_size_and_by_bytes_and_every_rollout_comes_once() {
     use prost::Message;
     let _up = MEMBERS_UP.read().await;
-    // The least budget allowed; 20 rollouts with long names come to about
-    // 2 KB before any status.
-    const BUDGET: usize = 1024;
-    let budget = ["--grpc-max-page-bytes".to_string(), BUDGET.to_string()];
-    let fleet = rollout_fleet_with("fms-pages", &[], &budget).await;
+    let mut fleet = rollout_fleet("fms-pages", &[]).await;
     let ns = fleet.namespace.clone();
     let long = "x".repeat(40);
     let names: Vec<String> = (0..20).map(|i| format!("svc-{i:02}-{long}")).collect();
@@ -1841,28 +1837,74 @@ async fn list_rollouts_pages_by_size_and_by_bytes_and_every_rollout_comes_once()
         fms["spec"]["placement"] = json!({"clusterSelector": {"matchLabels": {"nowhere": "x"}}});
         fleet.create(fms).await;
     }
-    let mut grpc = flotilla::api::client::connect_rollouts(&ClientOptions {
-        server: fleet.replicas.grpc_url("r1"),
-        ..Default::default()
+    // Each with its status, so that the pages below hold what they will
+    // hold from now on.
+    let api = fleet.api();
+    eventually("20 statuses written", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            let all = api.list(&ListParams::default()).await.ok()?.items;
+            let observed = |f: &flotilla::rollout::spec::FleetMicroservice| {
+                f.status.as_ref().and_then(|s| s.observed_generation) == f.metadata.generation
+            };
+            (all.len() == 20 && all.iter().all(observed)).then_some(())
+        }
     })
-    .await
-    .expect("connect");
+    .await;
     let names_of = |pages: &[pb::ListRolloutsResponse]| -> Vec<String> {
         pages
             .iter()
             .flat_map(|p| p.rollouts.iter().map(|r| r.name.clone()))
             .collect()
     };
-    // By size: pages of 5 (five of these fit in the budget).
+    // By size, under the default budget (256 KiB): pages of 5.
+    let mut grpc = flotilla::api::client::connect_rollouts(&ClientOptions {
+        server: fleet.replicas.grpc_url("r1"),
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
     let sized = rollout_pages(&mut grpc, &ns, 5).await;
     let counts: Vec<usize> = sized.iter().map(|p| p.rollouts.len()).collect();
     assert_eq!(counts, [5, 5, 5, 5], "pages of at most 5");
     assert_eq!(names_of(&sized), names, "every rollout once, in key order");
-    // By bytes: a thousand asked, and each page stops at the budget.
+    let largest = sized
+        .iter()
+        .flat_map(|p| p.rollouts.iter().map(|r| r.encoded_len()))
+        .max()
+        .unwrap_or(0);
+    // By bytes: r1 again with the least budget allowed; a thousand asked.
+    const BUDGET: usize = 1024;
+    fleet
+        .replicas
+        .grpc_args
+        .extend(["--grpc-max-page-bytes".to_string(), BUDGET.to_string()]);
+    fleet.replicas.restart("r1");
+    let url = fleet.replicas.grpc_url("r1");
+    let mut grpc = eventually("r1 lists again", Duration::from_secs(30), || {
+        let (url, ns) = (url.clone(), ns.clone());
+        async move {
+            let options = ClientOptions {
+                server: url,
+                ..Default::default()
+            };
+            let mut grpc = flotilla::api::client::connect_rollouts(&options)
+                .await
+                .ok()?;
+            let ask = pb::ListRolloutsRequest {
+                namespace: ns,
+                page_size: 1,
+                page_token: String::new(),
+            };
+            grpc.list_rollouts(ask).await.ok()?;
+            Some(grpc)
+        }
+    })
+    .await;
     let cut = rollout_pages(&mut grpc, &ns, 1000).await;
     assert!(
         cut.len() > 1,
-        "20 rollouts in {} page(s) under a {BUDGET}-byte budget: the budget did not cut",
+        "20 rollouts of up to {largest} bytes in {} page(s) under a {BUDGET}-byte budget: the budget did not cut",
         cut.len()
     );
     for (i, page) in cut.iter().enumerate() {
@@ -1879,6 +1921,10 @@ async fn list_rollouts_pages_by_size_and_by_bytes_and_every_rollout_comes_once()
         );
     }
     assert_eq!(names_of(&cut), names, "every rollout once, in key order");
+    println!(
+        "figure: 20 rollouts of up to {largest} bytes came in {} pages under a {BUDGET}-byte budget",
+        cut.len()
+    );
     // A token this server did not issue is refused, not read as "start over".
     let forged = grpc
         .list_rollouts(pb::ListRolloutsRequest {

@@ -39,7 +39,8 @@ pub struct Reserved(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
 impl ReplyBudget {
     /// Room for `bytes` of replies at once (at least one unit).
     pub fn new(bytes: usize) -> Self {
-        let units = bytes.div_ceil(UNIT).clamp(1, Semaphore::MAX_PERMITS);
+        // At most u32::MAX units (4 TiB): a reservation is a u32 of them.
+        let units = bytes.div_ceil(UNIT).clamp(1, u32::MAX as usize);
         ReplyBudget {
             room: Arc::new(Semaphore::new(units)),
             units,
@@ -61,7 +62,7 @@ impl ReplyBudget {
         }
     }
 
-    /// Room free now, in bytes (for tests and metrics).
+    /// Room free now, in bytes (for tests).
     pub fn free_bytes(&self) -> usize {
         self.room.available_permits() * UNIT
     }

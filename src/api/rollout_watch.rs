@@ -30,7 +30,7 @@ pub struct View {
 }
 
 impl View {
-    fn shows(&self, ns: &str) -> bool {
+    pub fn shows(&self, ns: &str) -> bool {
         self.namespace.as_deref().is_none_or(|want| want == ns)
             && self.visible.as_ref().is_none_or(|v| v.contains(ns))
     }

@@ -178,12 +178,12 @@ impl FleetRollouts for FleetRolloutsService {
         // Room for the page before it is built, kept until it is sent.
         let reserved = self.replies.reserve(self.page_bytes).await?;
         let revision = self.cache.revision();
-        let shows = |n: &str| {
-            ns.as_deref().is_none_or(|want| want == n)
-                && visible.as_ref().is_none_or(|v| v.contains(n))
+        let view = rollout_watch::View {
+            namespace: ns,
+            visible: visible.map(Arc::new),
         };
         let (rollouts, more) = request::take_page(
-            listed(&self.cache, shows, after.as_ref()),
+            listed(&self.cache, |n| view.shows(n), after.as_ref()),
             size,
             self.page_bytes,
         );

@@ -103,6 +103,12 @@ impl ServerOptions {
     }
 
     pub fn validate(&self) -> Result<(), ApiError> {
+        if self.max_list_bytes_in_flight < self.max_page_bytes {
+            return Err(ApiError::Config(format!(
+                "--grpc-max-list-bytes-in-flight ({}) is less than --grpc-max-page-bytes ({}): every List would take the whole room, one at a time",
+                self.max_list_bytes_in_flight, self.max_page_bytes
+            )));
+        }
         match (&self.tls, self.insecure) {
             (Some(_), true) => Err(ApiError::Config(
                 "--grpc-insecure and --grpc-tls-cert exclude each other".into(),
@@ -288,7 +294,7 @@ pub async fn serve(
             oversized_is_resource_exhausted,
         ))
         .layer(super::catch_panic::CatchPanicLayer)
-        // A List reply's reservation lives as long as its body.
+        // A List reply's reservation lives as long as its unsent bytes.
         .layer(tower::util::MapResponseLayer::new(super::replies::hold))
         .add_service(health_service)
         .add_optional_service(reflection)
@@ -325,6 +331,21 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_room_smaller_than_a_page_is_refused() {
+        let mut o = ServerOptions::new("127.0.0.1:0".parse().unwrap());
+        o.insecure = true;
+        o.max_list_bytes_in_flight = o.max_page_bytes - 1;
+        let err = o.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--grpc-max-list-bytes-in-flight")
+                && err.contains("--grpc-max-page-bytes"),
+            "{err}"
+        );
+        o.max_list_bytes_in_flight = o.max_page_bytes;
+        o.validate().unwrap();
+    }
 
     #[test]
     fn plaintext_must_be_asked_for_and_excludes_tls() {

@@ -113,18 +113,26 @@ pub async fn status(
     let mut items = Vec::new();
     let mut page_token = String::new();
     loop {
-        let r = client
-            .list_microservices(pb::ListMicroservicesRequest {
-                namespace: namespace.clone().unwrap_or_default(),
-                label_selector: selector.clone().unwrap_or_default(),
-                cluster: String::new(),
-                page_size: 500,
-                page_token,
-                view: pb::MicroserviceView::Full as i32,
-            })
-            .await
-            .map_err(status_error)?
-            .into_inner();
+        let ask = pb::ListMicroservicesRequest {
+            namespace: namespace.clone().unwrap_or_default(),
+            label_selector: selector.clone().unwrap_or_default(),
+            cluster: String::new(),
+            page_size: 500,
+            page_token,
+            view: pb::MicroserviceView::Full as i32,
+        };
+        // No room for the page yet (replies other clients have not read):
+        // the server waited 5 s; ask again a few times before giving up.
+        let mut tries = 0;
+        let r = loop {
+            match client.list_microservices(ask.clone()).await {
+                Err(s) if s.code() == tonic::Code::ResourceExhausted && tries < 3 => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+                answer => break answer.map_err(status_error)?.into_inner(),
+            }
+        };
         items.extend(r.items);
         if r.next_page_token.is_empty() {
             break;

@@ -834,7 +834,7 @@ async fn cleanup(
         Verdict::new(
             CLEANUP_BLOCKED,
             Status::True,
-            "ClusterUnreachable",
+            super::spec::CLUSTER_UNREACHABLE,
             format!(
                 "waiting for {} to answer, to delete this FleetMicroservice's Microservice there",
                 todo.blocked.join(", ")

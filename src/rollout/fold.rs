@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use super::spec::{ClusterState, ClusterStatus, FleetMicroserviceStatus};
+use super::spec::{CLUSTER_UNREACHABLE, ClusterState, ClusterStatus, FleetMicroserviceStatus};
 use crate::domain::conditions::AVAILABLE;
 
 /// How stale the written observations may be while nothing is decided,
@@ -39,9 +39,6 @@ pub enum Observed {
     Verdict,
 }
 
-/// The reason of a cluster that does not answer, pending or targeted.
-const UNREACHABLE: &str = "ClusterUnreachable";
-
 /// What the observations `planned` holds beyond `written` change. Only
 /// meaningful when nothing is decided (`urgent` is false), so the clusters
 /// are the same ones in the same order. `Available` is not looked at: it
@@ -49,7 +46,7 @@ const UNREACHABLE: &str = "ClusterUnreachable";
 /// update (progress), and a loss no step explains shows as a cluster here.
 pub fn observed(written: &FleetMicroserviceStatus, planned: &FleetMicroserviceStatus) -> Observed {
     let unreachable =
-        |c: &ClusterStatus| c.state == ClusterState::Unknown || c.reason == UNREACHABLE;
+        |c: &ClusterStatus| c.state == ClusterState::Unknown || c.reason == CLUSTER_UNREACHABLE;
     let lost = |w: &ClusterStatus, p: &ClusterStatus| {
         w.state == ClusterState::Done && p.state != ClusterState::Done
     };
@@ -341,10 +338,10 @@ mod tests {
         let turns: [(&str, Turn); 4] = [
             ("a targeted cluster unreachable", |s| {
                 s.clusters[0].state = ClusterState::Unknown;
-                s.clusters[0].reason = UNREACHABLE.into();
+                s.clusters[0].reason = CLUSTER_UNREACHABLE.into();
             }),
             ("a pending cluster unreachable", |s| {
-                s.clusters[1].reason = UNREACHABLE.into()
+                s.clusters[1].reason = CLUSTER_UNREACHABLE.into()
             }),
             ("a done cluster no longer done", |s| {
                 s.clusters[0].state = ClusterState::Updating;
@@ -357,7 +354,7 @@ mod tests {
         for (what, turn) in turns {
             let mut before = done.clone();
             if what == "back from unreachable" {
-                before.clusters[1].reason = UNREACHABLE.into();
+                before.clusters[1].reason = CLUSTER_UNREACHABLE.into();
             }
             let mut planned = before.clone();
             turn(&mut planned);

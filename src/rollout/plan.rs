@@ -22,8 +22,9 @@ use super::leaving::{self, Leave, Leaver};
 use super::placement::{self, Labels, digest, member_spec, selects};
 use super::revision::Revision;
 use super::spec::{
-    Approval, CheckState, CheckStatus, ClusterState, ClusterStatus, DnsStrategy,
-    FleetMicroserviceSpec, FleetMicroserviceStatus, OnFailure, RolloutPhase, WaveState, WaveStatus,
+    Approval, CLUSTER_UNREACHABLE, CheckState, CheckStatus, ClusterState, ClusterStatus,
+    DnsStrategy, FleetMicroserviceSpec, FleetMicroserviceStatus, OnFailure, RolloutPhase,
+    WaveState, WaveStatus,
 };
 use super::trouble::Trouble;
 use crate::domain::conditions::{self, Status, Verdict};
@@ -459,7 +460,7 @@ pub fn plan(i: &Inputs) -> Plan {
                     && p.target.as_deref() == Some(update)
                     && matches!(
                         p.reason.as_str(),
-                        "ProgressDeadlineExceeded" | "ClusterUnreachable"
+                        "ProgressDeadlineExceeded" | CLUSTER_UNREACHABLE
                     )
             });
             if let Some(p) = missed.filter(|_| !r.done_at_update) {
@@ -506,7 +507,7 @@ pub fn plan(i: &Inputs) -> Plan {
                 &r.c.name,
                 if unreachable {
                     (
-                        "ClusterUnreachable".into(),
+                        CLUSTER_UNREACHABLE.into(),
                         format!(
                             "not answering, and not done within the progress deadline ({:?})",
                             settings.deadline
@@ -869,14 +870,14 @@ pub fn plan(i: &Inputs) -> Plan {
                 let why = match mode {
                     Mode::Paused => "Paused",
                     Mode::HeldOnFailure => "HeldOnFailure",
-                    _ if !r.answering() => "ClusterUnreachable",
+                    _ if !r.answering() => CLUSTER_UNREACHABLE,
                     _ => "WaitingForWave",
                 };
                 (ClusterState::Pending, why.to_string(), String::new())
             } else if !r.c.reachable || member.is_some_and(|m| m.state == EntryState::Unknown) {
                 (
                     ClusterState::Unknown,
-                    "ClusterUnreachable".to_string(),
+                    CLUSTER_UNREACHABLE.to_string(),
                     member.map(|m| m.message.clone()).unwrap_or_default(),
                 )
             } else if target.as_deref().is_some_and(|t| r.at_is(t)) && r.done() {

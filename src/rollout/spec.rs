@@ -532,6 +532,9 @@ pub struct ClusterStatus {
     pub targeted: Option<Time>,
 }
 
+/// The reason of a placed cluster that does not answer, pending or targeted.
+pub const CLUSTER_UNREACHABLE: &str = "ClusterUnreachable";
+
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 pub enum ClusterState {
     /// Placed, waiting for its wave.
