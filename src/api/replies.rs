@@ -31,8 +31,8 @@ pub struct ReplyBudget {
     units: usize,
 }
 
-/// A reservation, put into the reply's extensions for `HoldLayer` to move
-/// into its body (extensions must be `Clone`, a permit is not).
+/// A reservation, put into the reply's extensions for `hold` to move into
+/// the reply's bytes (extensions must be `Clone`, a permit is not).
 #[derive(Clone)]
 pub struct Reserved(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
 
@@ -74,7 +74,7 @@ impl Reserved {
     }
 }
 
-/// Moves a reply's reservation from its extensions into its body.
+/// Moves a reply's reservation from its extensions into its body's bytes.
 pub fn hold(mut res: http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> {
     match res
         .extensions_mut()
