@@ -110,11 +110,24 @@ pub fn page_token(last: &Key) -> String {
 
 /// The token of the page after one that ended at `last` (namespace, name),
 /// or none when nothing is left.
-pub fn next_page_token(more: bool, last: Option<(&str, &str)>) -> String {
+fn next_page_token(more: bool, last: Option<(&str, &str)>) -> String {
     match (more, last) {
         (true, Some((ns, name))) => page_token(&(ns.to_string(), name.to_string())),
         _ => String::new(),
     }
+}
+
+/// A page of `items` (`take_page`) and the token of the next one, from
+/// the last item's (namespace, name): what every List answers.
+pub fn page<M: prost::Message>(
+    items: impl IntoIterator<Item = M>,
+    size: usize,
+    budget: usize,
+    key: impl Fn(&M) -> (&str, &str),
+) -> (Vec<M>, String) {
+    let (page, more) = take_page(items, size, budget);
+    let token = next_page_token(more, page.last().map(key));
+    (page, token)
 }
 
 pub fn after(token: &str) -> Result<Option<Key>, ApiError> {

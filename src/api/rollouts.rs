@@ -182,15 +182,12 @@ impl FleetRollouts for FleetRolloutsService {
             namespace: ns,
             visible: visible.map(Arc::new),
         };
-        let (rollouts, more) = request::take_page(
+        let (rollouts, next_page_token) = request::page(
             listed(&self.cache, |n| view.shows(n), after.as_ref()),
             size,
             self.page_bytes,
+            |r| (&r.namespace, &r.name),
         );
-        let last = rollouts
-            .last()
-            .map(|l| (l.namespace.as_str(), l.name.as_str()));
-        let next_page_token = request::next_page_token(more, last);
         let mut reply = Response::new(pb::ListRolloutsResponse {
             rollouts,
             revision,

@@ -194,15 +194,12 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         let snap = self.hub.read(|ix| ix.snapshot());
         // One extra tells whether another page follows.
         let views = snap.list(&filter, after.as_ref(), size + 1);
-        let (items, more) = request::take_page(
+        let (items, next_page_token) = request::page(
             views.map(|v: MicroserviceView| item(&v)),
             size,
             self.page_bytes,
+            |m| (&m.namespace, &m.name),
         );
-        let last = items
-            .last()
-            .map(|l| (l.namespace.as_str(), l.name.as_str()));
-        let next_page_token = request::next_page_token(more, last);
         let mut reply = Response::new(pb::ListMicroservicesResponse {
             items,
             next_page_token,
