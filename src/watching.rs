@@ -1,10 +1,12 @@
 //! How every watch in the operator starts.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kube::Resource;
-use kube::runtime::utils::{Backoff, ResetTimerBackoff};
+use kube::runtime::utils::{Backoff, ResetTimerBackoff, StreamBackoff};
 use kube::runtime::watcher;
 
 use crate::domain::desired::{LABEL_MANAGED_BY, MANAGED_BY};
@@ -162,6 +164,70 @@ pub fn backoff() -> impl Backoff {
     ResetTimerBackoff::new(Doubling::default(), Duration::from_secs(10))
 }
 
+/// A watch that retries on `backoff()`, reset only by an event that shows
+/// the watch got somewhere: an object, or a listing's end. kube resets its
+/// backoff on every event, and a watch that lists announces `Init` before
+/// each attempt, failed ones too, so a home without the FleetMicroservice
+/// CRD, or an apiserver refusing every list, was asked again at the first
+/// step of the backoff (about once a second) for as long as it lasted.
+pub fn retried<K, S>(
+    stream: S,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+    K: Send,
+{
+    retried_on(stream, backoff())
+}
+
+fn retried_on<K, S, B>(
+    stream: S,
+    backoff: B,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+    K: Send,
+    B: Backoff + Send,
+{
+    let progress = Arc::new(AtomicBool::new(false));
+    let seen = progress.clone();
+    let stream = stream.inspect(move |event| {
+        if matches!(event, Ok(e) if !matches!(e, watcher::Event::Init)) {
+            seen.store(true, Ordering::Relaxed);
+        }
+    });
+    StreamBackoff::new(
+        stream,
+        OnProgress {
+            inner: backoff,
+            progress,
+        },
+    )
+}
+
+/// A backoff that `StreamBackoff`'s reset after each event leaves alone
+/// unless that event was progress.
+struct OnProgress<B> {
+    inner: B,
+    progress: Arc<AtomicBool>,
+}
+
+impl<B: Iterator<Item = Duration>> Iterator for OnProgress<B> {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        self.inner.next()
+    }
+}
+
+impl<B: Backoff> Backoff for OnProgress<B> {
+    fn reset(&mut self) {
+        if self.progress.swap(false, Ordering::Relaxed) {
+            self.inner.reset();
+        }
+    }
+}
+
 const FIRST_RETRY: Duration = Duration::from_millis(200);
 const LONGEST_RETRY: Duration = Duration::from_secs(5);
 
@@ -194,6 +260,61 @@ impl Backoff for Doubling {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    type ConfigMapEvent = Result<watcher::Event<ConfigMap>, watcher::Error>;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    /// When each of `script`'s attempts (its `Init`s) was made, played
+    /// through `retried` on a paused clock.
+    async fn attempts(script: Vec<ConfigMapEvent>) -> Vec<Duration> {
+        let start = tokio::time::Instant::now();
+        let at = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = at.clone();
+        let stream = futures::stream::unfold(script.into_iter(), move |mut items| {
+            let seen = seen.clone();
+            async move {
+                let item = items.next()?;
+                if matches!(item, Ok(watcher::Event::Init)) {
+                    seen.lock().unwrap().push(start.elapsed());
+                }
+                Some((item, items))
+            }
+        });
+        let _: Vec<_> = retried(stream).collect().await;
+        at.lock().unwrap().clone()
+    }
+
+    fn gaps(at: &[Duration]) -> Vec<u128> {
+        at.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect()
+    }
+
+    /// A list that fails says `Init` first each time (kube's ListWatch).
+    fn failed_list() -> [ConfigMapEvent; 2] {
+        [
+            Ok(watcher::Event::Init),
+            Err(watcher::Error::NoResourceVersion),
+        ]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_never_lists_waits_longer_each_time_up_to_five_seconds() {
+        let at = attempts((0..8).flat_map(|_| failed_list()).collect()).await;
+        assert_eq!(gaps(&at), [200, 400, 800, 1600, 3200, 5000, 5000]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_that_got_through_starts_the_backoff_again() {
+        let mut script: Vec<ConfigMapEvent> = (0..3).flat_map(|_| failed_list()).collect();
+        script.extend([
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitDone),
+            Err(watcher::Error::NoResourceVersion),
+        ]);
+        script.extend(failed_list());
+        let at = attempts(script).await;
+        // 200, 400, 800 while failing; after the listing, 200 again.
+        assert_eq!(gaps(&at), [200, 400, 800, 200]);
+    }
 
     #[test]
     fn a_stripped_object_keeps_everything_but_its_managed_fields() {

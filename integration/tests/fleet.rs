@@ -304,6 +304,81 @@ async fn a_sigterm_with_home_silent_still_releases_the_member_leases_and_exits()
     }
 }
 
+/// A home without the FleetMicroservice CRD (here member-2, which has
+/// none) answers every list of them 404. The replica keeps asking, so the
+/// CRD is found once installed, but ever less often, up to every 5 s: kube's
+/// watcher says `Init` before each list, and that reset the backoff, so it
+/// asked about once a second for as long as the CRD was missing.
+#[tokio::test]
+async fn a_home_without_the_fleet_crd_is_asked_less_and_less_often() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    const WINDOW: Duration = Duration::from_secs(30);
+    let clients = member_clients().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(clients["member-2"].clone());
+    assert!(
+        crds.get_opt("fleetmicroservices.platform.example.io")
+            .await
+            .expect("read CRDs")
+            .is_none(),
+        "member-2 must not have the FleetMicroservice CRD for this test"
+    );
+    let (ns, _guards) = namespaces(&clients, "fleet-no-crd").await;
+    let mut replicas = Replicas::new(&ns, &["member-1"]);
+    replicas
+        .home_kubeconfigs
+        .insert("r1".into(), kubeconfig_path("member-2"));
+    replicas.start("r1");
+    // Every list of them the apiserver recorded, as (when, code).
+    let lists = || {
+        support::audit_log_with("member-2", "fleetmicroservices")
+            .into_iter()
+            .filter(|e| {
+                e["objectRef"]["resource"] == "fleetmicroservices"
+                    && e["objectRef"]["namespace"] == ns.as_str()
+                    && e["verb"] == "list"
+                    && e["stage"] == "ResponseComplete"
+            })
+            .map(|e| (support::received(&e), e["responseStatus"]["code"].as_u64()))
+            .collect::<Vec<_>>()
+    };
+    let first = eventually(
+        "r1's first list of FleetMicroservices",
+        Duration::from_secs(30),
+        || async { lists().first().map(|l| l.0) },
+    )
+    .await;
+    // The window is counted from the apiserver's own clock.
+    tokio::time::sleep(WINDOW + Duration::from_secs(2)).await;
+    let seen: Vec<_> = lists()
+        .into_iter()
+        .filter(|(at, _)| at.duration_since(first).as_secs_f64() <= WINDOW.as_secs_f64())
+        .collect();
+    assert!(
+        seen.iter().all(|(_, code)| *code == Some(404)),
+        "every list answered 404: {seen:?}"
+    );
+    let gaps: Vec<f64> = seen
+        .windows(2)
+        .map(|w| w[1].0.duration_since(w[0].0).as_secs_f64())
+        .collect();
+    eprintln!("{} lists in {WINDOW:?}, gaps (s): {gaps:.1?}", seen.len());
+    // 200 ms doubling up to 5 s: 10 in 30 s. Reset by every `Init`, it was
+    // one every 0.8-1.6 s: 19 or more.
+    assert!(
+        (5..=12).contains(&seen.len()),
+        "{} lists of a missing resource in {WINDOW:?} (gaps {gaps:.1?})",
+        seen.len()
+    );
+    assert!(
+        gaps.iter().all(|g| *g < 7.0),
+        "a retry waited longer than 5 s: {gaps:.1?}"
+    );
+    assert!(
+        replicas.log("r1").contains("FleetMicroservice watch error"),
+        "the missing CRD is said in r1's log"
+    );
+}
+
 fn replicas_log_contains(r: &Replicas, id: &str, needle: &str) -> bool {
     r.log(id).contains(needle)
 }

@@ -237,12 +237,11 @@ impl HolderChanges {
 
 impl LeaseStore for KubeLeaseStore {
     fn changes(&self) -> Option<BoxStream<'static, ()>> {
-        use kube::runtime::{WatchStreamExt, watcher};
+        use kube::runtime::watcher;
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
         let mut changes = HolderChanges::default();
         Some(
-            watcher(self.api.clone(), config)
-                .default_backoff()
+            crate::watching::retried(watcher(self.api.clone(), config))
                 .filter_map(move |event| {
                     let wake = event.as_ref().is_ok_and(|e| changes.wakes(e));
                     std::future::ready(wake.then_some(()))

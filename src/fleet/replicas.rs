@@ -208,9 +208,8 @@ pub async fn run(
 /// The replicas whose heartbeat was deleted (a clean shutdown), as the
 /// watch sees it: they leave the live set at once, not at the next listing.
 fn departures(api: Api<Lease>, selector: &str) -> BoxStream<'static, String> {
-    use kube::runtime::{WatchStreamExt, watcher};
-    watcher(api, watcher::Config::default().labels(selector))
-        .default_backoff()
+    use kube::runtime::watcher;
+    crate::watching::retried(watcher(api, watcher::Config::default().labels(selector)))
         .filter_map(|event| async move {
             match event {
                 Ok(watcher::Event::Delete(lease)) => lease.spec.and_then(|s| s.holder_identity),

@@ -97,11 +97,10 @@ pub async fn run(
     let watches = ChildWatches::default();
     let cluster_name = settings.cluster.clone();
     let dep_stream = tracked(
-        watcher(
+        crate::watching::retried(watcher(
             scoped::<Deployment>(&client, ns.as_deref()),
             managed.clone(),
-        )
-        .backoff(crate::watching::backoff()),
+        )),
         watches.deployments.clone(),
         cluster_name.clone(),
         "deployments",
@@ -112,8 +111,10 @@ pub async fn run(
     let dep_stream = without_errors(dep_stream, settings.cluster.clone(), "Deployment");
     let (services, svc_writer) = reflector::store();
     let svc_stream = tracked(
-        watcher(scoped::<Service>(&client, ns.as_deref()), managed.clone())
-            .backoff(crate::watching::backoff()),
+        crate::watching::retried(watcher(
+            scoped::<Service>(&client, ns.as_deref()),
+            managed.clone(),
+        )),
         watches.services.clone(),
         cluster_name.clone(),
         "services",
@@ -126,8 +127,10 @@ pub async fn run(
     let endpoints = Arc::new(ReadyEndpoints::default());
     let tally = endpoints.clone();
     let slice_stream = tracked(
-        watcher(scoped::<EndpointSlice>(&client, ns.as_deref()), managed)
-            .backoff(crate::watching::backoff()),
+        crate::watching::retried(watcher(
+            scoped::<EndpointSlice>(&client, ns.as_deref()),
+            managed,
+        )),
         watches.endpoint_slices.clone(),
         cluster_name,
         "endpointslices",
@@ -154,28 +157,30 @@ pub async fn run(
     let (forget_held, forget_announced) = (held.clone(), announcer.clone());
     let notes = triggers.clone();
     // Only spec changes (generation) trigger: our own status writes do not loop.
-    let ms_stream = watcher(scoped::<Microservice>(&client, ns.as_deref()), base.clone())
-        .backoff(crate::watching::backoff())
-        .modify(crate::watching::strip)
-        .reflect(ms_writer)
-        // A deleted Microservice is not reconciled again: drop what the
-        // controller remembers of it here.
-        .inspect(move |e| {
-            if let Ok(watcher::Event::Delete(gone)) = e {
-                let gone = ObjectRef::from_obj(gone);
-                forget_notes.forget(&gone);
-                forget_written.forget(&gone);
-                forget_held.clear(&gone);
-                forget_announced.forget(&gone);
-            }
-        })
-        .applied_objects()
-        .predicate_filter(generation_or_deleting, Default::default())
-        .inspect(move |m| {
-            if let Ok(m) = m {
-                notes.note(ObjectRef::from_obj(m), "Microservice");
-            }
-        });
+    let ms_stream = crate::watching::retried(watcher(
+        scoped::<Microservice>(&client, ns.as_deref()),
+        base.clone(),
+    ))
+    .modify(crate::watching::strip)
+    .reflect(ms_writer)
+    // A deleted Microservice is not reconciled again: drop what the
+    // controller remembers of it here.
+    .inspect(move |e| {
+        if let Ok(watcher::Event::Delete(gone)) = e {
+            let gone = ObjectRef::from_obj(gone);
+            forget_notes.forget(&gone);
+            forget_written.forget(&gone);
+            forget_held.clear(&gone);
+            forget_announced.forget(&gone);
+        }
+    })
+    .applied_objects()
+    .predicate_filter(generation_or_deleting, Default::default())
+    .inspect(move |m| {
+        if let Ok(m) = m {
+            notes.note(ObjectRef::from_obj(m), "Microservice");
+        }
+    });
     let ms_stream = without_errors(ms_stream, settings.cluster.clone(), "Microservice");
     // Every Deployment and Service name in the scope, ours or not.
     let (deployment_names, dep_names) = names::watch(

@@ -73,8 +73,7 @@ where
 {
     let (store, writer) = reflector::store();
     // An Api of PartialObjectMeta asks for metadata only.
-    let stream = watcher(api, config)
-        .backoff(crate::watching::backoff())
+    let stream = crate::watching::retried(watcher(api, config))
         .modify(strip)
         .reflect(writer)
         .touched_objects()

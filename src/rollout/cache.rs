@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
@@ -113,12 +113,12 @@ impl RolloutCache {
                 .boxed(),
             None => fleet_watch.boxed(),
         };
-        let fleet_events = reflector::reflector(fleet_writer, fleet_watch).default_backoff();
-        let revision_events = reflector::reflector(
+        let fleet_events =
+            crate::watching::retried(reflector::reflector(fleet_writer, fleet_watch));
+        let revision_events = crate::watching::retried(reflector::reflector(
             revisions_writer,
             watcher(cr_api, watcher::Config::default().labels(FLEET_LABEL)),
-        )
-        .default_backoff();
+        ));
         let me = cache.clone();
         let run = async move {
             let mut fleet_events = std::pin::pin!(fleet_events);
