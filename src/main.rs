@@ -327,6 +327,7 @@ fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
     o.max_streams = args.grpc_max_streams as usize;
     o.max_page_bytes = args.grpc_max_page_bytes as usize;
     o.max_list_bytes_in_flight = args.grpc_max_list_bytes_in_flight as usize;
+    o.max_list_bytes_per_connection = args.grpc_max_list_bytes_per_connection as usize;
     o.max_stream_age = args.grpc_max_stream_age;
     o.token = match &args.grpc_token_file {
         Some(p) => Some(read_token(p, "--grpc-token-file")?),

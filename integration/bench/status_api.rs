@@ -124,6 +124,7 @@ fn start(hub: Arc<Hub>) -> String {
             // measured elsewhere. A reply is at most max_response_bytes.
             opts.max_page_bytes = opts.max_response_bytes;
             opts.max_list_bytes_in_flight = usize::MAX;
+            opts.max_list_bytes_per_connection = usize::MAX;
             let listener = bind(&opts).await.unwrap();
             tx.send(listener.local_addr().unwrap().to_string()).unwrap();
             serve(hub, None, opts, listener, std::future::pending())

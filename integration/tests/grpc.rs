@@ -1070,6 +1070,61 @@ async fn unread_list(
     (channel, reply)
 }
 
+/// Twenty Microservices on member-1 in a namespace of their own, and r1
+/// serving them with `args`, once all 20 are listed.
+struct Listed {
+    ns: String,
+    _guards: Vec<support::TestNamespace>,
+    _replicas: Replicas,
+    url: String,
+    client: GrpcClient,
+}
+
+impl Listed {
+    async fn start(prefix: &str, args: &[&str]) -> Listed {
+        let clients = member_clients().await;
+        let (ns, guards) = namespaces(&clients, prefix).await;
+        let api: Api<Microservice> = Api::namespaced(clients["member-1"].clone(), &ns);
+        for i in 0..20 {
+            let ms = microservice(&format!("svc-{i:02}"), "ghcr.io/acme/app:1", 8080, Some(1));
+            api.create(&PostParams::default(), &ms)
+                .await
+                .expect("create");
+        }
+        let mut replicas = Replicas::new(&ns, &["member-1"]);
+        replicas.extra_args = args.iter().map(|a| a.to_string()).collect();
+        replicas.start("r1");
+        let url = replicas.grpc_url("r1");
+        let client = serving(&url).await;
+        let listed = Listed {
+            ns,
+            _guards: guards,
+            _replicas: replicas,
+            url,
+            client,
+        };
+        eventually("20 indexed", Duration::from_secs(60), || {
+            let mut client = listed.client.clone();
+            let ask = listed.ask();
+            async move {
+                let page = client.list_microservices(ask).await.ok()?.into_inner();
+                (page.items.len() == 20).then_some(())
+            }
+        })
+        .await;
+        listed
+    }
+
+    /// All of them, in one page unless the byte budget cuts it.
+    fn ask(&self) -> pb::ListMicroservicesRequest {
+        pb::ListMicroservicesRequest {
+            namespace: self.ns.clone(),
+            page_size: 1000,
+            ..Default::default()
+        }
+    }
+}
+
 /// What List replies hold is bounded across calls, not only per page
 /// (#37): a reply keeps its room until its client has read it. With room
 /// for one page, a client that asks and reads nothing holds it; another
@@ -1077,48 +1132,30 @@ async fn unread_list(
 /// answers; once that connection is gone the room is back.
 #[tokio::test]
 async fn a_list_reply_holds_its_room_until_read_and_an_unread_one_blocks_only_lists() {
-    let clients = member_clients().await;
-    let (ns, _guards) = namespaces(&clients, "grpc-room").await;
-    let api: Api<Microservice> = Api::namespaced(clients["member-1"].clone(), &ns);
-    for i in 0..20 {
-        let ms = microservice(&format!("svc-{i:02}"), "ghcr.io/acme/app:1", 8080, Some(1));
-        api.create(&PostParams::default(), &ms)
-            .await
-            .expect("create");
-    }
     const ROOM: &str = "65536";
-    let mut replicas = Replicas::new(&ns, &["member-1"]);
-    replicas.extra_args = [
-        "--grpc-max-page-bytes",
-        ROOM,
-        "--grpc-max-list-bytes-in-flight",
-        ROOM,
-    ]
-    .map(String::from)
-    .to_vec();
-    replicas.start("r1");
-    let url = replicas.grpc_url("r1");
-    let mut client = serving(&url).await;
-    let ask = || pb::ListMicroservicesRequest {
-        namespace: ns.clone(),
-        page_size: 1000,
-        ..Default::default()
-    };
-    let all = eventually("20 indexed", Duration::from_secs(60), || {
-        let mut client = client.clone();
-        let ask = ask();
-        async move {
-            let page = client.list_microservices(ask).await.ok()?.into_inner();
-            (page.items.len() == 20).then_some(page)
-        }
-    })
+    let listed = Listed::start(
+        "grpc-room",
+        &[
+            "--grpc-max-page-bytes",
+            ROOM,
+            "--grpc-max-list-bytes-in-flight",
+            ROOM,
+        ],
+    )
     .await;
+    let (url, ns, mut client) = (&listed.url, listed.ns.clone(), listed.client.clone());
+    let ask = || listed.ask();
+    let all = client
+        .list_microservices(ask())
+        .await
+        .expect("list")
+        .into_inner();
     {
         use prost::Message;
         let bytes = all.encoded_len();
         assert!(bytes > 1024, "a reply of {bytes} bytes fits the window");
     }
-    let (connection, unread) = unread_list(&url, ask()).await;
+    let (connection, unread) = unread_list(url, ask()).await;
     let started = Instant::now();
     let refused = tokio::time::timeout(Duration::from_secs(15), client.list_microservices(ask()))
         .await
@@ -1147,6 +1184,73 @@ async fn a_list_reply_holds_its_room_until_read_and_an_unread_one_blocks_only_li
         .await
         .expect("an answer within 15 s")
         .expect("room again once the unread reply is gone")
+        .into_inner();
+    assert_eq!(page.items.len(), 20);
+}
+
+/// One connection's unread replies hold at most its share of the List
+/// room, and each only what its page needs (#37): with room for two page
+/// budgets and a share of one, a client that asks and reads nothing gets
+/// no further List on that connection (its share is held), while another
+/// connection's List answers at once, even beside a second unread reply.
+#[tokio::test]
+async fn a_connection_that_reads_nothing_holds_only_its_share_of_the_list_room() {
+    const PAGE: &str = "65536";
+    let listed = Listed::start(
+        "grpc-share",
+        &[
+            "--grpc-max-page-bytes",
+            PAGE,
+            "--grpc-max-list-bytes-in-flight",
+            "131072",
+            "--grpc-max-list-bytes-per-connection",
+            PAGE,
+        ],
+    )
+    .await;
+    let (url, mut client) = (&listed.url, listed.client.clone());
+    let ask = || listed.ask();
+    let (connection, unread) = unread_list(url, ask()).await;
+    // The same connection asks again, and reads what it gets.
+    let mut same = pb::fleet_status_client::FleetStatusClient::new(connection.clone());
+    let started = Instant::now();
+    let refused = tokio::time::timeout(Duration::from_secs(15), same.list_microservices(ask()))
+        .await
+        .expect("an answer within 15 s")
+        .expect_err("the connection's share is held by its unread reply");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("this connection's"),
+        "{refused:?}"
+    );
+    println!(
+        "figure: the same connection's List refused after {:?}",
+        started.elapsed()
+    );
+    // A second connection that reads nothing: each unread reply holds only
+    // its own encoded size, not the page budget it reserved
+    // (64 KiB), so with the two of them the room still has a page free.
+    let (_other_connection, _other_unread) = unread_list(url, ask()).await;
+    let started = Instant::now();
+    let page = tokio::time::timeout(Duration::from_secs(15), client.list_microservices(ask()))
+        .await
+        .expect("an answer within 15 s")
+        .expect("another connection's List has room")
+        .into_inner();
+    assert_eq!(page.items.len(), 20);
+    println!(
+        "figure: another connection's List answered in {:?}",
+        started.elapsed()
+    );
+    drop(unread);
+    let page = tokio::time::timeout(Duration::from_secs(15), same.list_microservices(ask()))
+        .await
+        .expect("an answer within 15 s")
+        .expect("the share is back once the unread reply is gone")
         .into_inner();
     assert_eq!(page.items.len(), 20);
 }

@@ -3,13 +3,18 @@
 //! wait in the HTTP/2 send buffer until the client's window takes them, so
 //! a page's budget (`request::take_page`) bounds one call, not how many
 //! calls hold a page at once. A List call reserves its page's budget here
-//! before it builds the page; the reservation rides in the reply's
+//! before it builds the page, from the replica's room and from its
+//! connection's share of it, and gives back what the built page does not
+//! need (`Reserved::fit`); the reservation rides in the reply's
 //! extensions, `hold` moves it into the reply's bytes, and it is given back
 //! when the last of them is written or dropped, not when the handler
 //! returns.
 
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -29,37 +34,101 @@ const UNIT: usize = 1024;
 pub struct ReplyBudget {
     room: Arc<Semaphore>,
     units: usize,
+    /// What one connection's replies may hold of the room, so that one
+    /// client that leaves its replies unread does not hold every List.
+    share: usize,
+    /// Each connection's share, while any of it is held.
+    shares: Arc<Mutex<HashMap<SocketAddr, Weak<Semaphore>>>>,
 }
 
 /// A reservation, put into the reply's extensions for `hold` to move into
 /// the reply's bytes (extensions must be `Clone`, a permit is not).
 #[derive(Clone)]
-pub struct Reserved(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
+pub struct Reserved(Arc<Mutex<Option<Permits>>>);
+
+/// Units of the room, and as many of the connection's share.
+struct Permits {
+    room: OwnedSemaphorePermit,
+    share: Option<OwnedSemaphorePermit>,
+}
+
+fn units_of(bytes: usize) -> usize {
+    // At most u32::MAX units (4 TiB): a reservation is a u32 of them.
+    bytes.div_ceil(UNIT).clamp(1, u32::MAX as usize)
+}
 
 impl ReplyBudget {
-    /// Room for `bytes` of replies at once (at least one unit).
-    pub fn new(bytes: usize) -> Self {
-        // At most u32::MAX units (4 TiB): a reservation is a u32 of them.
-        let units = bytes.div_ceil(UNIT).clamp(1, u32::MAX as usize);
+    /// Room for `bytes` of replies at once, of which one connection's may
+    /// hold `per_connection` (each at least one unit).
+    pub fn new(bytes: usize, per_connection: usize) -> Self {
+        let units = units_of(bytes);
         ReplyBudget {
             room: Arc::new(Semaphore::new(units)),
             units,
+            share: units_of(per_connection).min(units),
+            shares: Default::default(),
         }
     }
 
-    /// Reserves room for a reply of at most `bytes` (or all the room, if
-    /// that is less), waiting up to `WAIT`.
-    pub async fn reserve(&self, bytes: usize) -> Result<Reserved, ApiError> {
-        let want = bytes.div_ceil(UNIT).clamp(1, self.units);
-        let acquire = self.room.clone().acquire_many_owned(want as u32);
-        match tokio::time::timeout(WAIT, acquire).await {
-            Ok(Ok(permit)) => Ok(Reserved(Arc::new(Mutex::new(Some(permit))))),
-            Ok(Err(_closed)) => Err(ApiError::Unavailable("the server is stopping".into())),
-            Err(_) => Err(ApiError::ResourceExhausted(format!(
+    /// Reserves room for a reply of at most `bytes` to connection `peer`
+    /// (or all of its share, if that is less), waiting up to `WAIT` for the
+    /// share and the room together.
+    pub async fn reserve(
+        &self,
+        bytes: usize,
+        peer: Option<SocketAddr>,
+    ) -> Result<Reserved, ApiError> {
+        let want = units_of(bytes).min(self.share) as u32;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let share = match peer {
+            None => None,
+            Some(peer) => {
+                let acquire = self.share_of(peer).acquire_many_owned(want);
+                Some(Self::within(deadline, acquire).await.map_err(|e| {
+                    e.unwrap_or_else(|| ApiError::ResourceExhausted(format!(
+                        "this connection's List replies not yet read hold its share of this replica's room ({} KiB) for {WAIT:?}; read them, or retry",
+                        self.share
+                    )))
+                })?)
+            }
+        };
+        let room = self.room.clone().acquire_many_owned(want);
+        let room = Self::within(deadline, room).await.map_err(|e| {
+            e.unwrap_or_else(|| ApiError::ResourceExhausted(format!(
                 "List replies not yet read by their clients hold this replica's room ({} KiB) for {WAIT:?}; retry",
                 self.units
-            ))),
+            )))
+        })?;
+        Ok(Reserved(Arc::new(Mutex::new(Some(Permits {
+            room,
+            share,
+        })))))
+    }
+
+    /// A permit by `deadline`: Err(None) when it passed.
+    async fn within(
+        deadline: tokio::time::Instant,
+        acquire: impl Future<Output = Result<OwnedSemaphorePermit, tokio::sync::AcquireError>>,
+    ) -> Result<OwnedSemaphorePermit, Option<ApiError>> {
+        match tokio::time::timeout_at(deadline, acquire).await {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_closed)) => Err(Some(ApiError::Unavailable("the server is stopping".into()))),
+            Err(_) => Err(None),
         }
+    }
+
+    /// `peer`'s share: the one its held replies use, or a fresh one. Shares
+    /// nobody holds are dropped here, so the map keeps one entry per
+    /// connection with a reply unsent.
+    fn share_of(&self, peer: SocketAddr) -> Arc<Semaphore> {
+        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = shares.get(&peer).and_then(Weak::upgrade) {
+            return held;
+        }
+        shares.retain(|_, s| s.strong_count() > 0);
+        let fresh = Arc::new(Semaphore::new(self.share));
+        shares.insert(peer, Arc::downgrade(&fresh));
+        fresh
     }
 
     /// Room free now, in bytes (for tests).
@@ -69,9 +138,27 @@ impl ReplyBudget {
 }
 
 impl Reserved {
-    fn take(&self) -> Option<OwnedSemaphorePermit> {
+    fn take(&self) -> Option<Permits> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
+
+    /// Keeps only what a reply of `bytes`, encoded, needs: a page is
+    /// reserved at its budget before it is built, and most pages (BASIC
+    /// ones, the last of a list) are far smaller.
+    pub fn fit(&self, bytes: usize) {
+        let keep = units_of(bytes);
+        if let Some(p) = self.0.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            for permit in std::iter::once(&mut p.room).chain(p.share.as_mut()) {
+                let spare = permit.num_permits().saturating_sub(keep);
+                drop(permit.split(spare));
+            }
+        }
+    }
+}
+
+/// A gRPC reply's encoded size: the message and its 5-byte frame header.
+pub fn encoded<M: prost::Message>(reply: &M) -> usize {
+    reply.encoded_len() + 5
 }
 
 /// Moves a reply's reservation from its extensions into its body's bytes.
@@ -98,13 +185,13 @@ pub fn hold(mut res: http::Response<tonic::body::Body>) -> http::Response<tonic:
 /// written or dropped.
 struct Holding {
     inner: tonic::body::Body,
-    permit: Arc<OwnedSemaphorePermit>,
+    permit: Arc<Permits>,
 }
 
 /// Bytes that hold a reservation while any view of them lives.
 struct Reserving {
     data: Bytes,
-    _permit: Arc<OwnedSemaphorePermit>,
+    _permit: Arc<Permits>,
 }
 
 impl AsRef<[u8]> for Reserving {
@@ -152,8 +239,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_reservation_is_given_back_when_the_replys_bytes_are_gone_not_before() {
-        let budget = ReplyBudget::new(8 * UNIT);
-        let reserved = budget.reserve(5 * UNIT).await.expect("room");
+        let budget = ReplyBudget::new(8 * UNIT, 8 * UNIT);
+        let reserved = budget.reserve(5 * UNIT, None).await.expect("room");
         assert_eq!(budget.free_bytes(), 3 * UNIT);
         let mut res = http::Response::new(tonic::body::Body::new(http_body_util::Full::new(
             Bytes::from_static(b"reply"),
@@ -172,13 +259,81 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn no_room_within_the_wait_is_resource_exhausted_and_a_large_ask_takes_all_the_room() {
-        let budget = ReplyBudget::new(4 * UNIT);
+        let budget = ReplyBudget::new(4 * UNIT, 4 * UNIT);
         // More than the whole room asks for the whole room, not forever.
-        let all = budget.reserve(100 * UNIT).await.expect("the whole room");
+        let all = budget
+            .reserve(100 * UNIT, None)
+            .await
+            .expect("the whole room");
         assert_eq!(budget.free_bytes(), 0);
-        let refused = budget.reserve(1).await.err().expect("no room");
+        let refused = budget.reserve(1, None).await.err().expect("no room");
         assert_eq!(refused.category(), "ResourceExhausted");
         drop(all);
-        assert!(budget.reserve(1).await.is_ok());
+        assert!(budget.reserve(1, None).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_connection_holds_at_most_its_share_and_the_others_still_get_room() {
+        let budget = ReplyBudget::new(8 * UNIT, 4 * UNIT);
+        let (a, b, c) = (
+            Some("127.0.0.1:1001".parse().unwrap()),
+            Some("127.0.0.1:1002".parse().unwrap()),
+            Some("127.0.0.1:1003".parse().unwrap()),
+        );
+        let a1 = budget.reserve(3 * UNIT, a).await.expect("a's first");
+        let a2 = budget.reserve(UNIT, a).await.expect("a's share is 4 units");
+        let refused = budget.reserve(1, a).await.err().expect("a's share is held");
+        assert_eq!(refused.category(), "ResourceExhausted");
+        assert!(
+            refused.to_string().contains("this connection's"),
+            "{refused}"
+        );
+        // The room has 4 units left, which a cannot take and b can.
+        assert_eq!(budget.free_bytes(), 4 * UNIT);
+        let b1 = budget
+            .reserve(100 * UNIT, b)
+            .await
+            .expect("b's whole share");
+        let full = budget.reserve(1, c).await.err().expect("the room is full");
+        assert!(
+            full.to_string().contains("hold this replica's room"),
+            "{full}"
+        );
+        drop((a1, b1));
+        budget
+            .reserve(UNIT, c)
+            .await
+            .expect("c, once a's and b's are sent");
+        budget
+            .reserve(3 * UNIT, a)
+            .await
+            .expect("a, once its first is sent");
+        drop(a2);
+        // Shares nobody holds are forgotten as new connections come.
+        budget
+            .reserve(1, Some("127.0.0.1:1004".parse().unwrap()))
+            .await
+            .expect("d");
+        let remembered = budget.shares.lock().unwrap().len();
+        assert!(remembered <= 2, "{remembered} shares kept");
+    }
+
+    #[tokio::test]
+    async fn a_built_page_keeps_only_the_room_its_bytes_need() {
+        let budget = ReplyBudget::new(16 * UNIT, 8 * UNIT);
+        let peer = Some("127.0.0.1:1001".parse().unwrap());
+        let reserved = budget.reserve(8 * UNIT, peer).await.expect("room");
+        assert_eq!(budget.free_bytes(), 8 * UNIT);
+        reserved.fit(UNIT + 1);
+        assert_eq!(budget.free_bytes(), 14 * UNIT);
+        // The connection's share got the same back: 6 more units fit.
+        let more = budget
+            .reserve(6 * UNIT, peer)
+            .await
+            .expect("the share's rest");
+        assert_eq!(budget.free_bytes(), 8 * UNIT);
+        // A reply larger than its reservation keeps it whole.
+        more.fit(100 * UNIT);
+        assert_eq!(budget.free_bytes(), 8 * UNIT);
     }
 }

@@ -159,6 +159,8 @@ impl FleetRollouts for FleetRolloutsService {
         let ns = namespace_filter(&r.get_ref().namespace)?;
         let after = request::after(&r.get_ref().page_token)?;
         let size = request::page_size(r.get_ref().page_size);
+        // The connection whose share of the List room the reply takes.
+        let peer = r.remote_addr();
         self.ready()?;
         if let Some(n) = &ns {
             let access = Access::new("list", Resource::FleetMicroservices).in_namespace(n);
@@ -176,7 +178,7 @@ impl FleetRollouts for FleetRolloutsService {
             }
         };
         // Room for the page before it is built, kept until it is sent.
-        let reserved = self.replies.reserve(self.page_bytes).await?;
+        let reserved = self.replies.reserve(self.page_bytes, peer).await?;
         let revision = self.cache.revision();
         let view = rollout_watch::View {
             namespace: ns,
@@ -194,6 +196,7 @@ impl FleetRollouts for FleetRolloutsService {
             index_id: self.cache.index_id.clone(),
             next_page_token,
         });
+        reserved.fit(super::replies::encoded(reply.get_ref()));
         reply.extensions_mut().insert(reserved);
         Ok(reply)
     }

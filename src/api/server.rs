@@ -47,6 +47,8 @@ pub struct ServerOptions {
     /// The most every List reply not yet sent holds at once, encoded
     /// (`replies`); each call reserves `max_page_bytes` of it.
     pub max_list_bytes_in_flight: usize,
+    /// The most of that one connection's replies hold at once.
+    pub max_list_bytes_per_connection: usize,
     /// The cap on WaitForRollout.
     pub max_wait: Duration,
     /// The cap on unary calls.
@@ -87,6 +89,7 @@ impl ServerOptions {
             max_response_bytes: 64 * 1024 * 1024,
             max_page_bytes: 256 * 1024,
             max_list_bytes_in_flight: 16 * 1024 * 1024,
+            max_list_bytes_per_connection: 2 * 1024 * 1024,
             max_wait: Duration::from_secs(3600),
             unary_timeout: Duration::from_secs(30),
             max_streams: 1000,
@@ -107,6 +110,12 @@ impl ServerOptions {
             return Err(ApiError::Config(format!(
                 "--grpc-max-list-bytes-in-flight ({}) is less than --grpc-max-page-bytes ({}): every List would take the whole room, one at a time",
                 self.max_list_bytes_in_flight, self.max_page_bytes
+            )));
+        }
+        if self.max_list_bytes_per_connection < self.max_page_bytes {
+            return Err(ApiError::Config(format!(
+                "--grpc-max-list-bytes-per-connection ({}) is less than --grpc-max-page-bytes ({}): a connection's Lists would take its whole share, one at a time",
+                self.max_list_bytes_per_connection, self.max_page_bytes
             )));
         }
         match (&self.tls, self.insecure) {
@@ -229,7 +238,10 @@ pub async fn serve(
         client_certs: opts.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
     };
     let streams = Streams::new(opts.max_streams);
-    let replies = super::replies::ReplyBudget::new(opts.max_list_bytes_in_flight);
+    let replies = super::replies::ReplyBudget::new(
+        opts.max_list_bytes_in_flight,
+        opts.max_list_bytes_per_connection,
+    );
     let watch_limits = WatchLimits {
         bookmark_every: opts.bookmark_every,
         max_age: opts.max_stream_age,
@@ -345,6 +357,13 @@ mod tests {
         );
         o.max_list_bytes_in_flight = o.max_page_bytes;
         o.validate().unwrap();
+        o.max_list_bytes_per_connection = o.max_page_bytes - 1;
+        let err = o.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--grpc-max-list-bytes-per-connection")
+                && err.contains("--grpc-max-page-bytes"),
+            "{err}"
+        );
     }
 
     #[test]

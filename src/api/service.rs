@@ -178,6 +178,8 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
     ) -> Result<Response<pb::ListMicroservicesResponse>, Status> {
         const METHOD: &str = "ListMicroservices";
         let caller = self.gate.caller(&request, METHOD).await?;
+        // The connection whose share of the List room the reply takes.
+        let peer = request.remote_addr();
         let r = request.into_inner();
         let mut filter = request::filter(&r.namespace, &r.label_selector, &r.cluster)?;
         let after = request::after(&r.page_token)?;
@@ -189,7 +191,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             false => convert::microservice,
         };
         // Room for the page before it is built, kept until it is sent.
-        let reserved = self.replies.reserve(self.page_bytes).await?;
+        let reserved = self.replies.reserve(self.page_bytes, peer).await?;
         // Views are built outside the index lock, from a snapshot.
         let snap = self.hub.read(|ix| ix.snapshot());
         // One extra tells whether another page follows.
@@ -205,6 +207,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             next_page_token,
             revision: snap.revision(),
         });
+        reserved.fit(super::replies::encoded(reply.get_ref()));
         reply.extensions_mut().insert(reserved);
         Ok(reply)
     }

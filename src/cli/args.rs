@@ -400,6 +400,11 @@ pub struct RunArgs {
     /// with RESOURCE_EXHAUSTED.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_LIST_BYTES_IN_FLIGHT", default_value_t = 16 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(1024..))]
     pub grpc_max_list_bytes_in_flight: u32,
+    /// The most of that the replies of one client connection hold at once,
+    /// so that a client that leaves its replies unread holds at most this
+    /// much; its next List waits, then is refused, while others' answer.
+    #[arg(long, env = "FLOTILLA_GRPC_MAX_LIST_BYTES_PER_CONNECTION", default_value_t = 2 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(1024..))]
+    pub grpc_max_list_bytes_per_connection: u32,
     /// A watch stream's longest life: it then ends UNAVAILABLE and the client
     /// resumes, so long-lived streams spread over replicas.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_STREAM_AGE", default_value = "30m", value_parser = parse_duration)]
