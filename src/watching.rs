@@ -165,7 +165,7 @@ pub fn backoff() -> impl Backoff {
 }
 
 /// A watch that retries on `backoff()`, reset only by an event that shows
-/// the watch got somewhere: an object, or a listing's end. kube resets its
+/// the watch got somewhere: a listing's end, or a change. kube resets its
 /// backoff on every event, and a watch that lists announces `Init` before
 /// each attempt, failed ones too, so a home without the FleetMicroservice
 /// CRD, or an apiserver refusing every list, was asked again at the first
@@ -192,7 +192,12 @@ where
     let progress = Arc::new(AtomicBool::new(false));
     let seen = progress.clone();
     let stream = stream.inspect(move |event| {
-        if matches!(event, Ok(e) if !matches!(e, watcher::Event::Init)) {
+        // Not `Init`, and not a listing's objects: a list that fails on a
+        // later page yields the first page's objects on every attempt.
+        if matches!(
+            event,
+            Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_))
+        ) {
             seen.store(true, Ordering::Relaxed);
         }
     });
@@ -300,6 +305,19 @@ mod tests {
     async fn a_watch_that_never_lists_waits_longer_each_time_up_to_five_seconds() {
         let at = attempts((0..8).flat_map(|_| failed_list()).collect()).await;
         assert_eq!(gaps(&at), [200, 400, 800, 1600, 3200, 5000, 5000]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_that_fails_after_its_first_page_still_waits_longer_each_time() {
+        let page_then_failure = || {
+            [
+                Ok(watcher::Event::Init),
+                Ok(watcher::Event::InitApply(ConfigMap::default())),
+                Err(watcher::Error::NoResourceVersion),
+            ]
+        };
+        let at = attempts((0..5).flat_map(|_| page_then_failure()).collect()).await;
+        assert_eq!(gaps(&at), [200, 400, 800, 1600]);
     }
 
     #[tokio::test(start_paused = true)]

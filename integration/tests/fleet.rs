@@ -341,8 +341,12 @@ async fn a_home_without_the_fleet_crd_is_asked_less_and_less_often() {
             .map(|e| (support::received(&e), e["responseStatus"]["code"].as_u64()))
             .collect::<Vec<_>>()
     };
+    // An apiserver started before the audit policy recorded these lists
+    // records none: the message says what to do.
     let first = eventually(
-        "r1's first list of FleetMicroservices",
+        "r1's first list of FleetMicroservices in member-2's audit log (a fleet started \
+         before integration/audit-policy.yaml recorded them has none: integration/fleet \
+         down, then up)",
         Duration::from_secs(30),
         || async { lists().first().map(|l| l.0) },
     )

@@ -1074,8 +1074,9 @@ async fn unread_list(
 /// serving them with `args`, once all 20 are listed.
 struct Listed {
     ns: String,
-    _guards: Vec<support::TestNamespace>,
+    // Fields drop in order: the replica stops before its namespaces go.
     _replicas: Replicas,
+    _guards: Vec<support::TestNamespace>,
     url: String,
     client: GrpcClient,
 }
@@ -1098,8 +1099,8 @@ impl Listed {
         let client = serving(&url).await;
         let listed = Listed {
             ns,
-            _guards: guards,
             _replicas: replicas,
+            _guards: guards,
             url,
             client,
         };
@@ -1127,8 +1128,9 @@ impl Listed {
 
 /// What List replies hold is bounded across calls, not only per page
 /// (#37): a reply keeps its room until its client has read it. With room
-/// for one page, a client that asks and reads nothing holds it; another
-/// List is refused RESOURCE_EXHAUSTED after the 5 s wait, while a Get
+/// for one page budget, a client that asks and reads nothing holds part
+/// of it, so another List, which reserves a whole budget before it builds
+/// its page, is refused RESOURCE_EXHAUSTED after the 5 s wait, while a Get
 /// answers; once that connection is gone the room is back.
 #[tokio::test]
 async fn a_list_reply_holds_its_room_until_read_and_an_unread_one_blocks_only_lists() {
@@ -1209,7 +1211,24 @@ async fn a_connection_that_reads_nothing_holds_only_its_share_of_the_list_room()
     )
     .await;
     let (url, mut client) = (&listed.url, listed.client.clone());
-    let ask = || listed.ask();
+    // BASIC pages: each unread one holds tonic's smallest buffer, 8 KiB.
+    let ask = || pb::ListMicroservicesRequest {
+        view: pb::MicroserviceView::Basic as i32,
+        ..listed.ask()
+    };
+    {
+        use prost::Message;
+        let page = client
+            .list_microservices(ask())
+            .await
+            .expect("list")
+            .into_inner();
+        let bytes = page.encoded_len();
+        assert!(
+            bytes > 1024 && bytes + 5 <= 8 * 1024,
+            "a BASIC page of 20 is {bytes} bytes: past the 1 KiB window, inside 8 KiB"
+        );
+    }
     let (connection, unread) = unread_list(url, ask()).await;
     // The same connection asks again, and reads what it gets.
     let mut same = pb::fleet_status_client::FleetStatusClient::new(connection.clone());
@@ -1232,8 +1251,8 @@ async fn a_connection_that_reads_nothing_holds_only_its_share_of_the_list_room()
         started.elapsed()
     );
     // A second connection that reads nothing: each unread reply holds only
-    // its own encoded size, not the page budget it reserved
-    // (64 KiB), so with the two of them the room still has a page free.
+    // its buffer (8 KiB), not the page budget it reserved (64 KiB), so with
+    // the two of them the room (128 KiB) still has a page budget free.
     let (_other_connection, _other_unread) = unread_list(url, ask()).await;
     let started = Instant::now();
     let page = tokio::time::timeout(Duration::from_secs(15), client.list_microservices(ask()))

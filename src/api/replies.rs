@@ -4,8 +4,8 @@
 //! a page's budget (`request::take_page`) bounds one call, not how many
 //! calls hold a page at once. A List call reserves its page's budget here
 //! before it builds the page, from the replica's room and from its
-//! connection's share of it, and gives back what the built page does not
-//! need (`Reserved::fit`); the reservation rides in the reply's
+//! connection's share of it, and gives back what the built page's buffer
+//! does not hold (`Reserved::fit`); the reservation rides in the reply's
 //! extensions, `hold` moves it into the reply's bytes, and it is given back
 //! when the last of them is written or dropped, not when the handler
 //! returns.
@@ -142,7 +142,7 @@ impl Reserved {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
-    /// Keeps only what a reply of `bytes`, encoded, needs: a page is
+    /// Keeps only what a reply holding `bytes` needs (`held`): a page is
     /// reserved at its budget before it is built, and most pages (BASIC
     /// ones, the last of a list) are far smaller.
     pub fn fit(&self, bytes: usize) {
@@ -156,9 +156,11 @@ impl Reserved {
     }
 }
 
-/// A gRPC reply's encoded size: the message and its 5-byte frame header.
-pub fn encoded<M: prost::Message>(reply: &M) -> usize {
-    reply.encoded_len() + 5
+/// What a gRPC reply's bytes hold until sent: tonic encodes a reply (the
+/// message and its 5-byte frame header) into a buffer of 8 KiB that
+/// doubles as it fills, and the bytes it sends keep that whole buffer.
+pub fn held<M: prost::Message>(reply: &M) -> usize {
+    (reply.encoded_len() + 5).next_power_of_two().max(8 * 1024)
 }
 
 /// Moves a reply's reservation from its extensions into its body's bytes.
@@ -316,6 +318,19 @@ mod tests {
             .expect("d");
         let remembered = budget.shares.lock().unwrap().len();
         assert!(remembered <= 2, "{remembered} shares kept");
+    }
+
+    #[test]
+    fn a_reply_holds_tonics_whole_buffer_at_least_8_kib() {
+        use crate::api::pb;
+        let reply = |n: usize| pb::ListMicroservicesResponse {
+            next_page_token: "x".repeat(n),
+            ..Default::default()
+        };
+        assert_eq!(held(&reply(10)), 8 * 1024);
+        // 9,000 bytes and their headers outgrow 8 KiB: the buffer doubled.
+        assert_eq!(held(&reply(9000)), 16 * 1024);
+        assert_eq!(held(&reply(200_000)), 256 * 1024);
     }
 
     #[tokio::test]

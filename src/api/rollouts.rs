@@ -177,7 +177,8 @@ impl FleetRollouts for FleetRolloutsService {
                 gate.visible(&caller, "list", list, present, METHOD).await?
             }
         };
-        // Room for the page before it is built, kept until it is sent.
+        // Room for the page before it is built; once built, it keeps
+        // what its bytes hold until they are sent.
         let reserved = self.replies.reserve(self.page_bytes, peer).await?;
         let revision = self.cache.revision();
         let view = rollout_watch::View {
@@ -196,7 +197,7 @@ impl FleetRollouts for FleetRolloutsService {
             index_id: self.cache.index_id.clone(),
             next_page_token,
         });
-        reserved.fit(super::replies::encoded(reply.get_ref()));
+        reserved.fit(super::replies::held(reply.get_ref()));
         reply.extensions_mut().insert(reserved);
         Ok(reply)
     }

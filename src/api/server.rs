@@ -45,7 +45,8 @@ pub struct ServerOptions {
     /// The most one List page holds, encoded (at least one item).
     pub max_page_bytes: usize,
     /// The most every List reply not yet sent holds at once, encoded
-    /// (`replies`); each call reserves `max_page_bytes` of it.
+    /// (`replies`); each call reserves `max_page_bytes` of it, and keeps
+    /// what its built page holds.
     pub max_list_bytes_in_flight: usize,
     /// The most of that one connection's replies hold at once.
     pub max_list_bytes_per_connection: usize,

@@ -190,7 +190,8 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             true => convert::basic_microservice,
             false => convert::microservice,
         };
-        // Room for the page before it is built, kept until it is sent.
+        // Room for the page before it is built; once built, it keeps
+        // what its bytes hold until they are sent.
         let reserved = self.replies.reserve(self.page_bytes, peer).await?;
         // Views are built outside the index lock, from a snapshot.
         let snap = self.hub.read(|ix| ix.snapshot());
@@ -207,7 +208,7 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             next_page_token,
             revision: snap.revision(),
         });
-        reserved.fit(super::replies::encoded(reply.get_ref()));
+        reserved.fit(super::replies::held(reply.get_ref()));
         reply.extensions_mut().insert(reserved);
         Ok(reply)
     }

@@ -395,9 +395,10 @@ pub struct RunArgs {
     #[arg(long, env = "FLOTILLA_GRPC_MAX_PAGE_BYTES", default_value_t = 256 * 1024, value_parser = clap::value_parser!(u32).range(1024..))]
     pub grpc_max_page_bytes: u32,
     /// The most every List reply not yet read by its client holds at once,
-    /// encoded: each call reserves --grpc-max-page-bytes of it until its
-    /// reply is sent, and one that finds no room within 5 s is refused
-    /// with RESOURCE_EXHAUSTED.
+    /// encoded: each call reserves --grpc-max-page-bytes of it before it
+    /// builds its page, keeps what the built page holds until it is sent,
+    /// and one that finds no room within 5 s is refused with
+    /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "FLOTILLA_GRPC_MAX_LIST_BYTES_IN_FLIGHT", default_value_t = 16 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(1024..))]
     pub grpc_max_list_bytes_in_flight: u32,
     /// The most of that the replies of one client connection hold at once,
@@ -638,8 +639,12 @@ mod tests {
     }
 
     #[test]
-    fn a_page_budget_or_a_list_room_under_a_kibibyte_is_refused() {
-        for flag in ["--grpc-max-page-bytes", "--grpc-max-list-bytes-in-flight"] {
+    fn a_page_budget_a_list_room_or_a_share_under_a_kibibyte_is_refused() {
+        for flag in [
+            "--grpc-max-page-bytes",
+            "--grpc-max-list-bytes-in-flight",
+            "--grpc-max-list-bytes-per-connection",
+        ] {
             let run = |bytes: &str| Cli::try_parse_from(["flotilla", "run", flag, bytes]);
             let err = run("100").err().expect("refused").to_string();
             assert!(err.contains(flag) && err.contains("1024"), "{err}");
