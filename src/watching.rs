@@ -169,25 +169,14 @@ pub fn backoff() -> impl Backoff {
 /// backoff on every event, and a watch that lists announces `Init` before
 /// each attempt, failed ones too, so a home without the FleetMicroservice
 /// CRD, or an apiserver refusing every list, was asked again at the first
-/// step of the backoff (about once a second) for as long as it lasted.
+/// step of the backoff (about once a second with kube's, five times with
+/// ours) for as long as it lasted.
 pub fn retried<K, S>(
     stream: S,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
 where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
     K: Send,
-{
-    retried_on(stream, backoff())
-}
-
-fn retried_on<K, S, B>(
-    stream: S,
-    backoff: B,
-) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
-where
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
-    K: Send,
-    B: Backoff + Send,
 {
     let progress = Arc::new(AtomicBool::new(false));
     let seen = progress.clone();
@@ -204,7 +193,7 @@ where
     StreamBackoff::new(
         stream,
         OnProgress {
-            inner: backoff,
+            inner: backoff(),
             progress,
         },
     )

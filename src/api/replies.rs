@@ -171,10 +171,10 @@ pub fn hold(mut res: http::Response<tonic::body::Body>) -> http::Response<tonic:
         .and_then(|r| r.take())
     {
         None => res,
-        Some(permit) => res.map(|inner| {
+        Some(permits) => res.map(|inner| {
             tonic::body::Body::new(Holding {
                 inner,
-                permit: Arc::new(permit),
+                permits: Arc::new(permits),
             })
         }),
     }
@@ -187,13 +187,13 @@ pub fn hold(mut res: http::Response<tonic::body::Body>) -> http::Response<tonic:
 /// written or dropped.
 struct Holding {
     inner: tonic::body::Body,
-    permit: Arc<Permits>,
+    permits: Arc<Permits>,
 }
 
 /// Bytes that hold a reservation while any view of them lives.
 struct Reserving {
     data: Bytes,
-    _permit: Arc<Permits>,
+    _permits: Arc<Permits>,
 }
 
 impl AsRef<[u8]> for Reserving {
@@ -212,13 +212,13 @@ impl Body for Holding {
     ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
         let me = self.get_mut();
         let frame = std::task::ready!(Pin::new(&mut me.inner).poll_frame(cx));
-        let permit = &me.permit;
+        let permits = &me.permits;
         Poll::Ready(frame.map(|f| {
             f.map(|f| {
                 f.map_data(|data| {
                     Bytes::from_owner(Reserving {
                         data,
-                        _permit: permit.clone(),
+                        _permits: permits.clone(),
                     })
                 })
             })

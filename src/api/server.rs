@@ -346,7 +346,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_list_room_smaller_than_a_page_is_refused() {
+    fn a_list_room_or_a_share_smaller_than_a_page_is_refused() {
         let mut o = ServerOptions::new("127.0.0.1:0".parse().unwrap());
         o.insecure = true;
         o.max_list_bytes_in_flight = o.max_page_bytes - 1;
