@@ -1126,6 +1126,30 @@ impl Listed {
     }
 }
 
+/// A call's answer within 15 s: a List waits at most 5 s for room.
+async fn answered<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    tokio::time::timeout(Duration::from_secs(15), call)
+        .await
+        .expect("an answer within 15 s")
+        .map(tonic::Response::into_inner)
+}
+
+/// A List refused RESOURCE_EXHAUSTED, for want of room.
+async fn no_room<T: std::fmt::Debug>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    why: &str,
+) -> tonic::Status {
+    let refused = answered(call).await.expect_err(why);
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    refused
+}
+
 /// What List replies hold is bounded across calls, not only per page
 /// (#37): a reply keeps its room until its client has read it. With room
 /// for one page budget, a client that asks and reads nothing holds part
@@ -1159,15 +1183,11 @@ async fn a_list_reply_holds_its_room_until_read_and_an_unread_one_blocks_only_li
     }
     let (connection, unread) = unread_list(url, ask()).await;
     let started = Instant::now();
-    let refused = tokio::time::timeout(Duration::from_secs(15), client.list_microservices(ask()))
-        .await
-        .expect("an answer within 15 s")
-        .expect_err("no room while a reply is unread");
-    assert_eq!(
-        refused.code(),
-        tonic::Code::ResourceExhausted,
-        "{refused:?}"
-    );
+    no_room(
+        client.list_microservices(ask()),
+        "no room while a reply is unread",
+    )
+    .await;
     println!(
         "figure: a List refused after {:?} while one reply was unread",
         started.elapsed()
@@ -1182,11 +1202,9 @@ async fn a_list_reply_holds_its_room_until_read_and_an_unread_one_blocks_only_li
         .expect("a Get needs no List room");
     drop(unread);
     drop(connection);
-    let page = tokio::time::timeout(Duration::from_secs(15), client.list_microservices(ask()))
+    let page = answered(client.list_microservices(ask()))
         .await
-        .expect("an answer within 15 s")
-        .expect("room again once the unread reply is gone")
-        .into_inner();
+        .expect("room again once the unread reply is gone");
     assert_eq!(page.items.len(), 20);
 }
 
@@ -1233,15 +1251,11 @@ async fn a_connection_that_reads_nothing_holds_only_its_share_of_the_list_room()
     // The same connection asks again, and reads what it gets.
     let mut same = pb::fleet_status_client::FleetStatusClient::new(connection.clone());
     let started = Instant::now();
-    let refused = tokio::time::timeout(Duration::from_secs(15), same.list_microservices(ask()))
-        .await
-        .expect("an answer within 15 s")
-        .expect_err("the connection's share is held by its unread reply");
-    assert_eq!(
-        refused.code(),
-        tonic::Code::ResourceExhausted,
-        "{refused:?}"
-    );
+    let refused = no_room(
+        same.list_microservices(ask()),
+        "the connection's share is held by its unread reply",
+    )
+    .await;
     assert!(
         refused.message().contains("this connection's"),
         "{refused:?}"
@@ -1255,22 +1269,18 @@ async fn a_connection_that_reads_nothing_holds_only_its_share_of_the_list_room()
     // the two of them the room (128 KiB) still has a page budget free.
     let (_other_connection, _other_unread) = unread_list(url, ask()).await;
     let started = Instant::now();
-    let page = tokio::time::timeout(Duration::from_secs(15), client.list_microservices(ask()))
+    let page = answered(client.list_microservices(ask()))
         .await
-        .expect("an answer within 15 s")
-        .expect("another connection's List has room")
-        .into_inner();
+        .expect("another connection's List has room");
     assert_eq!(page.items.len(), 20);
     println!(
         "figure: another connection's List answered in {:?}",
         started.elapsed()
     );
     drop(unread);
-    let page = tokio::time::timeout(Duration::from_secs(15), same.list_microservices(ask()))
+    let page = answered(same.list_microservices(ask()))
         .await
-        .expect("an answer within 15 s")
-        .expect("the share is back once the unread reply is gone")
-        .into_inner();
+        .expect("the share is back once the unread reply is gone");
     assert_eq!(page.items.len(), 20);
 }
 

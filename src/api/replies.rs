@@ -142,10 +142,18 @@ impl Reserved {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
+    /// The reply, carrying this reservation cut to what its bytes hold
+    /// (`held`), for `hold` to move into them.
+    pub fn ride<M: prost::Message>(self, mut reply: tonic::Response<M>) -> tonic::Response<M> {
+        self.fit(held(reply.get_ref()));
+        reply.extensions_mut().insert(self);
+        reply
+    }
+
     /// Keeps only what a reply holding `bytes` needs (`held`): a page is
     /// reserved at its budget before it is built, and most pages (BASIC
     /// ones, the last of a list) are far smaller.
-    pub fn fit(&self, bytes: usize) {
+    fn fit(&self, bytes: usize) {
         let keep = units_of(bytes);
         if let Some(p) = self.0.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             for permit in std::iter::once(&mut p.room).chain(p.share.as_mut()) {

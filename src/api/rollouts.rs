@@ -191,15 +191,12 @@ impl FleetRollouts for FleetRolloutsService {
             self.page_bytes,
             |r| (&r.namespace, &r.name),
         );
-        let mut reply = Response::new(pb::ListRolloutsResponse {
+        Ok(reserved.ride(Response::new(pb::ListRolloutsResponse {
             rollouts,
             revision,
             index_id: self.cache.index_id.clone(),
             next_page_token,
-        });
-        reserved.fit(super::replies::held(reply.get_ref()));
-        reply.extensions_mut().insert(reserved);
-        Ok(reply)
+        })))
     }
 
     type WatchRolloutsStream = EventStream;

@@ -107,17 +107,24 @@ impl ServerOptions {
     }
 
     pub fn validate(&self) -> Result<(), ApiError> {
-        if self.max_list_bytes_in_flight < self.max_page_bytes {
-            return Err(ApiError::Config(format!(
-                "--grpc-max-list-bytes-in-flight ({}) is less than --grpc-max-page-bytes ({}): every List would take the whole room, one at a time",
-                self.max_list_bytes_in_flight, self.max_page_bytes
-            )));
-        }
-        if self.max_list_bytes_per_connection < self.max_page_bytes {
-            return Err(ApiError::Config(format!(
-                "--grpc-max-list-bytes-per-connection ({}) is less than --grpc-max-page-bytes ({}): a connection's Lists would take its whole share, one at a time",
-                self.max_list_bytes_per_connection, self.max_page_bytes
-            )));
+        // Below one page budget, every List (or every List of a
+        // connection) would take all of it, one at a time.
+        for (flag, bytes) in [
+            (
+                "--grpc-max-list-bytes-in-flight",
+                self.max_list_bytes_in_flight,
+            ),
+            (
+                "--grpc-max-list-bytes-per-connection",
+                self.max_list_bytes_per_connection,
+            ),
+        ] {
+            if bytes < self.max_page_bytes {
+                return Err(ApiError::Config(format!(
+                    "{flag} ({bytes}) is less than --grpc-max-page-bytes ({}): every List would take it whole, one at a time",
+                    self.max_page_bytes
+                )));
+            }
         }
         match (&self.tls, self.insecure) {
             (Some(_), true) => Err(ApiError::Config(
@@ -347,24 +354,28 @@ mod tests {
 
     #[test]
     fn a_list_room_or_a_share_smaller_than_a_page_is_refused() {
-        let mut o = ServerOptions::new("127.0.0.1:0".parse().unwrap());
-        o.insecure = true;
-        o.max_list_bytes_in_flight = o.max_page_bytes - 1;
-        let err = o.validate().unwrap_err().to_string();
-        assert!(
-            err.contains("--grpc-max-list-bytes-in-flight")
-                && err.contains("--grpc-max-page-bytes"),
-            "{err}"
-        );
-        o.max_list_bytes_in_flight = o.max_page_bytes;
-        o.validate().unwrap();
-        o.max_list_bytes_per_connection = o.max_page_bytes - 1;
-        let err = o.validate().unwrap_err().to_string();
-        assert!(
-            err.contains("--grpc-max-list-bytes-per-connection")
-                && err.contains("--grpc-max-page-bytes"),
-            "{err}"
-        );
+        type Set = fn(&mut ServerOptions, usize);
+        let flags: [(&str, Set); 2] = [
+            ("--grpc-max-list-bytes-in-flight", |o, b| {
+                o.max_list_bytes_in_flight = b
+            }),
+            ("--grpc-max-list-bytes-per-connection", |o, b| {
+                o.max_list_bytes_per_connection = b
+            }),
+        ];
+        for (flag, set) in flags {
+            let mut o = ServerOptions::new("127.0.0.1:0".parse().unwrap());
+            o.insecure = true;
+            let page = o.max_page_bytes;
+            set(&mut o, page - 1);
+            let err = o.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(flag) && err.contains("--grpc-max-page-bytes"),
+                "{err}"
+            );
+            set(&mut o, page);
+            o.validate().unwrap();
+        }
     }
 
     #[test]

@@ -203,14 +203,11 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             self.page_bytes,
             |m| (&m.namespace, &m.name),
         );
-        let mut reply = Response::new(pb::ListMicroservicesResponse {
+        Ok(reserved.ride(Response::new(pb::ListMicroservicesResponse {
             items,
             next_page_token,
             revision: snap.revision(),
-        });
-        reserved.fit(super::replies::held(reply.get_ref()));
-        reply.extensions_mut().insert(reserved);
-        Ok(reply)
+        })))
     }
 
     type WatchMicroservicesStream = EventStream<pb::WatchEvent>;
