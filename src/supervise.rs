@@ -99,15 +99,16 @@ pub fn feed_stalled(cluster: &str) -> bool {
     })
 }
 
-/// Whether the planner should panic on the FleetMicroservice `name`, in
-/// test builds only: with the `fault-hooks` feature,
-/// `FLOTILLA_PLAN_PANIC=name[,name]` proves the catch-panic boundary.
+/// Whether the planner should panic on the FleetMicroservice `name`: with
+/// the `fault-hooks` feature (test builds) only, which is the only build
+/// that has this function; `FLOTILLA_PLAN_PANIC=name[,name]` proves the
+/// catch-panic boundary.
+#[cfg(feature = "fault-hooks")]
 pub fn plan_panic(name: &str) -> bool {
-    cfg!(feature = "fault-hooks")
-        && std::env::var("FLOTILLA_PLAN_PANIC")
-            .unwrap_or_default()
-            .split(',')
-            .any(|n| n.trim() == name)
+    std::env::var("FLOTILLA_PLAN_PANIC")
+        .unwrap_or_default()
+        .split(',')
+        .any(|n| n.trim() == name)
 }
 
 /// `task`, failing if a fault is injected into it (test builds only).

@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use super::analysis;
 use super::cache::RolloutCache;
+use super::checked::Checked;
 use super::error::{Result, RolloutError};
 use super::events;
 use super::fold;
@@ -114,6 +115,7 @@ pub async fn run(
         analysis_secrets,
         cache: opts.cache.clone(),
         write_timeout: opts.write_timeout,
+        checked: Default::default(),
     });
     crate::fleet::home_lease::lead(
         "fleet rollouts",
@@ -161,7 +163,12 @@ struct Ctx {
     analysis_secrets: Option<(String, Api<Secret>)>,
     /// How long one member call of a write may take.
     write_timeout: Duration,
+    /// Each FleetMicroservice's spec, checked once per generation (#58).
+    checked: std::sync::Mutex<BTreeMap<String, (i64, CheckedSpec)>>,
 }
+
+/// A generation's spec, checked, or why it is invalid.
+type CheckedSpec = Arc<Result<Checked, String>>;
 
 impl Ctx {
     fn freshest(&self, cached: &FleetMicroservice) -> FleetMicroservice {
@@ -197,6 +204,23 @@ impl Ctx {
         let mut all = lock(&self.numbered);
         let n = all.entry(uid.to_string()).or_default();
         *n = (*n).max(number);
+    }
+
+    /// The spec of this generation, checked: once per generation, not per round.
+    fn checked(&self, fms: &FleetMicroservice) -> CheckedSpec {
+        let (uid, generation) = (
+            fms.uid().unwrap_or_default(),
+            fms.metadata.generation.unwrap_or(0),
+        );
+        let mut all = lock(&self.checked);
+        match all.get(&uid) {
+            Some((g, c)) if *g == generation => c.clone(),
+            _ => {
+                let c = Arc::new(super::checked::check(&fms.name_any(), &fms.spec));
+                all.insert(uid, (generation, c.clone()));
+                c
+            }
+        }
     }
 
     fn write_log(&self) -> std::sync::MutexGuard<'_, WriteLog> {
@@ -291,6 +315,7 @@ async fn work(ctx: Arc<Ctx>) {
         lock(&ctx.written).retain(|uid, _| alive.contains(uid));
         lock(&ctx.held).retain(|uid, _| alive.contains(uid));
         lock(&ctx.numbered).retain(|uid, _| alive.contains(uid));
+        lock(&ctx.checked).retain(|uid, _| alive.contains(uid));
         // Several objects at once, so one whose home writes are slow holds
         // up only its own slot (review M3); each object still has one round
         // at a time.
@@ -419,11 +444,13 @@ async fn round(
     let reading = ctx.write_log().read(&uid);
     let approvals = super::approval::read(fms.metadata.annotations.as_ref());
     let runs = ctx.analysis().runs(&uid).to_vec();
+    let checked = ctx.checked(fms);
     let plan = plan::plan_guarded(&Inputs {
         name: &name,
         uid: &uid,
         generation: fms.metadata.generation.unwrap_or(0),
         spec: &fms.spec,
+        checked: checked.as_ref().as_ref().map_err(String::as_str),
         update,
         revisions: &existing,
         previous: &previous,
@@ -534,10 +561,7 @@ async fn round(
         if !ctx.analysis().start(&uid, due) {
             continue;
         }
-        let Some(job) = analysis::job(&namespace, &name, due) else {
-            ctx.analysis().abandon(&uid, due);
-            continue;
-        };
+        let job = analysis::job(&namespace, &name, due);
         let check = Check {
             uid: uid.clone(),
             namespace: namespace.clone(),

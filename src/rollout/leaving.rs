@@ -5,8 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::placement::{self, Labels};
-use super::spec::Wave;
+use super::placement::{self, Declared, Labels};
 
 /// A cluster whose member object is ours but which is no longer placed.
 #[derive(Clone, Copy)]
@@ -31,7 +30,10 @@ pub enum Leave {
 /// every later one waits until it is empty. The same clusters are chosen
 /// every round until they are gone, so the bound holds while the status
 /// index lags the deletes.
-pub fn removals<'a>(declared: &[Wave], leavers: &[Leaver<'a>]) -> BTreeMap<&'a str, Leave> {
+pub fn removals<'a, W: Declared>(
+    declared: &[W],
+    leavers: &[Leaver<'a>],
+) -> BTreeMap<&'a str, Leave> {
     let by_name: BTreeMap<&str, &Leaver> = leavers.iter().map(|l| (l.name, l)).collect();
     let mut out = BTreeMap::new();
     let mut first: Option<String> = None;
@@ -40,10 +42,11 @@ pub fn removals<'a>(declared: &[Wave], leavers: &[Leaver<'a>]) -> BTreeMap<&'a s
             continue;
         }
         let Some(holding) = &first else {
-            let spec = declared.iter().find(|w| w.name == wave);
-            let limit =
-                placement::max_parallel(spec.and_then(|w| w.max_parallel.as_ref()), members.len())
-                    .unwrap_or(1);
+            let limit = declared
+                .iter()
+                .find(|w| w.name() == wave)
+                .map_or(members.len(), |w| w.parallel(members.len()))
+                .max(1);
             // Reachable ones first: an unreachable one cannot use a slot.
             let mut order: Vec<&str> = members.iter().map(|m| by_name[m.as_str()].name).collect();
             order.sort_by_key(|n| (!by_name[n].reachable, *n));
@@ -71,6 +74,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     use super::*;
+    use crate::rollout::spec::Wave;
 
     fn labels(ring: &str) -> Labels {
         Labels::from([("ring".to_string(), ring.to_string())])

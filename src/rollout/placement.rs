@@ -71,22 +71,53 @@ pub fn check_selector(what: &str, selector: &LabelSelector) -> Result<(), String
     Ok(())
 }
 
+/// A declared wave, as placement and leaving read it: the spec's, or the
+/// checked one (`rollout::checked::Wave`).
+pub trait Declared {
+    fn name(&self) -> &str;
+    fn selector(&self) -> &LabelSelector;
+    /// How many of `size` clusters may change at once.
+    fn parallel(&self, size: usize) -> usize;
+}
+
+impl Declared for Wave {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn selector(&self) -> &LabelSelector {
+        &self.cluster_selector
+    }
+    fn parallel(&self, size: usize) -> usize {
+        max_parallel(self.max_parallel.as_ref(), size).unwrap_or(1)
+    }
+}
+
+impl Declared for super::checked::Wave {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn selector(&self) -> &LabelSelector {
+        &self.selector
+    }
+    fn parallel(&self, size: usize) -> usize {
+        self.parallel.of(size)
+    }
+}
+
 /// Each cluster's wave: the first wave that selects it, else [`REMAINING`].
 /// Returns the waves in order with their clusters (sorted), leaving out an
 /// empty `remaining` wave.
-pub fn waves<'a>(
-    declared: &'a [Wave],
+pub fn waves<'a, W: Declared>(
+    declared: &'a [W],
     clusters: impl IntoIterator<Item = (&'a str, &'a Labels)>,
 ) -> Vec<(String, Vec<String>)> {
     let mut out: Vec<(String, Vec<String>)> = declared
         .iter()
-        .map(|w| (w.name.clone(), Vec::new()))
+        .map(|w| (w.name().to_string(), Vec::new()))
         .collect();
     let mut rest = Vec::new();
     for (name, labels) in clusters {
-        let first = declared
-            .iter()
-            .position(|w| selects(&w.cluster_selector, labels));
+        let first = declared.iter().position(|w| selects(w.selector(), labels));
         match first {
             Some(i) => out[i].1.push(name.to_string()),
             None => rest.push(name.to_string()),
@@ -279,7 +310,7 @@ mod tests {
             ]
         );
         // No declared waves: one wave with everything.
-        let w = waves(&[], [("a", &a)]);
+        let w = waves::<Wave>(&[], [("a", &a)]);
         assert_eq!(w, vec![(REMAINING.to_string(), vec!["a".to_string()])]);
     }
 

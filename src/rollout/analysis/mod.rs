@@ -21,7 +21,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::gate::stamp;
-use super::spec::{AnalysisCheck, CheckState, CheckStatus, PrometheusCheck};
+use super::spec::{AnalysisCheck, CheckState, CheckStatus};
 use crate::domain::duration::parse_bounded;
 
 /// What a run judged.
@@ -49,6 +49,8 @@ pub struct Run {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Due {
     pub check: AnalysisCheck,
+    /// Its settings, as the spec check parsed them.
+    pub settings: Settings,
     pub evidence: Evidence,
 }
 
@@ -58,8 +60,22 @@ pub struct Settings {
     pub interval: Duration,
     pub failure_limit: usize,
     pub timeout: Duration,
-    /// A Prometheus check's `successCondition`.
-    pub condition: Option<condition::Condition>,
+    pub provider: Provider,
+}
+
+/// Whom a check asks, checked.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Provider {
+    Webhook {
+        url: String,
+        /// The Secret its headers come from (`headersFrom`).
+        headers_from: Option<String>,
+    },
+    Prometheus {
+        address: String,
+        query: String,
+        condition: condition::Condition,
+    },
 }
 
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -86,8 +102,16 @@ pub fn settings(c: &AnalysisCheck) -> Result<Settings, String> {
         Some(n @ 1..=100) => n as usize,
         Some(n) => return Err(format!("{at}.failureLimit: {n} is not within 1..=100")),
     };
-    let (url_at, url, timeout, condition) = match (&c.webhook, &c.prometheus) {
-        (Some(hook), None) => ("webhook.url", &hook.url, &hook.timeout, None),
+    let (url_at, url, timeout, provider) = match (&c.webhook, &c.prometheus) {
+        (Some(hook), None) => (
+            "webhook.url",
+            &hook.url,
+            &hook.timeout,
+            Provider::Webhook {
+                url: hook.url.clone(),
+                headers_from: hook.headers_from.as_ref().map(|h| h.secret_name.clone()),
+            },
+        ),
         (None, Some(p)) => {
             promql::check_query(&p.query).map_err(|e| format!("{at}.prometheus.query: {e}"))?;
             let condition = condition::parse(&p.success_condition)
@@ -96,7 +120,11 @@ pub fn settings(c: &AnalysisCheck) -> Result<Settings, String> {
                 "prometheus.address",
                 &p.address,
                 &p.timeout,
-                Some(condition),
+                Provider::Prometheus {
+                    address: p.address.clone(),
+                    query: p.query.clone(),
+                    condition,
+                },
             )
         }
         (None, None) => return Err(format!("{at}: name a provider (webhook or prometheus)")),
@@ -112,9 +140,9 @@ pub fn settings(c: &AnalysisCheck) -> Result<Settings, String> {
             "{at}.{url_at}: {url:?} is not an http:// or https:// URL"
         ));
     }
-    let provider = url_at.split('.').next().unwrap_or_default();
+    let kind = url_at.split('.').next().unwrap_or_default();
     let timeout = duration(
-        &format!("{provider}.timeout"),
+        &format!("{kind}.timeout"),
         timeout,
         Duration::from_secs(5),
         MAX_TIMEOUT,
@@ -123,20 +151,32 @@ pub fn settings(c: &AnalysisCheck) -> Result<Settings, String> {
         interval,
         failure_limit,
         timeout,
-        condition,
+        provider,
     })
 }
 
-/// Every check's settings, with names unique.
-pub fn check_all(checks: &[AnalysisCheck]) -> Result<(), String> {
+/// A check with its settings, checked once with the spec (#58).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checked {
+    pub check: AnalysisCheck,
+    pub settings: Settings,
+}
+
+/// Every check with its settings, names unique.
+pub fn check_all(checks: &[AnalysisCheck]) -> Result<Vec<Checked>, String> {
     let mut names = BTreeSet::new();
-    for c in checks {
-        if !names.insert(c.name.as_str()) {
-            return Err(format!("rollout.analysis: {:?} is named twice", c.name));
-        }
-        settings(c)?;
-    }
-    Ok(())
+    checks
+        .iter()
+        .map(|c| {
+            if !names.insert(c.name.as_str()) {
+                return Err(format!("rollout.analysis: {:?} is named twice", c.name));
+            }
+            Ok(Checked {
+                settings: settings(c)?,
+                check: c.clone(),
+            })
+        })
+        .collect()
 }
 
 /// What a wave's checks say.
@@ -155,7 +195,7 @@ pub enum Judgement {
 /// update revision (runs that started before prove nothing); `bake_end`:
 /// when its bake is over (a pass must start no earlier).
 pub fn judge(
-    checks: &[AnalysisCheck],
+    checks: &[Checked],
     runs: &[Run],
     evidence: &Evidence,
     (settled, bake_end): (Timestamp, Timestamp),
@@ -166,9 +206,11 @@ pub fn judge(
     let mut failed = None;
     let mut all_passed = true;
     let mut wait = bake_end.duration_since(now).max(jiff::SignedDuration::ZERO);
-    for c in checks {
-        // Invalid settings never reach here: the spec is checked first.
-        let Ok(s) = settings(c) else { continue };
+    for Checked {
+        check: c,
+        settings: s,
+    } in checks
+    {
         let mut counted: Vec<&Run> = runs
             .iter()
             .filter(|r| r.check == c.name && &r.evidence == evidence && r.started >= settled)
@@ -199,6 +241,7 @@ pub fn judge(
             match next {
                 Some(t) if t <= now => due.push(Due {
                     check: c.clone(),
+                    settings: s.clone(),
                     evidence: evidence.clone(),
                 }),
                 Some(t) => wait = wait.min(t.duration_since(now)),
@@ -308,19 +351,25 @@ pub enum Job {
     },
 }
 
-/// The job for a due check of FleetMicroservice `namespace/name`; `None`
-/// for invalid settings, which the spec check refuses first.
-pub fn job(namespace: &str, name: &str, due: &Due) -> Option<Job> {
-    let s = settings(&due.check).ok()?;
-    if let Some(hook) = &due.check.webhook {
-        return Some(Job::Webhook {
-            url: hook.url.clone(),
-            timeout: s.timeout,
-            body: body(namespace, name, due),
-            headers_from: hook.headers_from.as_ref().map(|h| h.secret_name.clone()),
-        });
-    }
-    let PrometheusCheck { address, query, .. } = due.check.prometheus.as_ref()?;
+/// The job for a due check of FleetMicroservice `namespace/name`, from
+/// the settings its spec check parsed.
+pub fn job(namespace: &str, name: &str, due: &Due) -> Job {
+    let timeout = due.settings.timeout;
+    let (address, query, condition) = match &due.settings.provider {
+        Provider::Webhook { url, headers_from } => {
+            return Job::Webhook {
+                url: url.clone(),
+                timeout,
+                body: body(namespace, name, due),
+                headers_from: headers_from.clone(),
+            };
+        }
+        Provider::Prometheus {
+            address,
+            query,
+            condition,
+        } => (address, query, condition),
+    };
     let vars = |cluster| promql::Vars {
         cluster,
         namespace,
@@ -336,12 +385,12 @@ pub fn job(namespace: &str, name: &str, due: &Due) -> Option<Job> {
             .collect(),
         false => vec![(None, promql::render(query, &vars(None)))],
     };
-    Some(Job::Prometheus {
+    Job::Prometheus {
         address: address.clone(),
-        timeout: s.timeout,
+        timeout,
         queries,
-        condition: s.condition?,
-    })
+        condition: condition.clone(),
+    }
 }
 
 /// The JSON a webhook receives.

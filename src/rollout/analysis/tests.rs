@@ -107,7 +107,8 @@ fn a_prometheus_check_is_checked_whole_before_it_runs() {
 #[test]
 fn a_prometheus_job_asks_about_each_cluster_of_the_evidence_it_judges() {
     let e = evidence(&[("m1", 3), ("m2", 5)]);
-    let due = |check| Due {
+    let due = |check: AnalysisCheck| Due {
+        settings: settings(&check).unwrap(),
         check,
         evidence: e.clone(),
     };
@@ -115,12 +116,12 @@ fn a_prometheus_job_asks_about_each_cluster_of_the_evidence_it_judges() {
         r#"err{cluster="$cluster",app="$namespace/$name",rev="$revision"}"#,
         "result < 0.01",
     );
-    let Some(Job::Prometheus {
+    let Job::Prometheus {
         address,
         queries,
         condition,
         timeout,
-    }) = job("shop", "api", &due(per_cluster))
+    } = job("shop", "api", &due(per_cluster))
     else {
         panic!("a prometheus job")
     };
@@ -140,7 +141,7 @@ fn a_prometheus_job_asks_about_each_cluster_of_the_evidence_it_judges() {
             ),
         ]
     );
-    let Some(Job::Prometheus { queries, .. }) = job(
+    let Job::Prometheus { queries, .. } = job(
         "shop",
         "api",
         &due(prometheus(r#"sum(err{rev="$revision"})"#, "result < 1")),
@@ -148,17 +149,18 @@ fn a_prometheus_job_asks_about_each_cluster_of_the_evidence_it_judges() {
         panic!("a prometheus job")
     };
     assert_eq!(queries, vec![(None, r#"sum(err{rev="api-2"})"#.into())]);
-    let Some(Job::Webhook { body, .. }) = job("shop", "api", &due(check("errors", None))) else {
+    let Job::Webhook { body, .. } = job("shop", "api", &due(check("errors", None))) else {
         panic!("a webhook job")
     };
     assert_eq!(body["clusters"][1]["generation"], 5);
-    assert_eq!(job("shop", "api", &due(prometheus("up", "nonsense"))), None);
+    // An invalid check has no settings, so no job can be asked of it.
+    assert!(settings(&prometheus("up", "nonsense")).is_err());
 }
 
 #[test]
 fn a_wave_passes_only_on_a_pass_that_started_after_its_bake() {
     let e = evidence(&[("m1", 3)]);
-    let checks = [check("errors", None)];
+    let checks = check_all(&[check("errors", None)]).unwrap();
     let window = (t(0), t(30));
     // Nothing ran: run now.
     let (j, _, due) = judge(&checks, &[], &e, window, t(1));
@@ -182,7 +184,7 @@ fn a_wave_passes_only_on_a_pass_that_started_after_its_bake() {
 #[test]
 fn runs_of_other_evidence_or_from_before_the_wave_settled_never_count() {
     let e = evidence(&[("m1", 3), ("m2", 5)]);
-    let checks = [check("errors", None)];
+    let checks = check_all(&[check("errors", None)]).unwrap();
     let window = (t(10), t(10));
     let mut other_revision = e.clone();
     other_revision.revision = "api-1".into();
@@ -214,7 +216,7 @@ fn runs_of_other_evidence_or_from_before_the_wave_settled_never_count() {
 #[test]
 fn failures_in_a_row_up_to_the_limit_fail_the_wave_and_a_pass_starts_the_count_over() {
     let e = evidence(&[("m1", 3)]);
-    let checks = [check("errors", Some(2))];
+    let checks = check_all(&[check("errors", Some(2))]).unwrap();
     let window = (t(0), t(0));
     let one = [run(&e, 1, false)];
     let (j, statuses, due) = judge(&checks, &one, &e, window, t(11));
@@ -247,6 +249,7 @@ fn failures_in_a_row_up_to_the_limit_fail_the_wave_and_a_pass_starts_the_count_o
 fn the_log_runs_one_at_a_time_per_check_keeps_a_bounded_history_and_forgets_a_term() {
     let e = evidence(&[("m1", 3)]);
     let due = Due {
+        settings: settings(&check("errors", None)).unwrap(),
         check: check("errors", None),
         evidence: e.clone(),
     };
@@ -267,6 +270,7 @@ fn the_log_runs_one_at_a_time_per_check_keeps_a_bounded_history_and_forgets_a_te
 #[test]
 fn the_webhook_body_names_the_evidence() {
     let due = Due {
+        settings: settings(&check("errors", None)).unwrap(),
         check: check("errors", None),
         evidence: evidence(&[("m1", 3)]),
     };
@@ -311,7 +315,7 @@ proptest! {
     /// before a member's generation last moved, or before the bake ended.
     #[test]
     fn no_pass_rests_on_stale_evidence(events in proptest::collection::vec(event(), 1..60)) {
-        let checks = [check("errors", Some(2))];
+        let checks = check_all(&[check("errors", Some(2))]).unwrap();
         let bake = 20;
         let mut now = 0i64;
         let mut generations = [1i64, 1i64];

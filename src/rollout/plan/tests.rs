@@ -9,8 +9,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::*;
 use crate::crd::MicroserviceSpec;
+use crate::rollout::placement::{digest, member_spec};
 use crate::rollout::revision::{RevisionData, name_for};
+use crate::rollout::spec::{CheckStatus, ClusterState, ClusterStatus, OnFailure, WaveState};
 use crate::rollout::spec::{Override, Rollout, Wave};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 fn sel(k: &str, v: &str) -> LabelSelector {
     LabelSelector {
@@ -61,6 +64,19 @@ fn foreign() -> Member {
         reason: String::new(),
         message: String::new(),
     }
+}
+
+/// How many plans the oracle was asked about, in this test binary.
+static ORACLE_CASES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The planner before #58 plans the same, while it is the oracle.
+fn oracle_agrees(inputs: &Inputs, p: &Plan) {
+    let n = ORACLE_CASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    if n.is_multiple_of(50_000) {
+        eprintln!("oracle: {n} plans compared so far");
+    }
+    let old = super::oracle::plan(inputs);
+    assert_eq!(&old, p, "the new planner differs from the oracle");
 }
 
 /// A fleet that does what it is told: the test decides when members turn done.
@@ -134,11 +150,13 @@ impl World {
 
     fn plan(&mut self) -> Plan {
         let update = self.update();
-        plan(&Inputs {
+        let checked = crate::rollout::checked::check("api", &self.spec);
+        let inputs = Inputs {
             name: "api",
             uid: "uid-api",
             generation: 1,
             spec: &self.spec,
+            checked: checked.as_ref().map_err(String::as_str),
             update: &update,
             revisions: &self.revisions,
             previous: &self.status,
@@ -148,7 +166,10 @@ impl World {
             term_started: self.term_started,
             approvals: &self.approvals,
             runs: &self.runs,
-        })
+        };
+        let p = plan(&inputs);
+        oracle_agrees(&inputs, &p);
+        p
     }
 
     /// Plan, persist the status, then carry out the actions.
@@ -1446,11 +1467,13 @@ mod review {
         }
         let mut w = World::three();
         let update = w.update();
+        let checked = crate::rollout::checked::check("api", &w.spec).unwrap();
         let inputs = Inputs {
             name: "api",
             uid: "uid-api",
             generation: 1,
             spec: &w.spec,
+            checked: Ok(&checked),
             update: &update,
             revisions: &w.revisions,
             previous: &w.status,
@@ -2004,7 +2027,7 @@ fn a_lost_status_forgets_neither_the_failure_nor_the_last_good() {
     assert_eq!(w.status.last_good_revision.as_deref(), Some(good.as_str()));
 }
 
-#[path = "plan_failover_tests.rs"]
+#[path = "failover_tests.rs"]
 mod failover;
 
 /// Found by `make chaos` (seed 3): a release superseded half-way left a
@@ -2050,8 +2073,11 @@ fn a_rollback_also_brings_back_a_cluster_left_on_a_superseded_release() {
     }
 }
 
-#[path = "plan_approval_tests.rs"]
+#[path = "approval_tests.rs"]
 mod approval;
 
-#[path = "plan_analysis_tests.rs"]
+#[path = "analysis_tests.rs"]
 mod analysis_gates;
+
+#[path = "oracle_tests.rs"]
+mod oracle_world;

@@ -1,121 +1,33 @@
-//! The rollout planner: from what is observed now to what to write next.
-//!
-//! Pure and level-triggered. The inputs are the spec, the revisions, every
-//! cluster's labels and its member object as the status index sees it, the
-//! status last written (which holds the decisions that must survive: the
-//! last good revision, a failed revision, when each cluster was targeted
-//! and since when it is done), and the clock. A new leader that reads the
-//! same inputs makes the same plan, so it continues where the old one
-//! stopped. The edge writes the status before it acts on the plan.
+//! The planner as it was before #58, kept as the oracle of the new one
+//! while it takes over: a property test asserts both plan alike. Test
+//! builds only; deleted once the new planner has taken over.
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::analysis::{self, Judgement};
-use super::approval::{self, Approvals};
-use super::failover::choose::{self, Candidate, Placed};
-use super::gate::{self, Evidence, Gate, left, stamp};
-use super::leaving::{self, Leave, Leaver};
-use super::placement::{self, Labels, digest, member_spec, selects};
-use super::revision::Revision;
-use super::spec::{
+use super::{
+    AVAILABLE, Action, Cluster, DEFAULT_DEADLINE, Inputs, LABELS_UNKNOWN, MAX_SPAN, NOT_REGISTERED,
+    PROGRESSING, Plan, ROLLED_BACK,
+};
+use crate::domain::conditions::{self, Status, Verdict};
+use crate::domain::duration::parse_bounded;
+use crate::rollout::analysis::{self, Judgement};
+use crate::rollout::approval;
+use crate::rollout::failover::choose::{self, Candidate, Placed};
+use crate::rollout::gate::{self, Evidence, Gate, left, stamp};
+use crate::rollout::leaving::{self, Leave, Leaver};
+use crate::rollout::placement::{self, Labels, digest, member_spec, selects};
+use crate::rollout::revision::Revision;
+use crate::rollout::spec::{
     Approval, CLUSTER_UNREACHABLE, CheckState, CheckStatus, ClusterState, ClusterStatus,
     DnsStrategy, FleetMicroserviceSpec, FleetMicroserviceStatus, OnFailure, RolloutPhase,
     WaveState, WaveStatus,
 };
-use super::trouble::Trouble;
-use crate::domain::conditions::{self, Status, Verdict};
-use crate::domain::duration::parse_bounded;
+use crate::rollout::trouble::Trouble;
 use crate::status::view::EntryState;
-
-pub const PROGRESSING: &str = conditions::PROGRESSING;
-pub const AVAILABLE: &str = conditions::AVAILABLE;
-pub const ROLLED_BACK: &str = "RolledBack";
-/// The reason of a cluster that left the registry while its wave ran.
-pub const NOT_REGISTERED: &str = "NotRegistered";
-/// The reason of a cluster whose labels cannot be read.
-pub const LABELS_UNKNOWN: &str = "LabelsUnknown";
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
-/// The longest bake or progress deadline a spec may ask for: a week keeps
-/// every sum of stamps and spans far from overflow.
-pub const MAX_SPAN: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// A member's Microservice, as the status index sees it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Member {
-    /// It carries this FleetMicroservice's label; anything else is never written.
-    pub ours: bool,
-    /// Its revision annotation.
-    pub revision: Option<String>,
-    /// The digest of its spec ([`placement::digest`]).
-    pub digest: u64,
-    /// Its metadata.generation: analysis evidence is bound to it (#35).
-    pub generation: i64,
-    /// Its truthful state at its own generation (reachability folded in).
-    pub state: EntryState,
-    pub reason: String,
-    pub message: String,
-}
-
-/// One registered member cluster.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Cluster {
-    pub name: String,
-    /// `None` when its labels cannot be read: it is neither written nor emptied.
-    pub labels: Option<Labels>,
-    pub reachable: bool,
-    /// Its caches were listed at least once, so `member` is known.
-    pub synced: bool,
-    pub member: Option<Member>,
-}
-
-pub struct Inputs<'a> {
-    /// The FleetMicroservice's name, which the member objects carry.
-    pub name: &'a str,
-    /// Its uid: a counted placement ranks clusters by it.
-    pub uid: &'a str,
-    pub generation: i64,
-    pub spec: &'a FleetMicroserviceSpec,
-    /// The revision of the spec as it is now.
-    pub update: &'a Revision,
-    /// Every stored revision, the update revision included.
-    pub revisions: &'a [Revision],
-    pub previous: &'a FleetMicroserviceStatus,
-    pub clusters: &'a [Cluster],
-    /// What the last write to each cluster found, when it went wrong.
-    pub troubles: &'a BTreeMap<String, Trouble>,
-    /// The clock; status stamps keep its whole seconds.
-    pub now: Timestamp,
-    /// When this leader's term began, on the same clock: stamps older than
-    /// it may come from another replica's clock.
-    pub term_started: Timestamp,
-    /// The approvals given for `Manual` waves (#35), from the object's annotation.
-    pub approvals: &'a Approvals,
-    /// This term's analysis runs for this object (#35).
-    pub runs: &'a [analysis::Run],
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Action {
-    /// Write the member object from this revision (create or replace).
-    Apply { cluster: String, revision: String },
-    /// Delete this FleetMicroservice's member object.
-    Delete { cluster: String },
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Plan {
-    pub actions: Vec<Action>,
-    pub status: FleetMicroserviceStatus,
-    /// Plan again after this long even if nothing changes: a bake or a
-    /// deadline ends then.
-    pub requeue_after: Option<Duration>,
-    /// Analysis checks to run now (#35).
-    pub checks: Vec<analysis::Due>,
-}
 
 /// The rollout settings, checked.
 struct Settings {
@@ -127,7 +39,7 @@ struct Settings {
     on_failure: OnFailure,
     /// With `numberOfClusters`.
     counted: Option<choose::Settings>,
-    windows: Vec<super::window::Checked>,
+    windows: Vec<crate::rollout::window::Checked>,
 }
 
 fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String> {
@@ -141,7 +53,7 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
         &spec.placement.cluster_selector,
     )?;
     analysis::check_all(&r.analysis)?;
-    let windows = super::window::check(&r.windows)?;
+    let windows = crate::rollout::window::check(&r.windows)?;
     for (i, o) in spec.overrides.iter().enumerate() {
         placement::check_selector(
             &format!("overrides[{i}].clusterSelector"),
@@ -193,7 +105,7 @@ fn settings(name: &str, spec: &FleetMicroserviceSpec) -> Result<Settings, String
 }
 
 /// `numberOfClusters` and its failover timers, checked.
-fn counted(p: &super::spec::Placement) -> Result<Option<choose::Settings>, String> {
+fn counted(p: &crate::rollout::spec::Placement) -> Result<Option<choose::Settings>, String> {
     let Some(count) = p.number_of_clusters else {
         return match p.failover {
             Some(_) => Err("placement.failover needs placement.numberOfClusters".into()),
@@ -627,7 +539,7 @@ pub fn plan(i: &Inputs) -> Plan {
                 .unwrap_or(settled),
         };
         let (judgement, statuses, due) = analysis::judge(
-            &i.spec.rollout.analysis,
+            &analysis::check_all(&i.spec.rollout.analysis).unwrap_or_default(),
             i.runs,
             &evidence,
             (settled, bake_end),
@@ -681,7 +593,7 @@ pub fn plan(i: &Inputs) -> Plan {
     // A `Manual` wave whose turn came without an approval for this revision.
     let mut awaiting: Option<&str> = None;
     // A wave whose turn came outside its time windows.
-    let mut closed: Option<(&str, super::window::Closed)> = None;
+    let mut closed: Option<(&str, crate::rollout::window::Closed)> = None;
     match &mode {
         Mode::Paused | Mode::HeldOnFailure | Mode::Failed => {
             for r in &rows {
@@ -759,7 +671,7 @@ pub fn plan(i: &Inputs) -> Plan {
                 // A wave starts only inside its time windows; one under way
                 // goes on.
                 if !wave_rows.iter().any(|r| given(r))
-                    && let Err(shut) = super::window::may_start(&settings.windows, i.now)
+                    && let Err(shut) = crate::rollout::window::may_start(&settings.windows, i.now)
                 {
                     if let Some(wait) = shut
                         .until
@@ -1432,38 +1344,6 @@ fn hold_members<'a>(
     ghosts
 }
 
-/// [`plan`] behind a catch-panic boundary: a defect that one spec
-/// triggers fails that FleetMicroservice (`InvalidSpec`, nothing written)
-/// and leaves the replica and every other rollout running (review H2).
-pub fn plan_guarded(i: &Inputs) -> Plan {
-    guarded(i, || {
-        if crate::supervise::plan_panic(i.name) {
-            panic!("injected planner fault");
-        }
-        plan(i)
-    })
-}
-
-fn guarded(i: &Inputs, planner: impl FnOnce() -> Plan) -> Plan {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(planner)) {
-        Ok(p) => p,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "no message".into());
-            tracing::error!(flotilla.fleet_microservice = i.name, panic = %what, "the rollout planner panicked");
-            invalid(
-                i,
-                format!(
-                    "the planner failed on this spec ({what}); nothing is written until it changes"
-                ),
-            )
-        }
-    }
-}
-
 /// `Failover` needs its primaries, and only it has them.
 fn check_dns(spec: &FleetMicroserviceSpec) -> Result<(), String> {
     let Some(dns) = &spec.dns else { return Ok(()) };
@@ -1502,7 +1382,3 @@ fn invalid(i: &Inputs, message: String) -> Plan {
         checks: Vec::new(),
     }
 }
-
-#[cfg(test)]
-#[path = "plan_tests.rs"]
-mod tests;

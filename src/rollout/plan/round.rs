@@ -1,0 +1,121 @@
+//! What every stage of one round reads: the inputs, the checked spec, and
+//! the facts about the update revision that the last status holds.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::rows::Row;
+use super::{Checked, Inputs, PROGRESSING};
+use crate::rollout::gate::{self, stamp};
+use crate::rollout::placement::{digest, member_spec};
+use crate::rollout::revision::Revision;
+use crate::rollout::spec::{ClusterState, ClusterStatus, WaveStatus};
+use crate::rollout::trouble::Trouble;
+
+/// The Progressing reason a paused round writes; read back to know that
+/// this round resumes.
+pub const PAUSED: &str = "Paused";
+
+pub struct Round<'a> {
+    pub i: &'a Inputs<'a>,
+    pub spec: &'a Checked,
+    /// `now` as a status stamp.
+    pub now: Time,
+    /// The update revision's name.
+    pub update: &'a str,
+    /// The last status was planned for this same update revision.
+    pub same_update: bool,
+    pub revisions: BTreeMap<&'a str, &'a Revision>,
+    /// The revision that ran to completion last, if any: the status
+    /// remembers; its revisions do too, for a status that was lost (review L13).
+    pub last_good: Option<String>,
+    /// The update revision is the last good one.
+    pub is_good: bool,
+    /// The update revision failed before (recorded in the status or on it).
+    pub failed_before: bool,
+    /// The last round was paused and this one is not.
+    pub resumed: bool,
+}
+
+impl<'a> Round<'a> {
+    pub fn new(i: &'a Inputs<'a>, spec: &'a Checked) -> Self {
+        let prev = i.previous;
+        let update = i.update.name.as_str();
+        let revisions: BTreeMap<&str, &Revision> =
+            i.revisions.iter().map(|r| (r.name.as_str(), r)).collect();
+        let last_good = prev
+            .last_good_revision
+            .clone()
+            .or_else(|| i.update.memory.good_before.clone())
+            .filter(|n| revisions.contains_key(n.as_str()));
+        Round {
+            i,
+            spec,
+            now: stamp(i.now),
+            update,
+            same_update: prev.update_revision.as_deref() == Some(update)
+                && prev.update_revision_number == Some(i.update.number),
+            is_good: last_good.as_deref() == Some(update),
+            last_good,
+            failed_before: prev.failed_revision_number == Some(i.update.number)
+                || i.update.failed(),
+            resumed: !spec.paused
+                && prev
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == PROGRESSING && c.reason == PAUSED),
+            revisions,
+        }
+    }
+
+    /// The cluster's entry in the last status.
+    pub fn prev_of(&self, name: &str) -> Option<&'a ClusterStatus> {
+        self.i.previous.clusters.iter().find(|c| c.name == name)
+    }
+
+    /// The wave's entry in the last status, for this same update revision.
+    pub fn prev_wave(&self, name: &str) -> Option<&'a WaveStatus> {
+        self.i
+            .previous
+            .waves
+            .iter()
+            .find(|w| w.name == name)
+            .filter(|_| self.same_update)
+    }
+
+    /// When the wave passed for this update revision, if it did.
+    pub fn finished_before(&self, wave: &str) -> Option<Time> {
+        self.prev_wave(wave).and_then(|w| w.finished.clone())
+    }
+
+    /// The trouble of the last write of `rev` to this row, while the spec
+    /// that revision gives it is still the one that was written.
+    pub fn trouble(&self, r: &Row, rev: &str) -> Option<&'a Trouble> {
+        let t = self
+            .i
+            .troubles
+            .get(&r.c.name)
+            .filter(|t| t.revision == rev)?;
+        let data = &self.revisions.get(rev)?.data;
+        let labels = r.c.labels.as_ref()?;
+        (t.digest == digest(&member_spec(&data.template, &data.overrides, labels))).then_some(t)
+    }
+
+    /// Since when the row has been done at the update revision (for bake).
+    pub fn done_since(&self, r: &Row) -> Time {
+        match r.prev {
+            Some(p) if self.was_done(p) => {
+                gate::trusted(&p.since, self.spec.bake, self.i.term_started)
+            }
+            _ => self.now.clone(),
+        }
+    }
+
+    /// The last status had this cluster done at this update revision.
+    pub fn was_done(&self, p: &ClusterStatus) -> bool {
+        self.same_update
+            && p.state == ClusterState::Done
+            && p.target.as_deref() == Some(self.update)
+    }
+}
