@@ -449,7 +449,6 @@ async fn round(
         name: &name,
         uid: &uid,
         generation: fms.metadata.generation.unwrap_or(0),
-        spec: &fms.spec,
         checked: checked.as_ref().as_ref().map_err(String::as_str),
         update,
         revisions: &existing,

@@ -34,7 +34,7 @@ pub use super::checked::{Checked, DEFAULT_DEADLINE, MAX_SPAN};
 use super::gate::stamp;
 use super::placement::Labels;
 use super::revision::Revision;
-use super::spec::{FleetMicroserviceSpec, FleetMicroserviceStatus, RolloutPhase};
+use super::spec::{FleetMicroserviceStatus, RolloutPhase};
 use super::trouble::Trouble;
 use crate::domain::conditions::{self, Status, Verdict};
 use crate::status::view::EntryState;
@@ -82,8 +82,6 @@ pub struct Inputs<'a> {
     /// Its uid: a counted placement ranks clusters by it.
     pub uid: &'a str,
     pub generation: i64,
-    /// The spec as written; only the oracle of the tests reads it.
-    pub spec: &'a FleetMicroserviceSpec,
     /// The spec of this generation, checked once ([`super::checked::check`]),
     /// or why it cannot be planned.
     pub checked: Result<&'a Checked, &'a str>,
@@ -224,9 +222,6 @@ fn invalid(i: &Inputs, message: String) -> Plan {
         checks: Vec::new(),
     }
 }
-
-#[cfg(test)]
-mod oracle;
 
 #[cfg(test)]
 mod tests;
