@@ -14,8 +14,8 @@ use flotilla::cli::args::{self, Cli, Command, LogFormat, OutputFormat, RemoteArg
 use flotilla::cli::remote::{self, Format};
 use flotilla::fleet::client_budget::Budget;
 use flotilla::fleet::cluster::ReplicaSettings;
-use flotilla::fleet::election::Timings;
 use flotilla::fleet::runtime::FleetOptions;
+use flotilla::lease::election::Timings;
 use flotilla::reconciler::{self, Hooks, Settings, WriterIdentity};
 use flotilla::registry::Registration;
 use flotilla::status::hub::Hub;
@@ -123,7 +123,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let hub = Hub::new(&replica_id);
     let (credentials, credentials_rx) = tokio::sync::watch::channel(Default::default());
     let ui_warnings = flotilla::ui::warnings::Warnings::new(&replica_id, credentials_rx.clone())?;
-    grpc.live = Some(flotilla::api::live::Live(std::sync::Arc::new(
+    grpc.live = Some(flotilla::status::live::Live(std::sync::Arc::new(
         flotilla::fleet::live_reads::MemberReads::new(&replica_id, credentials_rx.clone())?,
     )));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -315,7 +315,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
 
 /// A token file named by `flag`: trimmed, and never empty.
 fn read_token(path: &std::path::Path, flag: &str) -> Result<String, String> {
-    flotilla::api::tls::read_token(path).map_err(|e| format!("{flag} {e}"))
+    flotilla::serve::tls::read_token(path).map_err(|e| format!("{flag} {e}"))
 }
 
 fn grpc_options(args: &RunArgs) -> Result<ServerOptions, String> {
@@ -367,7 +367,7 @@ fn ui_options(args: &RunArgs, grpc: &ServerOptions) -> Option<flotilla::ui::serv
     o.allowed_hosts = args.ui_allowed_hosts.clone();
     o.limits.stall = grpc.stream_stall;
     o.limits.max_age = grpc.max_stream_age;
-    o.conns = flotilla::api::conns::ConnLimits {
+    o.conns = flotilla::serve::conns::ConnLimits {
         send_buffer: Some(flotilla::ui::server::SEND_BUFFER),
         ..grpc.conns
     };

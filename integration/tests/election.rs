@@ -12,9 +12,9 @@ use rand::Rng;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use flotilla::fleet::election::{LeaseRecord, Timings};
-use flotilla::fleet::elector::{Elector, Leadership};
-use flotilla::fleet::lease_store::{KubeLeaseStore, LeaseError, LeaseStore, Versioned};
+use flotilla::lease::election::{LeaseRecord, Timings};
+use flotilla::lease::elector::{Elector, Leadership};
+use flotilla::lease::lease_store::{KubeLeaseStore, LeaseError, LeaseStore, Versioned};
 use support::{TestNamespace, client};
 
 const CANDIDATES: usize = 5;
@@ -264,7 +264,7 @@ async fn five_electors_never_lead_at_once_across_100_leader_changes() {
 /// spent waiting would add to the failover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_assignee_takes_a_free_lease_as_soon_as_the_assignment_names_it() {
-    use flotilla::fleet::election::Ownership;
+    use flotilla::lease::election::Ownership;
     use futures::StreamExt;
 
     let client = client("home").await;

@@ -875,7 +875,7 @@ async fn a_replica_with_an_unreachable_registry_is_ready_and_says_so_in_metrics(
 /// deletion completes. With the check removed, the record is gone.
 #[tokio::test]
 async fn a_leader_deposed_mid_reconcile_deletes_no_record() {
-    use flotilla::fleet::elector::Leadership;
+    use flotilla::lease::elector::Leadership;
     use futures::FutureExt;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};

@@ -245,10 +245,10 @@ fn attempts(member: &str, ns: &str, name: &str) -> Vec<(String, u64)> {
 /// only holds once its colour codes are taken out.
 #[test]
 fn a_replica_log_is_read_without_its_colour_codes() {
-    let line = "\u{1b}[2mflotilla::fleet::home_lease\u{1b}[0m\u{1b}[2m:\u{1b}[0m leading \u{1b}[3mlease\u{1b}[0m\u{1b}[2m=\u{1b}[0m\"fleet rollouts\"";
+    let line = "\u{1b}[2mflotilla::lease::home_lease\u{1b}[0m\u{1b}[2m:\u{1b}[0m leading \u{1b}[3mlease\u{1b}[0m\u{1b}[2m=\u{1b}[0m\"fleet rollouts\"";
     assert_eq!(
         support::replicas::without_colour(line),
-        "flotilla::fleet::home_lease: leading lease=\"fleet rollouts\""
+        "flotilla::lease::home_lease: leading lease=\"fleet rollouts\""
     );
     assert_eq!(
         support::replicas::without_colour("plain [text]"),
@@ -546,9 +546,9 @@ const MEMBERS_OF_FLEET: [&str; 3] = ["member-1", "member-2", "member-3"];
 #[tokio::test]
 async fn member_writes_are_refused_outside_the_home_term() {
     use flotilla::fleet::credentials::Trust;
-    use flotilla::fleet::elector::Leadership;
-    use flotilla::fleet::fence::Fence;
     use flotilla::fleet::runtime::Credentials;
+    use flotilla::lease::elector::Leadership;
+    use flotilla::lease::fence::Fence;
     use flotilla::rollout::error::RolloutError;
     use flotilla::rollout::members::{Members, Written};
     use tokio::time::Instant;

@@ -4,11 +4,9 @@
 pub mod auth;
 pub mod catch_panic;
 pub mod client;
-pub mod conns;
 pub mod convert;
 pub mod deadline;
 pub mod fresh;
-pub mod live;
 pub mod replies;
 pub mod request;
 pub mod rollout_convert;
@@ -16,8 +14,6 @@ pub mod rollout_watch;
 pub mod rollouts;
 pub mod server;
 pub mod service;
-pub mod streams;
-pub mod tls;
 pub mod wait;
 pub mod watch;
 
@@ -59,6 +55,14 @@ impl ApiError {
             ApiError::ResourceExhausted(_) => "ResourceExhausted",
             ApiError::Config(_) => "Config",
             ApiError::Transport(_) => "Transport",
+        }
+    }
+}
+
+impl From<crate::serve::ServeError> for ApiError {
+    fn from(e: crate::serve::ServeError) -> Self {
+        match e {
+            crate::serve::ServeError::Config(m) => ApiError::Config(m),
         }
     }
 }

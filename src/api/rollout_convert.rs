@@ -6,9 +6,13 @@ use std::time::SystemTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
+use std::sync::Arc;
+
 use super::convert::{condition, timestamp};
 use super::pb;
 use crate::rollout::approval;
+use crate::rollout::cache::{Key, RolloutCache};
+use crate::rollout::home::revisions_of;
 use crate::rollout::revision::Revision;
 use crate::rollout::spec::{Approval, FleetMicroservice, PlacementStatus};
 
@@ -160,4 +164,33 @@ pub fn deleted(namespace: &str, name: &str) -> pb::Rollout {
         name: name.to_string(),
         ..Default::default()
     }
+}
+
+/// The rollouts whose namespace `shows` admits, after `after`, ordered by
+/// key, with revision numbers. Each is built as it is taken, so a page
+/// builds only what it sends; the stored revisions are read once, not
+/// once per rollout.
+pub fn listed(
+    cache: &RolloutCache,
+    shows: impl Fn(&str) -> bool,
+    after: Option<&Key>,
+) -> impl Iterator<Item = pb::Rollout> {
+    let key = |f: &FleetMicroservice| (f.namespace().unwrap_or_default(), f.name_any());
+    let mut chosen: Vec<(Key, Arc<FleetMicroservice>)> = cache
+        .fleet
+        .state()
+        .into_iter()
+        .map(|f| (key(&f), f))
+        .filter(|((ns, _), _)| shows(ns))
+        .filter(|(k, _)| after.is_none_or(|a| k > a))
+        .collect();
+    chosen.sort_by(|a, b| a.0.cmp(&b.0));
+    let stored = cache.revisions.state();
+    chosen.into_iter().map(move |(_, f)| {
+        let history: Vec<Revision> = revisions_of(&f, stored.iter().map(|r| r.as_ref()))
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect();
+        rollout(&f, &history, false)
+    })
 }

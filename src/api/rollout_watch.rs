@@ -11,13 +11,12 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use super::pb::{self, WatchEventType};
-use super::rollout_convert::{deleted, rollout};
-use super::rollouts::listed;
-use super::streams::{self, Outbox};
+use super::rollout_convert::{deleted, listed, rollout};
 use super::watch::WatchLimits;
 use crate::authz::access::Resource;
 use crate::authz::gate::Standing;
 use crate::rollout::cache::{Key, RolloutCache};
+use crate::serve::streams::{self, Outbox};
 
 const METHOD: &str = "WatchRollouts";
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use kube::{Client, ResourceExt};
+use kube::Client;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -15,17 +15,14 @@ use super::fresh;
 use super::pb;
 use super::pb::fleet_rollouts_server::FleetRollouts;
 use super::request;
-use super::rollout_convert::rollout;
+use super::rollout_convert::{listed, rollout};
 use super::rollout_watch;
-use super::streams::{self, Streams};
 use super::watch::WatchLimits;
 use crate::authz::access::{self, Access, Caller, Resource};
 use crate::authz::gate::Gate;
-use crate::rollout::cache::{Key, RolloutCache};
+use crate::rollout::cache::RolloutCache;
 use crate::rollout::edits::{self, EditError};
-use crate::rollout::home::revisions_of;
-use crate::rollout::revision::Revision;
-use crate::rollout::spec::FleetMicroservice;
+use crate::serve::streams::{self, Streams};
 
 pub struct FleetRolloutsService {
     pub cache: Arc<RolloutCache>,
@@ -335,33 +332,4 @@ fn namespace_filter(ns: &str) -> Result<Option<String>, Status> {
     }
     request::key(ns, "x")?;
     Ok(Some(ns.to_string()))
-}
-
-/// The rollouts whose namespace `shows` admits, after `after`, ordered by
-/// key, with revision numbers. Each is built as it is taken, so a page
-/// builds only what it sends; the stored revisions are read once, not
-/// once per rollout.
-pub(super) fn listed(
-    cache: &RolloutCache,
-    shows: impl Fn(&str) -> bool,
-    after: Option<&Key>,
-) -> impl Iterator<Item = pb::Rollout> {
-    let key = |f: &FleetMicroservice| (f.namespace().unwrap_or_default(), f.name_any());
-    let mut chosen: Vec<(Key, Arc<FleetMicroservice>)> = cache
-        .fleet
-        .state()
-        .into_iter()
-        .map(|f| (key(&f), f))
-        .filter(|((ns, _), _)| shows(ns))
-        .filter(|(k, _)| after.is_none_or(|a| k > a))
-        .collect();
-    chosen.sort_by(|a, b| a.0.cmp(&b.0));
-    let stored = cache.revisions.state();
-    chosen.into_iter().map(move |(_, f)| {
-        let history: Vec<Revision> = revisions_of(&f, stored.iter().map(|r| r.as_ref()))
-            .into_iter()
-            .map(|(r, _)| r)
-            .collect();
-        rollout(&f, &history, false)
-    })
 }

@@ -17,16 +17,16 @@ use super::pb::fleet_rollouts_server::FleetRolloutsServer;
 use super::pb::fleet_status_server::FleetStatusServer;
 use super::rollouts::FleetRolloutsService;
 use super::service::FleetStatusService;
-use super::streams::Streams;
-use super::tls::{Alpn, Rotating, watch_files};
 use super::watch::WatchLimits;
 use super::{ApiError, pb};
 use crate::authz::gate::Gate;
 use crate::authz::review::Reviews;
+use crate::serve::streams::Streams;
+use crate::serve::tls::{Alpn, Rotating, watch_files};
 use crate::status::hub::Hub;
 use crate::telemetry::grpc_layer::GrpcTelemetryLayer;
 
-pub use super::tls::TlsFiles;
+pub use crate::serve::tls::TlsFiles;
 
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -66,9 +66,9 @@ pub struct ServerOptions {
     /// Where the write token came from: read again when it changes.
     pub write_token_file: Option<PathBuf>,
     /// Caps and deadlines on connections, before any authentication.
-    pub conns: super::conns::ConnLimits,
+    pub conns: crate::serve::conns::ConnLimits,
     /// Reads of members' live objects, for waits on "current".
-    pub live: Option<super::live::Live>,
+    pub live: Option<crate::status::live::Live>,
     /// Reads of fleet-wide DNS names, for GetMicroservice's `dns` field.
     pub dns: Option<crate::dns::lookup::DnsLookup>,
     /// Bearer tokens other than the static ones are Kubernetes identities,
@@ -228,7 +228,7 @@ pub async fn serve(
         .transpose()?;
     let token = BearerToken::new(opts.token.as_deref());
     let write = BearerToken::new(opts.write_token.as_deref());
-    let credentials = super::tls::changes(&[&token, &write], tls.as_ref());
+    let credentials = crate::serve::tls::changes(&[&token, &write], tls.as_ref());
     let reviews = match (opts.kube_auth, &rollouts) {
         (false, _) => None,
         (true, Some(r)) => Some(Arc::new(Reviews::new(r.home.clone()))),
@@ -288,8 +288,10 @@ pub async fn serve(
         .max_encoding_message_size(opts.max_response_bytes);
         InterceptedService::new(service, doors)
     });
-    let tokens =
-        super::tls::token_files([(&opts.token_file, &token), (&opts.write_token_file, &write)]);
+    let tokens = crate::serve::tls::token_files([
+        (&opts.token_file, &token),
+        (&opts.write_token_file, &write),
+    ]);
     let watcher = tokio::spawn(watch_files(tls.clone(), tokens, opts.reload_period));
 
     let reflection = if opts.reflection {
@@ -323,7 +325,7 @@ pub async fn serve(
     // TLS is terminated here rather than by tonic, so that rotated files
     // apply to new connections without a restart; connections are capped
     // and deadlined before anyone authenticates (`conns`).
-    let conns = super::conns::incoming(listener, tls, opts.conns, "grpc");
+    let conns = crate::serve::conns::incoming(listener, tls, opts.conns, "grpc");
     let conns = tokio_stream::wrappers::ReceiverStream::new(conns).map(Ok::<_, std::io::Error>);
     let served = async {
         router
@@ -336,7 +338,7 @@ pub async fn serve(
     let result = tokio::select! {
         r = served => r,
         _ = async {
-            super::streams::shutting_down(&mut stop_flag).await;
+            crate::serve::streams::shutting_down(&mut stop_flag).await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => {
             tracing::warn!("gRPC connections still open {SHUTDOWN_GRACE:?} after shutdown began; closing them");

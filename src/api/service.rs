@@ -10,16 +10,16 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::deadline;
-use super::live::Live;
 use super::request;
-use super::streams::{self, Streams};
 use super::wait::{self, Floors};
 use super::watch::{self as watch_stream, WatchLimits};
 use super::{ApiError, convert, pb};
 use crate::authz::access::{Access, Caller, Resource};
 use crate::authz::gate::Gate;
+use crate::serve::streams::{self, Streams};
 use crate::status::hub::Hub;
 use crate::status::index::{Filter, Key, MicroserviceView};
+use crate::status::live::Live;
 use crate::status::view::{self, Entry, RolloutResult};
 use crate::telemetry::links;
 use tracing::Instrument;

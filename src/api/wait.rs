@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::live::Live;
 use super::{convert, pb};
 use crate::status::index::{Key, MicroserviceView, Snapshot};
+use crate::status::live::Live;
 use crate::status::view::{self, Entry, EntryState, RolloutResult, Target};
 
 /// A floor that could not be read is read again after this.

@@ -7,10 +7,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::streams::{self, Ended, Outbox};
 use super::{convert, pb};
 use crate::authz::access::Resource;
 use crate::authz::gate::Standing;
+use crate::serve::streams::{self, Ended, Outbox};
 use crate::status::hub::Hub;
 use crate::status::index::Filter;
 use crate::status::watch::{Cursor, Event};

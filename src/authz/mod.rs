@@ -11,6 +11,7 @@ pub mod doors;
 pub mod flight;
 pub mod gate;
 pub mod review;
+pub mod sign_ins;
 
 /// Errors of the authorization layer.
 #[derive(Debug, Clone, thiserror::Error)]

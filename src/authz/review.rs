@@ -19,7 +19,7 @@ use super::access::{Access, GROUP, User};
 use super::cache::Expiring;
 use super::doors::Token;
 use super::flight::Flights;
-use crate::ui::limits::SignIns;
+use super::sign_ins::SignIns;
 
 /// How long the home cluster's word on a token holds: a revoked token
 /// works at most this long after its revocation.
@@ -43,13 +43,10 @@ pub const CONCURRENT_REVIEWS: usize = 16;
 pub const REFUSED_PER_ADDRESS: u32 = 20;
 pub const REFUSED_WINDOW: Duration = Duration::from_secs(10);
 
-type Digest = [u8; 32];
+use crate::domain::digest::Digest;
 
 fn digest(token: &Token) -> Digest {
-    let d = ring::digest::digest(&ring::digest::SHA256, token.0.as_bytes());
-    let mut out = [0u8; 32];
-    out.copy_from_slice(d.as_ref());
-    out
+    crate::domain::digest::sha256(token.0.as_bytes())
 }
 
 pub struct Reviews {

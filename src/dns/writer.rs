@@ -22,10 +22,10 @@ use super::health::{Judged, Rule, Track};
 use super::plan::{self, Object};
 use super::view::{is_primary, seen};
 use crate::domain::conditions::{self, Verdict};
-use crate::fleet::election::Timings;
-use crate::fleet::elector::{Elector, Leadership};
-use crate::fleet::fence::admit;
-use crate::fleet::lease_store::KubeLeaseStore;
+use crate::lease::election::Timings;
+use crate::lease::elector::{Elector, Leadership};
+use crate::lease::fence::admit;
+use crate::lease::lease_store::KubeLeaseStore;
 use crate::registry::Registry;
 use crate::registry::records::{Op, Refusal, Writer};
 use crate::registry::store::RegistryError;
@@ -83,7 +83,7 @@ pub async fn run(
     let home = client;
     let (elector, leadership) = Elector::new(opts.replica_id.clone(), opts.timings, store);
     let terms = leadership.clone();
-    crate::fleet::home_lease::lead(
+    crate::lease::home_lease::lead(
         "fleet DNS",
         elector,
         leadership,

@@ -5,8 +5,10 @@
 pub mod conditions;
 pub mod contains;
 pub mod desired;
+pub mod digest;
 pub mod duration;
 pub mod image;
+pub mod names;
 pub mod ownership;
 pub mod status;
 pub mod update;

@@ -16,11 +16,11 @@ use tracing::Instrument;
 
 use super::client_budget::Budget;
 use super::credentials::{self, Trust};
-use super::election::{Ownership, Timings};
-use super::elector::{Elector, Leadership, release};
-use super::fence::Fence;
-use super::lease_store::KubeLeaseStore;
 use crate::domain::desired::PlatformDefaults;
+use crate::lease::election::{Ownership, Timings};
+use crate::lease::elector::{Elector, Leadership, release};
+use crate::lease::fence::Fence;
+use crate::lease::lease_store::KubeLeaseStore;
 use crate::reconciler::{self, Hooks, Settings, WriterIdentity};
 use crate::status::hub::Hub;
 use crate::status::view::Reach;
@@ -196,26 +196,6 @@ pub(crate) fn unreachable_reason(error: &kube::Error) -> String {
             format!("the apiserver answered {} {}", status.code, status.reason)
         }
         other => credentials::describe(other),
-    }
-}
-
-/// Resolves when the term at `epoch` is over: leadership moved on, or its
-/// deadline passed without a renewal (even if the elector is stuck).
-pub async fn term_over(mut leadership: watch::Receiver<Leadership>, epoch: i32) {
-    loop {
-        let until = match &*leadership.borrow_and_update() {
-            Leadership::Leading {
-                epoch: e, until, ..
-            } if *e == epoch => *until,
-            _ => return,
-        };
-        if Instant::now() >= until {
-            return;
-        }
-        tokio::select! {
-            changed = leadership.changed() => if changed.is_err() { return },
-            _ = tokio::time::sleep_until(until) => {}
-        }
     }
 }
 
@@ -453,7 +433,10 @@ pub async fn run(
                 let end = async move {
                     stop.wait_for(|s| *s).await.ok();
                 };
-                let (over, mut stopping) = (term_over(leadership.clone(), epoch), shutdown.clone());
+                let (over, mut stopping) = (
+                    crate::lease::elector::term_over(leadership.clone(), epoch),
+                    shutdown.clone(),
+                );
                 let cutoff = settings.timings.renew_deadline;
                 let aborted = async move {
                     tokio::pin!(over);

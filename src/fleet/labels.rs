@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::rollout::spec::CLUSTER_NAME_LABEL;
+use crate::domain::names::CLUSTER_NAME_LABEL;
 
 pub type Labels = BTreeMap<String, String>;
 

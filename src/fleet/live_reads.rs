@@ -12,8 +12,8 @@ use super::client_budget::Budget;
 use super::cluster::{agent_named, unreachable_reason};
 use super::member_clients::MemberClients;
 use super::runtime::Credentials;
-use crate::api::live::LiveReads;
 use crate::crd::Microservice;
+use crate::status::live::LiveReads;
 
 /// A member that does not answer within this is read again later.
 const TIMEOUT: Duration = Duration::from_secs(3);

@@ -9,8 +9,8 @@ use tokio::sync::watch;
 
 use super::client_budget::Budget;
 use super::cluster::client_for;
-use super::fence::Fence;
 use super::runtime::Credentials;
+use crate::lease::fence::Fence;
 
 pub struct MemberClients {
     credentials: watch::Receiver<BTreeMap<String, Credentials>>,

@@ -4,12 +4,7 @@
 pub mod client_budget;
 pub mod cluster;
 pub mod credentials;
-pub mod election;
-pub mod elector;
-pub mod fence;
-pub mod home_lease;
 pub mod labels;
-pub mod lease_store;
 pub mod live_reads;
 pub mod member_clients;
 pub mod registry;

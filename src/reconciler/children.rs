@@ -12,16 +12,14 @@ use std::fmt::Debug;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, PostParams, Preconditions, PropagationPolicy};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use super::context::{Context, FIELD_MANAGER};
-use super::created::Created;
+use super::context::{Child, Context, FIELD_MANAGER};
 use super::error::{ReconcileError, Result};
-use super::names::Names;
 use crate::domain::update::for_create;
 
 /// What happened to one child in this reconcile.
@@ -30,15 +28,6 @@ pub enum Write {
     Unchanged,
     Created,
     Updated,
-}
-
-/// Where one kind of child is known from: our watch cache, the names
-/// watch, and our notes of recent creates.
-pub struct Child<'a, K: Resource<DynamicType = ()> + 'static> {
-    pub kind: &'static str,
-    pub cache: &'a Store<K>,
-    pub names: &'a Names<K>,
-    pub created: &'a Created<K>,
 }
 
 pub async fn live<K>(ctx: &Context, child: &Child<'_, K>, ns: &str, name: &str) -> Result<Option<K>>

@@ -7,12 +7,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
 
 use super::Backoff;
-use super::children::Child;
 use super::created::Created;
+use super::names::Names;
 use crate::crd::Microservice;
 use crate::domain::desired::PlatformDefaults;
 
@@ -63,7 +63,7 @@ pub struct Settings {
     pub concurrency: u16,
     /// When set, every write first checks that this replica still leads the
     /// cluster (within its renew deadline); otherwise the write is refused.
-    pub leadership: Option<tokio::sync::watch::Receiver<crate::fleet::elector::Leadership>>,
+    pub leadership: Option<tokio::sync::watch::Receiver<crate::lease::elector::Leadership>>,
     /// Start watches with streaming lists rather than LIST requests.
     pub streaming_lists: bool,
     /// A reconcile waits until its object's triggers have been quiet this
@@ -133,7 +133,7 @@ impl Context {
         let Some(rx) = &self.settings.leadership else {
             return Ok(());
         };
-        crate::fleet::fence::admit(
+        crate::lease::fence::admit(
             &rx.borrow(),
             self.settings.writer.epoch,
             tokio::time::Instant::now(),
@@ -162,11 +162,11 @@ pub(crate) struct Context {
     pub deployments_created: Arc<Created<Deployment>>,
     pub services_created: Arc<Created<Service>>,
     /// Registry records known to be in etcd.
-    pub registrations: super::registration::Registrations,
+    pub registrations: super::registered::Registrations,
     /// Retries of a deletion blocked on the registry.
     pub cleanup_backoff: Mutex<Backoff<ObjectRef<Microservice>>>,
     /// Whether the child watches keep their caches current.
-    pub watches: super::controller::ChildWatches,
+    pub watches: super::child_watches::ChildWatches,
 }
 
 impl Context {
@@ -192,4 +192,13 @@ impl Context {
     pub fn awaiting_watch(&self, ns: &str, name: &str) -> bool {
         self.deployments_created.awaiting(ns, name) || self.services_created.awaiting(ns, name)
     }
+}
+
+/// Where one kind of child is known from: our watch cache, the names
+/// watch, and our notes of recent creates.
+pub struct Child<'a, K: Resource<DynamicType = ()> + 'static> {
+    pub kind: &'static str,
+    pub cache: &'a Store<K>,
+    pub names: &'a Names<K>,
+    pub created: &'a Created<K>,
 }

@@ -17,6 +17,7 @@ use kube::{Api, Client};
 
 use super::Backoff;
 use super::announce::Announcer;
+use super::child_watches::ChildWatches;
 use super::coalesce::Held;
 use super::context::{Context, Hooks, Settings};
 use super::endpoints::ReadyEndpoints;
@@ -26,7 +27,7 @@ use super::throttle::Throttle;
 use super::triggers::{Triggers, owner_of};
 use super::written::Written;
 use crate::crd::Microservice;
-use crate::watching::{WatchHealth, tracked, without_errors};
+use crate::watching::{tracked, without_errors};
 
 /// Which child triggers reach the scheduler.
 #[derive(Clone)]
@@ -298,32 +299,6 @@ pub async fn run(
         _ = controller => {}
         _ = sweep => {}
         _ = prune => {}
-    }
-}
-
-/// The health of the watches whose caches a verdict reads.
-#[derive(Clone, Default)]
-pub struct ChildWatches {
-    pub deployments: Arc<WatchHealth>,
-    pub services: Arc<WatchHealth>,
-    pub endpoint_slices: Arc<WatchHealth>,
-}
-
-/// A watch failing this long makes its caches' verdicts unknown.
-pub const STALE_AFTER: Duration = Duration::from_secs(10);
-
-impl ChildWatches {
-    /// The watches failing for `STALE_AFTER` or more, as of `now`.
-    pub fn stale(&self, now: tokio::time::Instant) -> Vec<(&'static str, Duration)> {
-        [
-            ("Deployments", &self.deployments),
-            ("Services", &self.services),
-            ("EndpointSlices", &self.endpoint_slices),
-        ]
-        .into_iter()
-        .filter_map(|(kind, h)| h.failing_for(now).map(|d| (kind, d)))
-        .filter(|(_, d)| *d >= STALE_AFTER)
-        .collect()
     }
 }
 

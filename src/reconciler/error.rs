@@ -36,7 +36,7 @@ pub enum ReconcileError {
 impl ReconcileError {
     pub fn api(verb: &'static str, kind: &'static str, source: kube::Error) -> Self {
         match &source {
-            _ if crate::fleet::fence::is_fenced(&source) => ReconcileError::NotLeader,
+            _ if crate::lease::fence::is_fenced(&source) => ReconcileError::NotLeader,
             kube::Error::Api(s) if s.is_conflict() => ReconcileError::Conflict { kind },
             kube::Error::Api(s) if s.code == 422 => ReconcileError::Rejected {
                 verb,

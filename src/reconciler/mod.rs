@@ -4,6 +4,7 @@
 
 mod announce;
 mod backoff;
+mod child_watches;
 mod children;
 mod coalesce;
 mod context;
@@ -13,6 +14,7 @@ mod endpoints;
 mod error;
 pub mod names;
 mod reconcile;
+mod registered;
 mod registration;
 mod status_writer;
 mod throttle;

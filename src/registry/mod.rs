@@ -26,7 +26,7 @@ impl Registration {
         match Registry::connect(config).await {
             Ok(r) => {
                 // Certificates rotate in place, as the gRPC server's do.
-                r.watch_files(crate::api::tls::RELOAD_PERIOD);
+                r.watch_files(crate::serve::tls::RELOAD_PERIOD);
                 Registration::Ready(Box::new(r))
             }
             Err(e) => {

@@ -92,6 +92,18 @@ impl Parallel {
     }
 }
 
+impl placement::Declared for Wave {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn selector(&self) -> &LabelSelector {
+        &self.selector
+    }
+    fn parallel(&self, size: usize) -> usize {
+        self.parallel.of(size)
+    }
+}
+
 impl Checked {
     /// The declared wave of this name, if any (not the implicit last one).
     pub fn wave(&self, name: &str) -> Option<&Wave> {

@@ -36,11 +36,11 @@ use super::spec::{
 use super::write_log::{Outcome, WriteLog};
 use crate::crd::MicroserviceSpec;
 use crate::domain::conditions::{self, CLEANUP_BLOCKED, Status, Verdict};
-use crate::fleet::election::Timings;
-use crate::fleet::elector::Elector;
-use crate::fleet::fence::Fence;
-use crate::fleet::lease_store::KubeLeaseStore;
 use crate::fleet::runtime::Credentials;
+use crate::lease::election::Timings;
+use crate::lease::elector::Elector;
+use crate::lease::fence::Fence;
+use crate::lease::lease_store::KubeLeaseStore;
 use crate::status::hub::Hub;
 use crate::telemetry::metrics::METRICS;
 
@@ -117,7 +117,7 @@ pub async fn run(
         write_timeout: opts.write_timeout,
         checked: Default::default(),
     });
-    crate::fleet::home_lease::lead(
+    crate::lease::home_lease::lead(
         "fleet rollouts",
         elector,
         leadership,

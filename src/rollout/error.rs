@@ -1,6 +1,6 @@
 //! The fleet controller's errors.
 
-use crate::fleet::fence;
+use crate::lease::fence;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {

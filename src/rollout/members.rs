@@ -15,9 +15,9 @@ use super::spec::{FLEET_LABEL, REVISION_ANNOTATION};
 use crate::crd::{Microservice, MicroserviceSpec};
 use crate::fleet::client_budget::Budget;
 use crate::fleet::cluster::fleet_user_agent;
-use crate::fleet::fence::Fence;
 use crate::fleet::member_clients::MemberClients;
 use crate::fleet::runtime::Credentials;
+use crate::lease::fence::Fence;
 use crate::telemetry::metrics::METRICS;
 
 /// What a write found and did.

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::spec::{Override, Wave};
 use crate::crd::{EnvEntry, MicroserviceSpec};
+pub use crate::domain::digest::{digest, digest_bytes};
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -72,7 +73,7 @@ pub fn check_selector(what: &str, selector: &LabelSelector) -> Result<(), String
 }
 
 /// A declared wave, as placement and leaving read it: the spec's, or the
-/// checked one (`rollout::checked::Wave`).
+/// checked one (`rollout::checked::Wave`, which implements it there).
 pub trait Declared {
     fn name(&self) -> &str;
     fn selector(&self) -> &LabelSelector;
@@ -89,18 +90,6 @@ impl Declared for Wave {
     }
     fn parallel(&self, size: usize) -> usize {
         max_parallel(self.max_parallel.as_ref(), size).unwrap_or(1)
-    }
-}
-
-impl Declared for super::checked::Wave {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn selector(&self) -> &LabelSelector {
-        &self.selector
-    }
-    fn parallel(&self, size: usize) -> usize {
-        self.parallel.of(size)
     }
 }
 
@@ -184,19 +173,6 @@ fn set_env(env: &mut Vec<EnvEntry>, entry: &EnvEntry) {
         Some(e) => e.value = entry.value.clone(),
         None => env.push(entry.clone()),
     }
-}
-
-/// A stable digest of a spec, to tell whether a member object still holds
-/// exactly what was written (FNV-1a over its JSON; field order is fixed).
-pub fn digest(spec: &MicroserviceSpec) -> u64 {
-    digest_bytes(&serde_json::to_vec(spec).unwrap_or_default())
-}
-
-/// FNV-1a: stable across builds and platforms, unlike `DefaultHasher`.
-pub fn digest_bytes(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]

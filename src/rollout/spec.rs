@@ -13,19 +13,17 @@ pub use crate::rollout::failover::types::{
     Failback, Failover, PlacedCluster, PlacementChange, PlacementStatus, Role,
 };
 
+pub use crate::domain::names::{CLUSTER_NAME_LABEL, REVISION_ANNOTATION};
+
 pub const KIND: &str = "FleetMicroservice";
 /// Names the FleetMicroservice on every member object it writes.
 pub const FLEET_LABEL: &str = "platform.example.io/fleet-microservice";
-/// The revision (a ControllerRevision's name) a member object was written from.
-pub const REVISION_ANNOTATION: &str = "platform.example.io/fleet-revision";
 /// Holds member objects until they are deleted from every cluster.
 pub const FINALIZER: &str = "platform.example.io/fleet-cleanup";
 /// On a ControllerRevision: the last good revision when it was created.
 pub const GOOD_BEFORE_ANNOTATION: &str = "platform.example.io/good-before";
 /// On a ControllerRevision: the number it had when it failed.
 pub const FAILED_ANNOTATION: &str = "platform.example.io/failed-number";
-/// Every cluster carries its own name as a label, so waves can name clusters.
-pub const CLUSTER_NAME_LABEL: &str = "platform.example.io/cluster-name";
 pub const DEFAULT_HISTORY: i32 = 10;
 
 /// One Microservice for many clusters: where it goes, how each cluster

@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn a_write_the_fence_stopped_teaches_nothing_about_the_member() {
-        use crate::fleet::fence::FenceError;
+        use crate::lease::fence::FenceError;
         let meant = || Some(("r1".to_string(), 7));
         for fence in [
             FenceError::NotLeading { armed: Some(0) },

@@ -29,9 +29,9 @@ pub fn facts(ms: &Microservice) -> Facts {
         labels: ms.labels().clone(),
         fleet_revision: ms
             .annotations()
-            .get(crate::rollout::spec::REVISION_ANNOTATION)
+            .get(crate::domain::names::REVISION_ANNOTATION)
             .cloned(),
-        spec_digest: crate::rollout::placement::digest(&ms.spec),
+        spec_digest: crate::domain::digest::digest(&ms.spec),
         deleting: ms.metadata.deletion_timestamp.is_some(),
         phase: status
             .phase

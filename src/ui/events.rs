@@ -16,8 +16,8 @@ use kube::ResourceExt;
 
 use super::identity::Sight;
 use super::json;
-use crate::api::streams::{self, Ended, Outbox, Revocation};
 use crate::rollout::cache::RolloutCache;
+use crate::serve::streams::{self, Ended, Outbox, Revocation};
 use crate::status::hub::Hub;
 use crate::status::index::Filter;
 use crate::status::watch::{Cursor, Event};

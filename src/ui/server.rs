@@ -25,18 +25,19 @@ use tokio::sync::{mpsc, watch};
 use super::auth::{self, Access, Caller};
 use super::events::{self, Frame, StreamLimits};
 use super::identity::{self, KubeAuth, Sight};
-use super::limits::{ClientStreams, SignIns};
+use super::limits::ClientStreams;
 use super::warnings::Warnings;
 use super::{UiError, assets, json, origin};
 use crate::api::auth::BearerToken;
-use crate::api::conns::{self, Conn, ConnLimits};
 use crate::api::server::RolloutSource;
-use crate::api::streams::{RECHECK, Revocation, Streams};
-use crate::api::tls::{Alpn, RELOAD_PERIOD, Rotating, TlsFiles};
 use crate::authz::AuthzError;
 use crate::authz::access::{self as authz_access, Access as AuthzAccess, Resource, User};
+use crate::authz::sign_ins::SignIns;
 use crate::rollout::cache::RolloutCache;
 use crate::rollout::edits::{self, EditError};
+use crate::serve::conns::{self, Conn, ConnLimits};
+use crate::serve::streams::{RECHECK, Revocation, Streams};
+use crate::serve::tls::{Alpn, RELOAD_PERIOD, Rotating, TlsFiles};
 use crate::status::hub::Hub;
 
 #[derive(Debug, Clone)]
@@ -202,7 +203,7 @@ impl Ctx {
 
     /// Everything a stream was admitted under, and `also`.
     fn revocation(&self, also: Option<watch::Receiver<u64>>) -> Revocation {
-        let mut rxs = crate::api::tls::changes(&[&self.token, &self.write], self.tls.as_ref());
+        let mut rxs = crate::serve::tls::changes(&[&self.token, &self.write], self.tls.as_ref());
         rxs.extend(also);
         Revocation::new(rxs)
     }
@@ -716,7 +717,7 @@ async fn stream(
         )
             .into_response();
     };
-    let (out, inbox) = crate::api::streams::channel(slot, ctx.limits.stall);
+    let (out, inbox) = crate::serve::streams::channel(slot, ctx.limits.stall);
     // An identity's token and view are asked again while the stream runs;
     // a change ends it, and the browser reconnects into its new view.
     let (recheck, changed) = match kube {
@@ -852,11 +853,11 @@ pub async fn serve(
     if let Some(how) = opts.open_to_all() {
         tracing::warn!(addr = %opts.addr, "the dashboard is served {how}: anyone who reaches it reads the fleet");
     }
-    let tokens = crate::api::tls::token_files([
+    let tokens = crate::serve::tls::token_files([
         (&opts.token_file, &token),
         (&opts.write_token_file, &write),
     ]);
-    let watcher = tokio::spawn(crate::api::tls::watch_files(
+    let watcher = tokio::spawn(crate::serve::tls::watch_files(
         tls.clone(),
         tokens,
         RELOAD_PERIOD,
@@ -909,7 +910,7 @@ pub async fn serve(
     let result = tokio::select! {
         r = served => r.map_err(|e| UiError::Serve(e.to_string())),
         _ = async {
-            crate::api::streams::shutting_down(&mut stop_flag).await;
+            crate::serve::streams::shutting_down(&mut stop_flag).await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => {
             tracing::warn!("dashboard connections still open {SHUTDOWN_GRACE:?} after shutdown began; closing them");

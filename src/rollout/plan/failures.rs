@@ -135,7 +135,7 @@ fn of_row(round: &Round, r: &Row, finished: bool, soon: &mut Soon) -> Option<Fai
     }
     // The member refuses the write, or cannot hold what is written:
     // failed now, not at the deadline (review M1, M2).
-    if let Some(t) = round.trouble(r, update).filter(|t| t.permanent())
+    if let Some(t) = r.trouble(round, update).filter(|t| t.permanent())
         && !round.is_good
     {
         return Some(refused(t));

@@ -94,7 +94,7 @@ fn bake(round: &Round, rows: &Rows, failures: &Failures, wave: &str, members: &[
         .iter()
         .map(|name| match rows.row(name) {
             _ if failures.contains_key(name.as_str()) => Evidence::Failed,
-            Some(r) if r.done_at_update => Evidence::Done(round.done_since(r)),
+            Some(r) if r.done_at_update => Evidence::Done(r.done_since(round)),
             _ => Evidence::Pending,
         })
         .collect();
@@ -133,7 +133,7 @@ fn analyse(
     let settled = rows
         .of_wave(members)
         .filter(|r| r.done_at_update)
-        .map(|r| round.done_since(r).0)
+        .map(|r| r.done_since(round).0)
         .max()
         .unwrap_or(now);
     let bake_end = bake_end(settled, round.spec.bake);

@@ -167,7 +167,7 @@ fn placed(d: &Decided, r: &Row) -> ClusterStatus {
             false => ClusterState::Updating,
         };
         (state, m.reason.clone(), m.message.clone())
-    } else if let Some(t) = target.as_deref().and_then(|t| round.trouble(r, t)) {
+    } else if let Some(t) = target.as_deref().and_then(|t| r.trouble(round, t)) {
         (ClusterState::Updating, t.reason().to_string(), t.message())
     } else {
         (ClusterState::Updating, "Writing".to_string(), String::new())

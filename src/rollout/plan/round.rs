@@ -5,13 +5,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::rows::Row;
 use super::{Checked, Inputs, PROGRESSING};
-use crate::rollout::gate::{self, stamp};
-use crate::rollout::placement::{digest, member_spec};
+use crate::rollout::gate::stamp;
 use crate::rollout::revision::Revision;
 use crate::rollout::spec::{ClusterState, ClusterStatus, WaveStatus};
-use crate::rollout::trouble::Trouble;
 
 /// The Progressing reason a paused round writes; read back to know that
 /// this round resumes.
@@ -87,29 +84,6 @@ impl<'a> Round<'a> {
     /// When the wave passed for this update revision, if it did.
     pub fn finished_before(&self, wave: &str) -> Option<Time> {
         self.prev_wave(wave).and_then(|w| w.finished.clone())
-    }
-
-    /// The trouble of the last write of `rev` to this row, while the spec
-    /// that revision gives it is still the one that was written.
-    pub fn trouble(&self, r: &Row, rev: &str) -> Option<&'a Trouble> {
-        let t = self
-            .i
-            .troubles
-            .get(&r.c.name)
-            .filter(|t| t.revision == rev)?;
-        let data = &self.revisions.get(rev)?.data;
-        let labels = r.c.labels.as_ref()?;
-        (t.digest == digest(&member_spec(&data.template, &data.overrides, labels))).then_some(t)
-    }
-
-    /// Since when the row has been done at the update revision (for bake).
-    pub fn done_since(&self, r: &Row) -> Time {
-        match r.prev {
-            Some(p) if self.was_done(p) => {
-                gate::trusted(&p.since, self.spec.bake, self.i.term_started)
-            }
-            _ => self.now.clone(),
-        }
     }
 
     /// The last status had this cluster done at this update revision.

@@ -2,11 +2,15 @@
 //! outside the placement (ours to delete), replaced but kept for now, of
 //! unknown labels, or gone from the registry while its wave ran (a ghost).
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
 use super::Cluster;
 use super::round::Round;
 use crate::rollout::failover::choose::{self, Candidate, Placed};
+use crate::rollout::gate;
 use crate::rollout::placement::{self, Labels, digest, member_spec, selects};
 use crate::rollout::spec::{ClusterStatus, FleetMicroserviceStatus};
+use crate::rollout::trouble::Trouble;
 use crate::status::view::EntryState;
 
 /// One placed cluster, classified.
@@ -43,6 +47,29 @@ impl Row<'_> {
     pub fn prev_target(&self) -> Option<&str> {
         self.prev.and_then(|p| p.target.as_deref())
     }
+    /// The trouble of the last write of `rev` to this row, while the spec
+    /// that revision gives it is still the one that was written.
+    pub fn trouble<'r>(&self, round: &Round<'r>, rev: &str) -> Option<&'r Trouble> {
+        let t = round
+            .i
+            .troubles
+            .get(&self.c.name)
+            .filter(|t| t.revision == rev)?;
+        let data = &round.revisions.get(rev)?.data;
+        let labels = self.c.labels.as_ref()?;
+        (t.digest == digest(&member_spec(&data.template, &data.overrides, labels))).then_some(t)
+    }
+
+    /// Since when the row has been done at the update revision (for bake).
+    pub fn done_since(&self, round: &Round) -> Time {
+        match self.prev {
+            Some(p) if round.was_done(p) => {
+                gate::trusted(&p.since, round.spec.bake, round.i.term_started)
+            }
+            _ => round.now.clone(),
+        }
+    }
+
     /// Given `rev` already: it holds it, or the last status targeted it.
     pub fn given(&self, rev: &str) -> bool {
         self.at == Some(rev) || self.prev_target() == Some(rev)

@@ -252,7 +252,7 @@ pub fn writes<'a>(
         for r in rows.placed.iter().filter(|r| !r.foreign && r.c.reachable) {
             if let Some(Some(t)) = chosen.targets.get(r.name())
                 && !r.at_is(t)
-                && !round.trouble(r, t).is_some_and(Trouble::permanent)
+                && !r.trouble(round, t).is_some_and(Trouble::permanent)
             {
                 actions.push(Action::Apply {
                     cluster: r.c.name.clone(),

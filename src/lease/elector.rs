@@ -486,10 +486,30 @@ fn jittered(period: Duration) -> Duration {
     period + period.mul_f64(f64::from(nanos % 1000) / 5000.0)
 }
 
+/// Resolves when the term at `epoch` is over: leadership moved on, or its
+/// deadline passed without a renewal (even if the elector is stuck).
+pub async fn term_over(mut leadership: watch::Receiver<Leadership>, epoch: i32) {
+    loop {
+        let until = match &*leadership.borrow_and_update() {
+            Leadership::Leading {
+                epoch: e, until, ..
+            } if *e == epoch => *until,
+            _ => return,
+        };
+        if Instant::now() >= until {
+            return;
+        }
+        tokio::select! {
+            changed = leadership.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep_until(until) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::election::LeaseRecord;
+    use crate::lease::election::LeaseRecord;
     use std::sync::Arc;
     use std::sync::Mutex;
 

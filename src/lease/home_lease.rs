@@ -41,7 +41,7 @@ pub async fn lead<S, F, Fut>(
         let state = leadership.borrow_and_update().clone();
         if let Leadership::Leading { epoch, .. } = state {
             tracing::info!(epoch, lease = what, "leading");
-            let over = super::cluster::term_over(leadership.clone(), epoch);
+            let over = super::elector::term_over(leadership.clone(), epoch);
             let stopped = tokio::select! {
                 _ = term(epoch) => false,
                 _ = over => false,

@@ -14,8 +14,8 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto};
 
-use super::ApiError;
-use super::auth::BearerToken;
+use super::ServeError;
+use super::tokens::BearerToken;
 use crate::telemetry::metrics::METRICS;
 
 #[derive(Debug, Clone)]
@@ -26,8 +26,8 @@ pub struct TlsFiles {
     pub client_ca: Option<PathBuf>,
 }
 
-fn read(path: &Path, what: &str) -> Result<Vec<u8>, ApiError> {
-    std::fs::read(path).map_err(|e| ApiError::Config(format!("{what} {}: {e}", path.display())))
+fn read(path: &Path, what: &str) -> Result<Vec<u8>, ServeError> {
+    std::fs::read(path).map_err(|e| ServeError::Config(format!("{what} {}: {e}", path.display())))
 }
 
 /// The bytes a configuration was built from, to notice a change.
@@ -38,7 +38,7 @@ struct Material {
     client_ca: Option<Vec<u8>>,
 }
 
-fn material(files: &TlsFiles) -> Result<Material, ApiError> {
+fn material(files: &TlsFiles) -> Result<Material, ServeError> {
     Ok(Material {
         cert: read(&files.cert, "TLS certificate")?,
         key: read(&files.key, "TLS key")?,
@@ -60,13 +60,13 @@ pub enum Alpn {
 
 /// A rustls server configuration from PEM bytes. Errors name the file's
 /// role, never its contents.
-fn server_config(m: &Material, alpn: Alpn) -> Result<Arc<ServerConfig>, ApiError> {
+fn server_config(m: &Material, alpn: Alpn) -> Result<Arc<ServerConfig>, ServeError> {
     server_config_at(m, alpn, jiff::Timestamp::now().as_second())
 }
 
 /// `server_config` as of `now` (Unix seconds).
-fn server_config_at(m: &Material, alpn: Alpn, now: i64) -> Result<Arc<ServerConfig>, ApiError> {
-    let bad = |what: &str| ApiError::Config(format!("{what} is not valid PEM"));
+fn server_config_at(m: &Material, alpn: Alpn, now: i64) -> Result<Arc<ServerConfig>, ServeError> {
+    let bad = |what: &str| ServeError::Config(format!("{what} is not valid PEM"));
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&m.cert)
         .collect::<Result<_, _>>()
         .map_err(|_| bad("the TLS certificate"))?;
@@ -74,13 +74,13 @@ fn server_config_at(m: &Material, alpn: Alpn, now: i64) -> Result<Arc<ServerConf
         return Err(bad("the TLS certificate"));
     }
     if let Some(why) = out_of_date(&certs[0], now) {
-        return Err(ApiError::Config(format!("the TLS certificate {why}")));
+        return Err(ServeError::Config(format!("the TLS certificate {why}")));
     }
     let key = PrivateKeyDer::from_pem_slice(&m.key).map_err(|_| bad("the TLS key"))?;
     let provider = Arc::new(crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| ApiError::Config(format!("TLS: {e}")))?;
+        .map_err(|e| ServeError::Config(format!("TLS: {e}")))?;
     let builder = match &m.client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
@@ -92,13 +92,13 @@ fn server_config_at(m: &Material, alpn: Alpn, now: i64) -> Result<Arc<ServerConf
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
-                .map_err(|e| ApiError::Config(format!("client CA: {e}")))?;
+                .map_err(|e| ServeError::Config(format!("client CA: {e}")))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
     let mut config = builder
         .with_single_cert(certs, key)
-        .map_err(|e| ApiError::Config(format!("TLS certificate and key: {e}")))?;
+        .map_err(|e| ServeError::Config(format!("TLS certificate and key: {e}")))?;
     config.alpn_protocols = match alpn {
         Alpn::H2 => vec![b"h2".to_vec()],
         Alpn::H2OrHttp11 => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
@@ -196,7 +196,7 @@ pub struct Rotating {
 
 impl Rotating {
     /// Reads the files once: a server that cannot start with them must not start.
-    pub fn load(files: TlsFiles, alpn: Alpn) -> Result<Self, ApiError> {
+    pub fn load(files: TlsFiles, alpn: Alpn) -> Result<Self, ServeError> {
         let m = material(&files)?;
         let config = server_config(&m, alpn)?;
         Ok(Rotating {
