@@ -130,13 +130,13 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         rx.wait_for(|s| *s).await.ok();
     };
-    let (rollout_cache, rollout_watches) = flotilla::rollout::cache::RolloutCache::start(
+    let (rollout_cache, rollout_watches) = flotilla::rollout::run::cache::RolloutCache::start(
         home.clone(),
         args.namespace.as_deref(),
         &replica_id,
         stopped(stop_rx.clone()),
     );
-    let rollouts = flotilla::rollout::controller::Options {
+    let rollouts = flotilla::rollout::run::controller::Options {
         home: home_config.clone(),
         namespace: args.home_namespace.clone(),
         fleet_name: args.fleet_name.clone(),
@@ -258,7 +258,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         Critical::spawn("rollout caches", rollout_watches),
         Critical::spawn(
             "fleet rollouts",
-            flotilla::rollout::controller::run(rollouts, stopped(stop_rx.clone())),
+            flotilla::rollout::run::controller::run(rollouts, stopped(stop_rx.clone())),
         ),
         Critical::spawn("gRPC server", {
             let serve = flotilla::api::server::serve(

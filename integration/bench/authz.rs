@@ -30,7 +30,7 @@ use kube::Client;
 use flotilla::api::client::{ClientOptions, connect};
 use flotilla::api::pb;
 use flotilla::api::server::{RolloutSource, ServerOptions, bind, serve};
-use flotilla::rollout::cache::RolloutCache;
+use flotilla::rollout::run::cache::RolloutCache;
 use flotilla::status::hub::Hub;
 use flotilla::status::view::{Facts, Reach};
 use support::authz::{grant, revoke, rules, service_account, token, until_rbac_says};

@@ -21,7 +21,7 @@ use tokio::time::{Instant, timeout};
 use flotilla::api::client::{ClientOptions, connect, connect_rollouts};
 use flotilla::api::pb;
 use flotilla::api::server::{RolloutSource, ServerOptions, serve};
-use flotilla::rollout::cache::RolloutCache;
+use flotilla::rollout::run::cache::RolloutCache;
 use flotilla::status::hub::Hub;
 use flotilla::status::view::{Facts, Reach};
 use support::authz::{

@@ -1501,7 +1501,7 @@ async fn a_kubernetes_identity_sees_its_own_namespace_and_only_the_buttons_it_ma
     let base = format!("http://{}/", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let (cache, watches) =
-        flotilla::rollout::cache::RolloutCache::start(home.clone(), None, "ui-kube-auth", {
+        flotilla::rollout::run::cache::RolloutCache::start(home.clone(), None, "ui-kube-auth", {
             let mut s = stopped.clone();
             async move {
                 s.wait_for(|s| *s).await.ok();

@@ -549,8 +549,8 @@ async fn member_writes_are_refused_outside_the_home_term() {
     use flotilla::fleet::runtime::Credentials;
     use flotilla::lease::elector::Leadership;
     use flotilla::lease::fence::Fence;
-    use flotilla::rollout::error::RolloutError;
-    use flotilla::rollout::members::{Members, Written};
+    use flotilla::rollout::run::error::RolloutError;
+    use flotilla::rollout::run::members::{Members, Written};
     use tokio::time::Instant;
 
     let clients = support::replicas::member_clients().await;

@@ -16,7 +16,7 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 use tonic::Status;
 
-use crate::rollout::cache::RolloutCache;
+use crate::rollout::run::cache::RolloutCache;
 use crate::rollout::spec::FleetMicroservice;
 
 /// (namespace, name) -> (uid, generation) as the apiserver has it.

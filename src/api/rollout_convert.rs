@@ -11,9 +11,9 @@ use std::sync::Arc;
 use super::convert::{condition, timestamp};
 use super::pb;
 use crate::rollout::approval;
-use crate::rollout::cache::{Key, RolloutCache};
-use crate::rollout::home::revisions_of;
 use crate::rollout::revision::Revision;
+use crate::rollout::run::cache::{Key, RolloutCache};
+use crate::rollout::run::home::revisions_of;
 use crate::rollout::spec::{Approval, FleetMicroservice, PlacementStatus};
 
 fn time(t: &Time) -> prost_types::Timestamp {

@@ -15,7 +15,7 @@ use super::rollout_convert::{deleted, listed, rollout};
 use super::watch::WatchLimits;
 use crate::authz::access::Resource;
 use crate::authz::gate::Standing;
-use crate::rollout::cache::{Key, RolloutCache};
+use crate::rollout::run::cache::{Key, RolloutCache};
 use crate::serve::streams::{self, Outbox};
 
 const METHOD: &str = "WatchRollouts";

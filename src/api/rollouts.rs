@@ -20,8 +20,8 @@ use super::rollout_watch;
 use super::watch::WatchLimits;
 use crate::authz::access::{self, Access, Caller, Resource};
 use crate::authz::gate::Gate;
-use crate::rollout::cache::RolloutCache;
-use crate::rollout::edits::{self, EditError};
+use crate::rollout::run::cache::RolloutCache;
+use crate::rollout::run::edits::{self, EditError};
 use crate::serve::streams::{self, Streams};
 
 pub struct FleetRolloutsService {

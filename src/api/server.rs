@@ -173,7 +173,7 @@ pub async fn bind(opts: &ServerOptions) -> Result<TcpListener, ApiError> {
 /// What FleetRollouts (and the dashboard) reads and edits.
 #[derive(Clone)]
 pub struct RolloutSource {
-    pub cache: Arc<crate::rollout::cache::RolloutCache>,
+    pub cache: Arc<crate::rollout::run::cache::RolloutCache>,
     /// The home cluster, for the spec edits users ask for.
     pub home: kube::Client,
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::view::{self, DnsView, Row};
 use crate::registry::Registry;
 use crate::registry::records::{Entry, Existing};
-use crate::rollout::cache::RolloutCache;
+use crate::rollout::run::cache::RolloutCache;
 use crate::status::index::{MicroserviceView, Snapshot};
 
 /// The longest one lookup waits on etcd.

@@ -29,7 +29,7 @@ use crate::lease::lease_store::KubeLeaseStore;
 use crate::registry::Registry;
 use crate::registry::records::{Op, Refusal, Writer};
 use crate::registry::store::RegistryError;
-use crate::rollout::cache::RolloutCache;
+use crate::rollout::run::cache::RolloutCache;
 use crate::rollout::spec::FleetMicroservice;
 use crate::status::hub::Hub;
 use crate::status::index::Filter;

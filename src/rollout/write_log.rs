@@ -8,11 +8,33 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::error::RolloutError;
-use super::members::Written;
 use super::trouble::{Kind, Trouble};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Why a member write did not succeed, as the log needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failed {
+    /// This replica's own fence stopped it: its term ended, and the member
+    /// never answered.
+    Fenced,
+    /// The member answered this, or did not answer.
+    Member(Kind),
+}
+
+/// What a write found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    Created,
+    Replaced,
+    /// It already holds exactly this revision: nothing was written.
+    Unchanged,
+    /// Someone else's Microservice is there; it is never written.
+    NotOurs,
+    /// Written, but the member stored a different spec than was sent: it
+    /// prunes a field its CRD lacks, or an admission webhook changes it.
+    Altered,
+}
 
 /// How one member write ended.
 pub enum Outcome {
@@ -37,17 +59,17 @@ pub enum Outcome {
 /// term ended: the member never answered, and the next term reads and
 /// writes again), else the member's answer.
 pub fn outcome_of(
-    result: &Result<Written, RolloutError>,
+    result: &Result<Written, Failed>,
     meant: Option<(String, u64)>,
 ) -> Option<Outcome> {
     Some(match (result, meant) {
-        (Err(e), _) if e.fenced() => return None,
+        (Err(Failed::Fenced), _) => return None,
         (Ok(Written::Altered), Some((revision, digest))) => Outcome::Altered { revision, digest },
         (Ok(_), _) => Outcome::Ok,
-        (Err(e), Some((revision, digest))) => Outcome::ApplyFailed {
+        (Err(Failed::Member(kind)), Some((revision, digest))) => Outcome::ApplyFailed {
             revision,
             digest,
-            kind: e.trouble(),
+            kind: kind.clone(),
         },
         (Err(_), None) => Outcome::DeleteFailed,
     })
@@ -200,24 +222,14 @@ mod tests {
 
     #[test]
     fn a_write_the_fence_stopped_teaches_nothing_about_the_member() {
-        use crate::lease::fence::FenceError;
+        // How a fence error and a refusal become `Failed`: the error's own
+        // test (`run::error`).
         let meant = || Some(("r1".to_string(), 7));
-        for fence in [
-            FenceError::NotLeading { armed: Some(0) },
-            FenceError::TermEnded,
-        ] {
-            let e = RolloutError::member("m1", "create", kube::Error::Service(Box::new(fence)));
-            assert!(outcome_of(&Err(e), meant()).is_none());
-        }
-        let refused = RolloutError::member(
-            "m1",
-            "create",
-            kube::Error::Api(
-                kube::core::Status::failure("no", "Forbidden")
-                    .with_code(403)
-                    .boxed(),
-            ),
-        );
+        assert!(outcome_of(&Err(Failed::Fenced), meant()).is_none());
+        let refused = Failed::Member(Kind::Refused {
+            code: 403,
+            message: "no".into(),
+        });
         assert!(matches!(
             outcome_of(&Err(refused), meant()),
             Some(Outcome::ApplyFailed {

@@ -16,7 +16,7 @@ use kube::ResourceExt;
 
 use super::identity::Sight;
 use super::json;
-use crate::rollout::cache::RolloutCache;
+use crate::rollout::run::cache::RolloutCache;
 use crate::serve::streams::{self, Ended, Outbox, Revocation};
 use crate::status::hub::Hub;
 use crate::status::index::Filter;

@@ -20,7 +20,7 @@ use crate::authz::access::{self, Access, Caller, Resource, User};
 use crate::authz::doors::Token;
 use crate::authz::gate::Gate;
 use crate::authz::review::Reviews;
-use crate::rollout::cache::RolloutCache;
+use crate::rollout::run::cache::RolloutCache;
 use crate::status::hub::Hub;
 
 /// The cookie in plaintext (development) mode.

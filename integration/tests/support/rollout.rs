@@ -455,7 +455,7 @@ pub fn fleet_controller_writes(namespace: &str) -> Vec<(String, String, jiff::Ti
         // fences it) and the DNS writer's marks (fenced by the DNS Lease)
         // are not the rollout controller's writes.
         if [
-            flotilla::rollout::edits::FIELD_MANAGER,
+            flotilla::rollout::run::edits::FIELD_MANAGER,
             flotilla::dns::writer::FIELD_MANAGER,
         ]
         .iter()

@@ -1,5 +1,5 @@
 //! Analysis at wave boundaries (#35): which checks to run, and what their
-//! runs prove. Pure, but for the calls (`client`, `webhook`, `prometheus`).
+//! runs prove. Pure: the calls are `run::analysis`.
 //!
 //! Every run is bound to the evidence it judged: the update revision, the
 //! wave, and the generation of each of the wave's member objects when it
@@ -8,12 +8,9 @@
 //! argo-cd#29410). Runs live in the rollout leader's memory for its term:
 //! a successor runs the checks again.
 
-pub mod client;
 pub mod condition;
 pub mod headers;
-pub mod prometheus;
 pub mod promql;
-pub mod webhook;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

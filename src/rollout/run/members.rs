@@ -11,28 +11,15 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::error::{Result, RolloutError};
-use super::spec::{FLEET_LABEL, REVISION_ANNOTATION};
 use crate::crd::{Microservice, MicroserviceSpec};
 use crate::fleet::client_budget::Budget;
 use crate::fleet::cluster::fleet_user_agent;
 use crate::fleet::member_clients::MemberClients;
 use crate::fleet::runtime::Credentials;
 use crate::lease::fence::Fence;
+use crate::rollout::spec::{FLEET_LABEL, REVISION_ANNOTATION};
+pub use crate::rollout::write_log::Written;
 use crate::telemetry::metrics::METRICS;
-
-/// What a write found and did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Written {
-    Created,
-    Replaced,
-    /// It already holds exactly this revision: nothing was written.
-    Unchanged,
-    /// Someone else's Microservice is there; it is never written.
-    NotOurs,
-    /// Written, but the member stored a different spec than was sent: it
-    /// prunes a field its CRD lacks, or an admission webhook changes it.
-    Altered,
-}
 
 pub struct Members {
     /// Fenced by the home cluster's term, with the fleet controller's agent.

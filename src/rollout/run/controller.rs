@@ -18,22 +18,10 @@ use kube::{Api, Client, Config, ResourceExt};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::analysis;
 use super::cache::RolloutCache;
-use super::checked::Checked;
 use super::error::{Result, RolloutError};
-use super::events;
-use super::fold;
 use super::home::{self, Home};
 use super::members::{Members, Written};
-use super::observe;
-use super::placement::member_spec;
-use super::plan::{self, Action, Inputs};
-use super::revision::{self, RevisionData, Step};
-use super::spec::{
-    ClusterState, FINALIZER, FleetMicroservice, FleetMicroserviceStatus, RolloutPhase, WaveState,
-};
-use super::write_log::{Outcome, WriteLog};
 use crate::crd::MicroserviceSpec;
 use crate::domain::conditions::{self, CLEANUP_BLOCKED, Status, Verdict};
 use crate::fleet::runtime::Credentials;
@@ -41,6 +29,18 @@ use crate::lease::election::Timings;
 use crate::lease::elector::Elector;
 use crate::lease::fence::Fence;
 use crate::lease::lease_store::KubeLeaseStore;
+use crate::rollout::analysis;
+use crate::rollout::checked::Checked;
+use crate::rollout::events;
+use crate::rollout::fold;
+use crate::rollout::observe;
+use crate::rollout::placement::member_spec;
+use crate::rollout::plan::{self, Action, Inputs};
+use crate::rollout::revision::{self, RevisionData, Step};
+use crate::rollout::spec::{
+    ClusterState, FINALIZER, FleetMicroservice, FleetMicroserviceStatus, RolloutPhase, WaveState,
+};
+use crate::rollout::write_log::{Outcome, WriteLog};
 use crate::status::hub::Hub;
 use crate::telemetry::metrics::METRICS;
 
@@ -111,7 +111,7 @@ pub async fn run(
         writes: std::sync::Mutex::new(WriteLog::default()),
         write_done: tokio::sync::Notify::new(),
         analysis: std::sync::Mutex::new(analysis::Log::default()),
-        http: analysis::client::Http::new(),
+        http: super::analysis::client::Http::new(),
         analysis_secrets,
         cache: opts.cache.clone(),
         write_timeout: opts.write_timeout,
@@ -158,7 +158,7 @@ struct Ctx {
     write_done: tokio::sync::Notify,
     /// This term's analysis runs (#35).
     analysis: std::sync::Mutex<analysis::Log>,
-    http: analysis::client::Http,
+    http: super::analysis::client::Http,
     /// The namespace of `headersFrom` Secrets, and its API.
     analysis_secrets: Option<(String, Api<Secret>)>,
     /// How long one member call of a write may take.
@@ -216,7 +216,7 @@ impl Ctx {
         match all.get(&uid) {
             Some((g, c)) if *g == generation => c.clone(),
             _ => {
-                let c = Arc::new(super::checked::check(&fms.name_any(), &fms.spec));
+                let c = Arc::new(crate::rollout::checked::check(&fms.name_any(), &fms.spec));
                 all.insert(uid, (generation, c.clone()));
                 c
             }
@@ -434,7 +434,7 @@ async fn round(
 
     let written = fms.status.clone().unwrap_or_default();
     ctx.ahead.fetch_max(
-        super::gate::ahead(&written, jiff::Timestamp::now()),
+        crate::rollout::gate::ahead(&written, jiff::Timestamp::now()),
         std::sync::atomic::Ordering::Relaxed,
     );
     // What this term planned last, when only observations were left unwritten.
@@ -442,7 +442,7 @@ async fn round(
     let previous = held.as_ref().map_or(&written, |(s, _)| s).clone();
     let now = jiff::Timestamp::now();
     let reading = ctx.write_log().read(&uid);
-    let approvals = super::approval::read(fms.metadata.annotations.as_ref());
+    let approvals = crate::rollout::approval::read(fms.metadata.annotations.as_ref());
     let runs = ctx.analysis().runs(&uid).to_vec();
     let checked = ctx.checked(fms);
     let plan = plan::plan_guarded(&Inputs {
@@ -662,8 +662,10 @@ impl Write {
             }
             Ok(_) => {}
         }
-        let meant = meant.map(|(revision, spec)| (revision, super::placement::digest(&spec)));
-        match super::write_log::outcome_of(&result, meant) {
+        let meant =
+            meant.map(|(revision, spec)| (revision, crate::rollout::placement::digest(&spec)));
+        let ended = result.as_ref().map(|w| *w).map_err(RolloutError::failed);
+        match crate::rollout::write_log::outcome_of(&ended, meant) {
             Some(outcome) => {
                 if let Outcome::Altered { revision, .. } = &outcome {
                     tracing::info!(k8s.cluster.name = %cluster, revision = %revision, "the member stored a different spec than was written");
@@ -707,7 +709,7 @@ impl Check {
                 .await
             {
                 Ok(headers) => {
-                    analysis::webhook::run(&ctx.http, url, *timeout, &headers, body).await
+                    super::analysis::webhook::run(&ctx.http, url, *timeout, &headers, body).await
                 }
                 Err(answer) => (false, answer),
             },
@@ -716,7 +718,10 @@ impl Check {
                 timeout,
                 queries,
                 condition,
-            } => analysis::prometheus::run(&ctx.http, address, *timeout, queries, condition).await,
+            } => {
+                super::analysis::prometheus::run(&ctx.http, address, *timeout, queries, condition)
+                    .await
+            }
         };
         tracing::info!(check = %due.check.name, wave = %due.evidence.wave, revision = %due.evidence.revision, passed, answer = %answer, "analysis run");
         let run = analysis::Run {
@@ -857,7 +862,7 @@ async fn cleanup(
         Verdict::new(
             CLEANUP_BLOCKED,
             Status::True,
-            super::spec::CLUSTER_UNREACHABLE,
+            crate::rollout::spec::CLUSTER_UNREACHABLE,
             format!(
                 "waiting for {} to answer, to delete this FleetMicroservice's Microservice there",
                 todo.blocked.join(", ")

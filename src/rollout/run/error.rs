@@ -52,8 +52,8 @@ impl RolloutError {
 
     /// What a failed member write tells the planner: the apiserver's
     /// status when it answered, else the failure.
-    pub fn trouble(&self) -> super::trouble::Kind {
-        use super::trouble::Kind;
+    pub fn trouble(&self) -> crate::rollout::trouble::Kind {
+        use crate::rollout::trouble::Kind;
         match self.source() {
             Some(e @ kube::Error::Api(s)) if !fence::is_fenced(e) => Kind::Refused {
                 code: s.code,
@@ -62,6 +62,14 @@ impl RolloutError {
             _ => Kind::Failed {
                 message: self.to_string(),
             },
+        }
+    }
+
+    /// How the write log takes a failed member write.
+    pub fn failed(&self) -> crate::rollout::write_log::Failed {
+        match self.fenced() {
+            true => crate::rollout::write_log::Failed::Fenced,
+            false => crate::rollout::write_log::Failed::Member(self.trouble()),
         }
     }
 
@@ -82,5 +90,37 @@ impl RolloutError {
                 RolloutError::Revision(_) => "revision",
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::trouble::Kind;
+    use crate::rollout::write_log::Failed;
+
+    #[test]
+    fn a_write_the_fence_stopped_is_fenced_and_a_refusal_is_the_members() {
+        use crate::lease::fence::FenceError;
+        for fence in [
+            FenceError::NotLeading { armed: Some(0) },
+            FenceError::TermEnded,
+        ] {
+            let e = RolloutError::member("m1", "create", kube::Error::Service(Box::new(fence)));
+            assert_eq!(e.failed(), Failed::Fenced);
+        }
+        let refused = RolloutError::member(
+            "m1",
+            "create",
+            kube::Error::Api(
+                kube::core::Status::failure("no", "Forbidden")
+                    .with_code(403)
+                    .boxed(),
+            ),
+        );
+        assert!(matches!(
+            refused.failed(),
+            Failed::Member(Kind::Refused { code: 403, .. })
+        ));
     }
 }

@@ -17,10 +17,10 @@ use kube::{Api, Client, Resource};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::approval;
 use super::cache::RolloutCache;
-use super::revision::{Revision, undo_target};
-use super::spec::{FleetMicroservice, WaveApproval};
+use crate::rollout::approval;
+use crate::rollout::revision::{Revision, undo_target};
+use crate::rollout::spec::{FleetMicroservice, WaveApproval};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EditError {

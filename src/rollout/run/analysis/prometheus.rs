@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::client::Http;
-use super::condition::Condition;
-use super::promql;
+use crate::rollout::analysis::condition::Condition;
+use crate::rollout::analysis::promql;
 
 /// Whether every query's every sample met the condition, and the answer.
 pub async fn run(

@@ -14,7 +14,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
-use super::spec::{FLEET_LABEL, FleetMicroservice};
+use crate::rollout::spec::{FLEET_LABEL, FleetMicroservice};
 
 /// (namespace, name)
 pub type Key = (String, String);
@@ -202,7 +202,7 @@ impl RolloutCache {
     /// `f`'s stored revisions, as the cache holds them.
     pub fn history(&self, f: &FleetMicroservice) -> Vec<crate::rollout::revision::Revision> {
         let stored = self.revisions.state();
-        crate::rollout::home::revisions_of(f, stored.iter().map(|r| r.as_ref()))
+        crate::rollout::run::home::revisions_of(f, stored.iter().map(|r| r.as_ref()))
             .into_iter()
             .map(|(r, _)| r)
             .collect()

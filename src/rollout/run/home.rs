@@ -11,9 +11,9 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use super::error::{Result, RolloutError};
-use super::events::Note;
-use super::revision::{Memory, Revision, RevisionData};
-use super::spec::{
+use crate::rollout::events::Note;
+use crate::rollout::revision::{Memory, Revision, RevisionData};
+use crate::rollout::spec::{
     FAILED_ANNOTATION, FINALIZER, FLEET_LABEL, FleetMicroservice, FleetMicroserviceStatus,
     GOOD_BEFORE_ANNOTATION,
 };
