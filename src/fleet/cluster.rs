@@ -245,87 +245,15 @@ pub async fn run(
     hub: Arc<Hub>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    // The Lease gets a client of its own: renewals must never queue behind
-    // a reconcile backlog that has used up the cluster's request budget. The
-    // member's own client is fenced by the leadership that Lease decides.
     let id = settings.replica_id.clone();
-    let invalid = |reason: String| set_state(&hub, &name, &id, ClusterState::Invalid { reason });
-    let agent = match user_agent(&id) {
-        Ok(a) => a,
-        Err(reason) => return invalid(reason),
-    };
-    let lease_client = match client_for(
-        &name,
-        kubeconfig.clone(),
-        trust,
-        &agent,
-        Budget::ELECTION,
-        None,
-    )
-    .await
-    {
+    let (c, elector) = match connect(&name, kubeconfig, trust, &settings).await {
         Ok(c) => c,
-        Err(reason) => return invalid(reason),
+        Err(reason) => return set_state(&hub, &name, &id, ClusterState::Invalid { reason }),
     };
-    let store = KubeLeaseStore::new(
-        lease_client.clone(),
-        &settings.lease_namespace,
-        &format!("flotilla-{}", settings.fleet_name),
-    );
-    let (elector, mut leadership) = Elector::new(id.clone(), settings.timings, store);
-    let fence = Fence::new(&name, leadership.clone());
-    let client = match client_for(
-        &name,
-        kubeconfig,
-        trust,
-        &agent,
-        settings.budget,
-        Some(&fence),
-    )
-    .await
-    {
-        Ok(c) => c,
-        Err(reason) => return invalid(reason),
-    };
-    // Reachability, with backoff; nothing else waits on this cluster.
-    let mut delay = Duration::from_millis(200);
-    loop {
-        // A server that accepts connections and never answers must neither
-        // hold this task past shutdown nor stay "connecting" for ever.
-        let probe = tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version());
-        let answer = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
-            answer = probe => answer,
-        };
-        let failure = match answer {
-            Ok(Ok(_)) => None,
-            Ok(Err(e)) => Some(unreachable_reason(&e)),
-            Err(_) => Some(format!("no answer within {PROBE_TIMEOUT:?}")),
-        };
-        match failure {
-            None => {
-                set_state(&hub, &name, &settings.replica_id, ClusterState::Reachable);
-                break;
-            }
-            Some(reason) => {
-                set_state(
-                    &hub,
-                    &name,
-                    &settings.replica_id,
-                    ClusterState::Unreachable {
-                        reason,
-                        last_seen: None,
-                    },
-                );
-                tokio::select! {
-                    _ = shutdown.wait_for(|s| *s) => return,
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(30));
-            }
-        }
+    if !reachable(&c.client, &hub, &name, &id, &mut shutdown).await {
+        return;
     }
-    let created = ensure_namespace(&lease_client, &settings.lease_namespace);
+    let created = ensure_namespace(&c.lease_client, &settings.lease_namespace);
     if tokio::time::timeout(settings.timings.renew_deadline, created)
         .await
         .is_err()
@@ -334,16 +262,15 @@ pub async fn run(
     }
     // The read-only status feed runs whether or not this replica leads.
     let feed = tokio::spawn(crate::status::feed::run(
-        client.clone(),
+        c.client.clone(),
         name.clone(),
         settings.namespace.clone(),
         settings.streaming_lists,
         settings.budget.qps,
         hub.clone(),
     ));
-
     let (cluster, grace) = (name.clone(), settings.takeover_grace);
-    let drain_fence = fence.clone();
+    let drain_fence = c.fence.clone();
     let owner_changes = owner_changes(assignment.clone(), name.clone());
     let elector = elector
         .with_wake(owner_changes)
@@ -355,38 +282,13 @@ pub async fn run(
             let f = drain_fence.clone();
             Box::pin(async move { f.drained().await })
         }));
-    // Reachability: a cluster whose Lease could not be read for a lease
-    // duration is Unreachable, with the last time it answered.
-    let contact = elector.last_contact();
-    let (reach_hub, reach_me) = (hub.clone(), settings.replica_id.clone());
-    let (reach_name, reach_timings) = (name.clone(), settings.timings);
-    let mut reach_stop = shutdown.clone();
-    let reachability = tokio::spawn(async move {
-        let mut was_unreachable = false;
-        loop {
-            tokio::select! {
-                _ = reach_stop.wait_for(|s| *s) => break,
-                _ = tokio::time::sleep(reach_timings.retry_period) => {}
-            }
-            let last = *contact.borrow();
-            let silent = last.is_none_or(|t| t.elapsed() > reach_timings.lease_duration);
-            if silent && !was_unreachable {
-                set_state(
-                    &reach_hub,
-                    &reach_name,
-                    &reach_me,
-                    ClusterState::Unreachable {
-                        reason: "the cluster's Lease could not be read for a lease duration".into(),
-                        last_seen: last,
-                    },
-                );
-            } else if !silent && was_unreachable {
-                set_state(&reach_hub, &reach_name, &reach_me, ClusterState::Reachable);
-                tracing::info!(k8s.cluster.name = %reach_name, "cluster reachable again");
-            }
-            was_unreachable = silent;
-        }
-    });
+    let reachability = watch_reachability(
+        elector.last_contact(),
+        hub.clone(),
+        name.clone(),
+        &settings,
+        shutdown.clone(),
+    );
     let (stop_elector_tx, mut stop_elector_rx) = watch::channel(false);
     // The elector's own lines name their member: a replica runs several.
     let elector_task = tokio::spawn(
@@ -396,73 +298,16 @@ pub async fn run(
             })
             .instrument(tracing::info_span!("elector", cluster = %name)),
     );
-
+    let mut leadership = c.leadership.clone();
     loop {
         let state = leadership.borrow_and_update().clone();
         match state {
             Leadership::Leading { epoch, .. } if !*shutdown.borrow() => {
-                set_state(
-                    &hub,
-                    &name,
-                    &settings.replica_id,
-                    ClusterState::Leading { epoch },
-                );
-                let mut s = Settings::new(
-                    name.clone(),
-                    WriterIdentity {
-                        holder: settings.replica_id.clone(),
-                        epoch: Some(epoch),
-                    },
-                );
-                s.resync = settings.resync;
-                s.namespace = settings.namespace.clone();
-                s.streaming_lists = settings.streaming_lists;
-                s.debounce = settings.debounce;
-                s.debounce_max = settings.debounce_max;
-                s.registry = settings.registry.clone();
-                s.registry_sweep = settings.registry_sweep;
-                s.fleet_dns = settings.fleet_dns;
-                s.defaults = settings.defaults.clone();
-                s.leadership = Some(leadership.clone());
-                // Writes of this term, and only this term, pass the fence.
-                fence.arm(Some(epoch));
-                // On shutdown, while still leading, in-flight reconciles may
-                // finish for up to a renew deadline. A lost term aborts the
-                // controller at once: the fence already refuses its writes.
-                let mut stop = shutdown.clone();
-                let end = async move {
-                    stop.wait_for(|s| *s).await.ok();
-                };
-                let (over, mut stopping) = (
-                    crate::lease::elector::term_over(leadership.clone(), epoch),
-                    shutdown.clone(),
-                );
-                let cutoff = settings.timings.renew_deadline;
-                let aborted = async move {
-                    tokio::pin!(over);
-                    tokio::select! {
-                        _ = &mut over => return "term over",
-                        _ = stopping.wait_for(|s| *s) => {}
-                    }
-                    tokio::select! {
-                        _ = &mut over => "term over",
-                        _ = tokio::time::sleep(cutoff) => "did not stop in time",
-                    }
-                };
-                tokio::select! {
-                    _ = reconciler::run(client.clone(), s, Hooks::default(), end) => {}
-                    why = aborted => tracing::info!(k8s.cluster.name = %name, epoch, why, "controller aborted"),
-                }
-                fence.arm(None);
-                tracing::info!(k8s.cluster.name = %name, epoch, "leadership term over; writers stopped");
+                set_state(&hub, &name, &id, ClusterState::Leading { epoch });
+                lead(&c, &name, &settings, epoch, &shutdown).await;
             }
             Leadership::Following { holder, epoch, .. } => {
-                set_state(
-                    &hub,
-                    &name,
-                    &settings.replica_id,
-                    ClusterState::Following { holder, epoch },
-                );
+                set_state(&hub, &name, &id, ClusterState::Following { holder, epoch });
             }
             Leadership::Leading { .. } => {}
         }
@@ -489,4 +334,198 @@ pub async fn run(
             Err(_) => tracing::warn!(k8s.cluster.name = %name, "lease release timed out"),
         }
     }
+}
+
+/// One member's clients and its write fence (`connect` also makes its elector).
+struct Connected {
+    /// The Lease's own client: renewals must never queue behind a
+    /// reconcile backlog that has used up the cluster's request budget.
+    lease_client: Client,
+    /// The member's own client, fenced by the leadership that Lease decides.
+    client: Client,
+    leadership: watch::Receiver<Leadership>,
+    fence: Fence,
+}
+
+async fn connect(
+    name: &str,
+    kubeconfig: Kubeconfig,
+    trust: Trust,
+    settings: &ReplicaSettings,
+) -> Result<(Connected, Elector<KubeLeaseStore>), String> {
+    let id = settings.replica_id.clone();
+    let agent = user_agent(&id)?;
+    let lease_client = client_for(
+        name,
+        kubeconfig.clone(),
+        trust,
+        &agent,
+        Budget::ELECTION,
+        None,
+    )
+    .await?;
+    let store = KubeLeaseStore::new(
+        lease_client.clone(),
+        &settings.lease_namespace,
+        &format!("flotilla-{}", settings.fleet_name),
+    );
+    let (elector, leadership) = Elector::new(id, settings.timings, store);
+    let fence = Fence::new(name, leadership.clone());
+    let client = client_for(
+        name,
+        kubeconfig,
+        trust,
+        &agent,
+        settings.budget,
+        Some(&fence),
+    )
+    .await?;
+    let connected = Connected {
+        lease_client,
+        client,
+        leadership,
+        fence,
+    };
+    Ok((connected, elector))
+}
+
+/// Waits until the member answers, with backoff; false on shutdown.
+async fn reachable(
+    client: &Client,
+    hub: &Hub,
+    name: &str,
+    id: &str,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        // A server that accepts connections and never answers must neither
+        // hold this task past shutdown nor stay "connecting" for ever.
+        let probe = tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version());
+        let answer = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return false,
+            answer = probe => answer,
+        };
+        let reason = match answer {
+            Ok(Ok(_)) => {
+                set_state(hub, name, id, ClusterState::Reachable);
+                return true;
+            }
+            Ok(Err(e)) => unreachable_reason(&e),
+            Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
+        };
+        let unreachable = ClusterState::Unreachable {
+            reason,
+            last_seen: None,
+        };
+        set_state(hub, name, id, unreachable);
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return false,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Reachability: a cluster whose Lease could not be read for a lease
+/// duration is Unreachable, with the last time it answered.
+fn watch_reachability(
+    contact: watch::Receiver<Option<Instant>>,
+    hub: Arc<Hub>,
+    name: String,
+    settings: &ReplicaSettings,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let (me, timings) = (settings.replica_id.clone(), settings.timings);
+    tokio::spawn(async move {
+        let mut was_unreachable = false;
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tokio::time::sleep(timings.retry_period) => {}
+            }
+            let last = *contact.borrow();
+            let silent = last.is_none_or(|t| t.elapsed() > timings.lease_duration);
+            if silent && !was_unreachable {
+                let state = ClusterState::Unreachable {
+                    reason: "the cluster's Lease could not be read for a lease duration".into(),
+                    last_seen: last,
+                };
+                set_state(&hub, &name, &me, state);
+            } else if !silent && was_unreachable {
+                set_state(&hub, &name, &me, ClusterState::Reachable);
+                tracing::info!(k8s.cluster.name = %name, "cluster reachable again");
+            }
+            was_unreachable = silent;
+        }
+    })
+}
+
+/// One leadership term: the controller runs with writes of this term, and
+/// only this term, passing the fence.
+async fn lead(
+    c: &Connected,
+    name: &str,
+    settings: &ReplicaSettings,
+    epoch: i32,
+    shutdown: &watch::Receiver<bool>,
+) {
+    let s = controller_settings(name, settings, epoch, &c.leadership);
+    c.fence.arm(Some(epoch));
+    // On shutdown, while still leading, in-flight reconciles may finish for
+    // up to a renew deadline. A lost term aborts the controller at once:
+    // the fence already refuses its writes.
+    let mut stop = shutdown.clone();
+    let end = async move {
+        stop.wait_for(|s| *s).await.ok();
+    };
+    let (over, mut stopping) = (
+        crate::lease::elector::term_over(c.leadership.clone(), epoch),
+        shutdown.clone(),
+    );
+    let cutoff = settings.timings.renew_deadline;
+    let aborted = async move {
+        tokio::pin!(over);
+        tokio::select! {
+            _ = &mut over => return "term over",
+            _ = stopping.wait_for(|s| *s) => {}
+        }
+        tokio::select! {
+            _ = &mut over => "term over",
+            _ = tokio::time::sleep(cutoff) => "did not stop in time",
+        }
+    };
+    tokio::select! {
+        _ = reconciler::run(c.client.clone(), s, Hooks::default(), end) => {}
+        why = aborted => tracing::info!(k8s.cluster.name = %name, epoch, why, "controller aborted"),
+    }
+    c.fence.arm(None);
+    tracing::info!(k8s.cluster.name = %name, epoch, "leadership term over; writers stopped");
+}
+
+/// The member controller's settings for one term.
+fn controller_settings(
+    name: &str,
+    settings: &ReplicaSettings,
+    epoch: i32,
+    leadership: &watch::Receiver<Leadership>,
+) -> Settings {
+    let mut s = Settings::new(
+        name.to_string(),
+        WriterIdentity {
+            holder: settings.replica_id.clone(),
+            epoch: Some(epoch),
+        },
+    );
+    s.resync = settings.resync;
+    s.namespace = settings.namespace.clone();
+    s.streaming_lists = settings.streaming_lists;
+    s.debounce = settings.debounce;
+    s.debounce_max = settings.debounce_max;
+    s.registry = settings.registry.clone();
+    s.registry_sweep = settings.registry_sweep;
+    s.fleet_dns = settings.fleet_dns;
+    s.defaults = settings.defaults.clone();
+    s.leadership = Some(leadership.clone());
+    s
 }

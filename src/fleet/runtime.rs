@@ -53,6 +53,9 @@ pub struct FleetOptions {
     pub credentials: watch::Sender<BTreeMap<String, Credentials>>,
 }
 
+/// Cluster tasks to stop, by name.
+type Stops = Vec<(String, Running)>;
+
 struct Running {
     fingerprint: u64,
     stop: watch::Sender<bool>,
@@ -121,221 +124,30 @@ pub async fn run(
     opts: FleetOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    let hub = opts.hub.clone();
     let me = opts.replica.replica_id.clone();
     // Empty until the heartbeats have been read: nobody is assigned anything yet.
-    let (live_tx, live_rx) = watch::channel(BTreeSet::new());
-    hub.update(|ix| ix.await_peers());
+    let (live_tx, mut live_rx) = watch::channel(BTreeSet::new());
+    opts.hub.update(|ix| ix.await_peers());
     cluster::ensure_namespace(&opts.home, &opts.home_namespace).await;
-    let (stop_beat_tx, mut stop_beat_rx) = watch::channel(false);
-    let mut heartbeat = tokio::spawn(replicas::run(
-        replicas::Heartbeat {
-            client: opts.home.clone(),
-            namespace: opts.home_namespace.clone(),
-            fleet: opts.replica.fleet_name.clone(),
-            me: me.clone(),
-            ttl: opts.replica.timings.lease_duration,
-            period: opts.replica.timings.retry_period,
-        },
-        live_tx,
-        async move {
-            stop_beat_rx.wait_for(|s| *s).await.ok();
-        },
-    ));
-
+    let (stop_beat_tx, mut heartbeat) = heartbeat(&opts, live_tx);
     let (assignment_tx, assignment_rx) = watch::channel(BTreeMap::<String, String>::new());
-    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    let mut clusters = Clusters::new(&opts, assignment_rx);
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut live_rx = live_rx;
-    let secrets_api: Api<Secret> =
-        Api::namespaced(opts.home.clone(), &opts.member_secrets_namespace);
-    let mut running_from_secrets: BTreeMap<String, registry::Found> = BTreeMap::new();
-    let mut running_from_files: BTreeMap<String, registry::Found> = BTreeMap::new();
     let mut failure: Option<String> = None;
     // Ready (for /readyz and gRPC health) only once the live set is read.
     let mut joined = false;
-    let mut pending_labels: BTreeMap<String, Labels> = BTreeMap::new();
     // Never resolve outside test builds (see `supervise::injected`).
     let mut heartbeat_fault = std::pin::pin!(crate::supervise::injected("heartbeat"));
     let mut registry_fault = std::pin::pin!(crate::supervise::injected("registry"));
     loop {
-        // The registry: start new and changed clusters, stop removed ones.
-        // Read whole only when both sources answered: until then the API
-        // answers UNAVAILABLE rather than from part of the fleet.
-        let mut whole = true;
-        let files = match &opts.kubeconfig_dir {
-            None => BTreeMap::new(),
-            Some(dir) => registry::scan(dir, opts.allow_exec_kubeconfigs).unwrap_or_else(|e| {
-                // Keep what runs, as for Secrets: a passing EMFILE or EIO
-                // must not stop every file member and drop its entries.
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot read the kubeconfig directory; keeping the clusters it defined");
-                whole = false;
-                running_from_files.clone()
-            }),
-        };
-        running_from_files = files.clone();
-        let secrets = match secrets_api
-            .list(&ListParams::default().labels(&format!("{}=true", registry::SECRET_LABEL)))
-            .await
-        {
-            Ok(list) => registry::from_secrets(&list.items),
-            Err(e) => {
-                // Keep what runs: a home-cluster hiccup must not drop members.
-                tracing::warn!(error = %e, "cannot list member Secrets; keeping the clusters they defined");
-                whole = false;
-                running_from_secrets.clone()
-            }
-        };
-        running_from_secrets = secrets.clone();
-        let found = registry::merge(files, secrets);
-        let mut valid = BTreeSet::new();
-        // Stops first, all together; then starts, so a changed cluster's old
-        // task has let go before its new one begins.
-        let mut stops: Vec<(String, Running)> = Vec::new();
-        let mut starts: Vec<String> = Vec::new();
-        hub.update(|ix| {
-            for (name, f) in found.iter() {
-                ix.update_cluster(name, &f.source, |c| {
-                    set_labels(name, c, &f.labels, &mut pending_labels)
-                });
-            }
-        });
-        for (name, f) in found.iter() {
-            match (&f.entry, &f.kubeconfig) {
-                (Entry::Valid { fingerprint }, Some(_)) => {
-                    valid.insert(name.clone());
-                    if running
-                        .get(name)
-                        .is_some_and(|r| r.fingerprint == *fingerprint)
-                    {
-                        continue;
-                    }
-                    if let Some(old) = running.remove(name) {
-                        tracing::info!(k8s.cluster.name = %name, "kubeconfig changed; restarting the cluster");
-                        stops.push((name.clone(), old));
-                        // What the old cluster's feed listed says nothing
-                        // of the new one until it has listed it.
-                        hub.update(|ix| ix.update_cluster(name, "", |c| c.synced = false));
-                    }
-                    starts.push(name.clone());
-                }
-                (Entry::Invalid { reason }, _) => {
-                    if let Some(old) = running.remove(name) {
-                        stops.push((name.clone(), old));
-                    }
-                    hub.update(|ix| {
-                        ix.update_cluster(name, &f.source, |c| {
-                            if c.reach != Reach::Invalid || c.reason != *reason {
-                                tracing::warn!(k8s.cluster.name = %name, reason = %reason, "cluster is Invalid");
-                            }
-                            c.reach = Reach::Invalid;
-                            c.reason = reason.clone();
-                            c.synced = false;
-                        })
-                    });
-                }
-                _ => {}
-            }
-        }
-        let gone: Vec<String> = running
-            .keys()
-            .filter(|n| !found.contains_key(*n))
-            .cloned()
-            .collect();
-        for name in gone {
-            if let Some(old) = running.remove(&name) {
-                tracing::info!(k8s.cluster.name = %name, "kubeconfig removed; releasing the cluster");
-                stops.push((name, old));
-            }
-        }
-        stop_clusters(stops).await;
-        for name in starts {
-            let f = &found[&name];
-            let (Entry::Valid { fingerprint }, Some(kc)) = (&f.entry, &f.kubeconfig) else {
-                continue;
-            };
-            hub.update(|ix| ix.update_cluster(&name, &f.source, |c| c.source = f.source.clone()));
-            let (stop, stop_rx) = watch::channel(false);
-            let task = tokio::spawn(cluster::run(
-                name.clone(),
-                kc.clone(),
-                f.trust,
-                opts.replica.clone(),
-                assignment_rx.clone(),
-                hub.clone(),
-                stop_rx,
-            ));
-            running.insert(
-                name.clone(),
-                Running {
-                    fingerprint: *fingerprint,
-                    stop,
-                    task,
-                },
-            );
-        }
-        let credentials: BTreeMap<String, Credentials> = found
-            .iter()
-            .filter_map(|(name, f)| match (&f.entry, &f.kubeconfig) {
-                (Entry::Valid { fingerprint }, Some(kc)) => Some((
-                    name.clone(),
-                    Credentials {
-                        kubeconfig: kc.clone(),
-                        trust: f.trust,
-                        fingerprint: *fingerprint,
-                    },
-                )),
-                _ => None,
-            })
-            .collect();
-        opts.credentials.send_if_modified(|cur| {
-            let fingerprints = |m: &BTreeMap<String, Credentials>| {
-                m.iter()
-                    .map(|(n, c)| (n.clone(), c.fingerprint))
-                    .collect::<Vec<_>>()
-            };
-            let changed = fingerprints(cur) != fingerprints(&credentials);
-            if changed {
-                *cur = credentials;
-            }
-            changed
-        });
-        let forgotten = hub.update(|ix| {
-            let gone: Vec<String> = ix
-                .clusters()
-                .keys()
-                .filter(|c| !found.contains_key(*c))
-                .cloned()
-                .collect();
-            ix.retain_clusters(&found.keys().cloned().collect());
-            if whole {
-                ix.registry_read();
-            }
-            gone
-        });
-        for cluster in forgotten {
-            METRICS.forget_cluster(&cluster);
-        }
-
+        let valid = clusters.scan(&opts).await;
         // The assignment follows the live replicas and the valid clusters.
         let live = live_rx.borrow_and_update().clone();
         if !joined && live.contains(&me) {
             joined = true;
-            hub.update(|ix| ix.peers_known());
+            opts.hub.update(|ix| ix.peers_known());
         }
-        let next: BTreeMap<String, String> = assign(&valid, &live)
-            .into_iter()
-            .map(|(c, r)| (c, r.to_string()))
-            .collect();
-        assignment_tx.send_if_modified(|cur| {
-            let changed = *cur != next;
-            if changed {
-                tracing::info!(assignment = ?next, "shard assignment");
-                *cur = next.clone();
-            }
-            changed
-        });
-
+        publish_assignment(&assignment_tx, &valid, &live);
         tokio::select! {
             _ = &mut shutdown => break,
             _ = live_rx.changed() => {}
@@ -370,20 +182,284 @@ pub async fn run(
     assignment_tx.send_replace(BTreeMap::new());
     if failure.is_none() {
         stop_beat_tx.send(true).ok();
-        // Bounded: a beat or listing hung on a stalled home must not keep
-        // the member Leases from being released (its TTL then ends it).
-        let limit = opts.replica.timings.retry_period * 2;
-        match tokio::time::timeout(limit, &mut heartbeat).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "heartbeat task failed"),
-            Err(_) => {
-                heartbeat.abort();
-                tracing::warn!("the heartbeat did not end within {limit:?}; left to its TTL");
-            }
+        leave(&opts, heartbeat).await;
+    }
+    stop_clusters(clusters.running.into_iter().collect()).await;
+    failure.map_or(Ok(()), Err)
+}
+
+/// This replica's heartbeat Lease, renewed until told to stop; the live
+/// replica set goes to `live`.
+fn heartbeat(
+    opts: &FleetOptions,
+    live: watch::Sender<BTreeSet<String>>,
+) -> (watch::Sender<bool>, JoinHandle<()>) {
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let task = tokio::spawn(replicas::run(
+        replicas::Heartbeat {
+            client: opts.home.clone(),
+            namespace: opts.home_namespace.clone(),
+            fleet: opts.replica.fleet_name.clone(),
+            me: opts.replica.replica_id.clone(),
+            ttl: opts.replica.timings.lease_duration,
+            period: opts.replica.timings.retry_period,
+        },
+        live,
+        async move {
+            stop_rx.wait_for(|s| *s).await.ok();
+        },
+    ));
+    (stop_tx, task)
+}
+
+/// Waits for the heartbeat to delete itself. Bounded: a beat or listing
+/// hung on a stalled home must not keep the member Leases from being
+/// released (its TTL then ends it).
+async fn leave(opts: &FleetOptions, mut heartbeat: JoinHandle<()>) {
+    let limit = opts.replica.timings.retry_period * 2;
+    match tokio::time::timeout(limit, &mut heartbeat).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "heartbeat task failed"),
+        Err(_) => {
+            heartbeat.abort();
+            tracing::warn!("the heartbeat did not end within {limit:?}; left to its TTL");
         }
     }
-    stop_clusters(running.into_iter().collect()).await;
-    failure.map_or(Ok(()), Err)
+}
+
+/// The shard assignment of the valid clusters over the live replicas.
+fn publish_assignment(
+    tx: &watch::Sender<BTreeMap<String, String>>,
+    valid: &BTreeSet<String>,
+    live: &BTreeSet<String>,
+) {
+    let next: BTreeMap<String, String> = assign(valid, live)
+        .into_iter()
+        .map(|(c, r)| (c, r.to_string()))
+        .collect();
+    tx.send_if_modified(|cur| {
+        let changed = *cur != next;
+        if changed {
+            tracing::info!(assignment = ?next, "shard assignment");
+            *cur = next.clone();
+        }
+        changed
+    });
+}
+
+/// The member clusters this replica runs a task for, and what the
+/// registry's sources last said.
+struct Clusters {
+    running: BTreeMap<String, Running>,
+    from_files: BTreeMap<String, registry::Found>,
+    from_secrets: BTreeMap<String, registry::Found>,
+    pending_labels: BTreeMap<String, Labels>,
+    secrets_api: Api<Secret>,
+    assignment: watch::Receiver<BTreeMap<String, String>>,
+}
+
+impl Clusters {
+    fn new(opts: &FleetOptions, assignment: watch::Receiver<BTreeMap<String, String>>) -> Self {
+        Clusters {
+            running: BTreeMap::new(),
+            from_files: BTreeMap::new(),
+            from_secrets: BTreeMap::new(),
+            pending_labels: BTreeMap::new(),
+            secrets_api: Api::namespaced(opts.home.clone(), &opts.member_secrets_namespace),
+            assignment,
+        }
+    }
+
+    /// One pass of the registry: start new and changed clusters, stop
+    /// removed ones, publish the credentials; returns the valid clusters.
+    async fn scan(&mut self, opts: &FleetOptions) -> BTreeSet<String> {
+        let (found, whole) = self.read(opts).await;
+        let hub = &opts.hub;
+        hub.update(|ix| {
+            for (name, f) in found.iter() {
+                ix.update_cluster(name, &f.source, |c| {
+                    set_labels(name, c, &f.labels, &mut self.pending_labels)
+                });
+            }
+        });
+        // Stops first, all together; then starts, so a changed cluster's old
+        // task has let go before its new one begins.
+        let (valid, stops, starts) = self.changes(hub, &found);
+        stop_clusters(stops).await;
+        for name in starts {
+            self.start(opts, &name, &found[&name]);
+        }
+        publish_credentials(opts, &found);
+        let forgotten = hub.update(|ix| {
+            let gone: Vec<String> = ix
+                .clusters()
+                .keys()
+                .filter(|c| !found.contains_key(*c))
+                .cloned()
+                .collect();
+            ix.retain_clusters(&found.keys().cloned().collect());
+            if whole {
+                ix.registry_read();
+            }
+            gone
+        });
+        for cluster in forgotten {
+            METRICS.forget_cluster(&cluster);
+        }
+        valid
+    }
+
+    /// Both sources, and whether both answered: until then the API answers
+    /// UNAVAILABLE rather than from part of the fleet.
+    async fn read(&mut self, opts: &FleetOptions) -> (BTreeMap<String, registry::Found>, bool) {
+        let mut whole = true;
+        let files = match &opts.kubeconfig_dir {
+            None => BTreeMap::new(),
+            Some(dir) => registry::scan(dir, opts.allow_exec_kubeconfigs).unwrap_or_else(|e| {
+                // Keep what runs, as for Secrets: a passing EMFILE or EIO
+                // must not stop every file member and drop its entries.
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot read the kubeconfig directory; keeping the clusters it defined");
+                whole = false;
+                self.from_files.clone()
+            }),
+        };
+        self.from_files = files.clone();
+        let secrets = match self
+            .secrets_api
+            .list(&ListParams::default().labels(&format!("{}=true", registry::SECRET_LABEL)))
+            .await
+        {
+            Ok(list) => registry::from_secrets(&list.items),
+            Err(e) => {
+                // Keep what runs: a home-cluster hiccup must not drop members.
+                tracing::warn!(error = %e, "cannot list member Secrets; keeping the clusters they defined");
+                whole = false;
+                self.from_secrets.clone()
+            }
+        };
+        self.from_secrets = secrets.clone();
+        (registry::merge(files, secrets), whole)
+    }
+
+    /// The valid clusters, the tasks to stop and the clusters to start.
+    fn changes(
+        &mut self,
+        hub: &Hub,
+        found: &BTreeMap<String, registry::Found>,
+    ) -> (BTreeSet<String>, Stops, Vec<String>) {
+        let mut valid = BTreeSet::new();
+        let mut stops = Stops::new();
+        let mut starts: Vec<String> = Vec::new();
+        for (name, f) in found.iter() {
+            match (&f.entry, &f.kubeconfig) {
+                (Entry::Valid { fingerprint }, Some(_)) => {
+                    valid.insert(name.clone());
+                    if self
+                        .running
+                        .get(name)
+                        .is_some_and(|r| r.fingerprint == *fingerprint)
+                    {
+                        continue;
+                    }
+                    if let Some(old) = self.running.remove(name) {
+                        tracing::info!(k8s.cluster.name = %name, "kubeconfig changed; restarting the cluster");
+                        stops.push((name.clone(), old));
+                        // What the old cluster's feed listed says nothing
+                        // of the new one until it has listed it.
+                        hub.update(|ix| ix.update_cluster(name, "", |c| c.synced = false));
+                    }
+                    starts.push(name.clone());
+                }
+                (Entry::Invalid { reason }, _) => {
+                    if let Some(old) = self.running.remove(name) {
+                        stops.push((name.clone(), old));
+                    }
+                    hub.update(|ix| {
+                        ix.update_cluster(name, &f.source, |c| {
+                            if c.reach != Reach::Invalid || c.reason != *reason {
+                                tracing::warn!(k8s.cluster.name = %name, reason = %reason, "cluster is Invalid");
+                            }
+                            c.reach = Reach::Invalid;
+                            c.reason = reason.clone();
+                            c.synced = false;
+                        })
+                    });
+                }
+                _ => {}
+            }
+        }
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|n| !found.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(old) = self.running.remove(&name) {
+                tracing::info!(k8s.cluster.name = %name, "kubeconfig removed; releasing the cluster");
+                stops.push((name, old));
+            }
+        }
+        (valid, stops, starts)
+    }
+
+    /// Starts the task of one valid cluster.
+    fn start(&mut self, opts: &FleetOptions, name: &str, f: &registry::Found) {
+        let (Entry::Valid { fingerprint }, Some(kc)) = (&f.entry, &f.kubeconfig) else {
+            return;
+        };
+        opts.hub
+            .update(|ix| ix.update_cluster(name, &f.source, |c| c.source = f.source.clone()));
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(cluster::run(
+            name.to_string(),
+            kc.clone(),
+            f.trust,
+            opts.replica.clone(),
+            self.assignment.clone(),
+            opts.hub.clone(),
+            stop_rx,
+        ));
+        self.running.insert(
+            name.to_string(),
+            Running {
+                fingerprint: *fingerprint,
+                stop,
+                task,
+            },
+        );
+    }
+}
+
+/// Every valid member's credentials, for the other clients (the rollout
+/// controller's); sent only when a fingerprint changed.
+fn publish_credentials(opts: &FleetOptions, found: &BTreeMap<String, registry::Found>) {
+    let credentials: BTreeMap<String, Credentials> = found
+        .iter()
+        .filter_map(|(name, f)| match (&f.entry, &f.kubeconfig) {
+            (Entry::Valid { fingerprint }, Some(kc)) => Some((
+                name.clone(),
+                Credentials {
+                    kubeconfig: kc.clone(),
+                    trust: f.trust,
+                    fingerprint: *fingerprint,
+                },
+            )),
+            _ => None,
+        })
+        .collect();
+    opts.credentials.send_if_modified(|cur| {
+        let fingerprints = |m: &BTreeMap<String, Credentials>| {
+            m.iter()
+                .map(|(n, c)| (n.clone(), c.fingerprint))
+                .collect::<Vec<_>>()
+        };
+        let changed = fingerprints(cur) != fingerprints(&credentials);
+        if changed {
+            *cur = credentials;
+        }
+        changed
+    });
 }
 
 #[cfg(test)]
