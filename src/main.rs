@@ -64,6 +64,153 @@ async fn shutdown_signal() {
 }
 
 async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> Result<(), String> {
+    let (timings, budget) = prepare(&args, dir.as_deref())?;
+    let mut grpc = grpc_options(&args)?;
+    let listener = flotilla::api::server::bind(&grpc)
+        .await
+        .map_err(|e| e.to_string())?;
+    let metrics_listener = telemetry::http::bind(args.metrics_addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let ui = match ui_options(&args, &grpc) {
+        Some(o) => {
+            let l = flotilla::ui::server::bind(&o)
+                .await
+                .map_err(|e| e.to_string())?;
+            Some((o, l))
+        }
+        None => None,
+    };
+    let home_config = config_for(args.home_kubeconfig.as_ref(), &replica_id).await?;
+    let home = Client::try_from(home_config.clone()).map_err(|e| format!("client: {e}"))?;
+    let hub = Hub::new(&replica_id);
+    let (credentials, credentials_rx) = tokio::sync::watch::channel(Default::default());
+    let ui_warnings = flotilla::ui::warnings::Warnings::new(&replica_id, credentials_rx.clone())?;
+    grpc.live = Some(flotilla::status::live::Live(std::sync::Arc::new(
+        flotilla::fleet::live_reads::MemberReads::new(&replica_id, credentials_rx.clone())?,
+    )));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (rollout_cache, rollout_watches) = flotilla::rollout::run::cache::RolloutCache::start(
+        home.clone(),
+        args.namespace.as_deref(),
+        &replica_id,
+        stopped(stop_rx.clone()),
+    );
+    let rollouts = flotilla::rollout::run::controller::Options {
+        home: home_config.clone(),
+        namespace: args.home_namespace.clone(),
+        fleet_name: args.fleet_name.clone(),
+        replica_id: replica_id.clone(),
+        timings,
+        hub: hub.clone(),
+        credentials: credentials_rx,
+        cache: rollout_cache.clone(),
+        write_timeout: args.member_write_timeout,
+        analysis_secrets_namespace: Some(args.analysis_secrets_namespace.clone())
+            .filter(|ns| !ns.is_empty()),
+    };
+    let rollout_source = flotilla::api::server::RolloutSource {
+        cache: rollout_cache.clone(),
+        home: home.clone(),
+    };
+    let registration = match args.registry.config() {
+        Some(config) => Some(Registration::connect(&config).await),
+        None => None,
+    };
+    let departed_sweep = departed_sweep(&args, &registration, &hub, stop_rx.clone());
+    let fleet_dns = registration.as_ref().and_then(|r| {
+        let home = (home_config.clone(), timings);
+        fleet_dns(&args, r, home, &replica_id, &hub, &rollout_cache)
+    });
+    if let (Some(Registration::Ready(registry)), Some(_)) = (&registration, &fleet_dns) {
+        grpc.dns = Some(flotilla::dns::lookup::DnsLookup {
+            registry: registry.as_ref().clone(),
+            fleet: Some(rollout_cache.clone()),
+        });
+    }
+    let ui_dns = grpc.dns.clone();
+    let replica = Replica {
+        replica_id,
+        dir,
+        timings,
+        budget,
+        registration,
+        fleet_dns: fleet_dns.is_some(),
+    };
+    let options = fleet_options(args, replica, home, hub.clone(), credentials);
+    tracing::info!(replica = %options.replica.replica_id, grpc = %grpc.addr, "starting fleet replica");
+    let signalled = stop_tx.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        signalled.send(true).ok();
+    });
+    // The fleet first: on shutdown it stops writers and releases Leases
+    // while the API still answers.
+    let mut tasks = vec![
+        Critical::spawn(
+            "fleet runtime",
+            flotilla::fleet::runtime::run(options, stopped(stop_rx.clone())),
+        ),
+        Critical::spawn("rollout caches", rollout_watches),
+        Critical::spawn(
+            "fleet rollouts",
+            flotilla::rollout::run::controller::run(rollouts, stopped(stop_rx.clone())),
+        ),
+        Critical::spawn("gRPC server", {
+            let serve = flotilla::api::server::serve(
+                hub.clone(),
+                Some(rollout_source.clone()),
+                grpc,
+                listener,
+                stopped(stop_rx.clone()),
+            );
+            with_fault(
+                "grpc",
+                async move { serve.await.map_err(|e| e.to_string()) },
+            )
+        }),
+        Critical::spawn("metrics endpoint", {
+            let serve =
+                telemetry::http::serve(metrics_listener, hub.readiness(), stopped(stop_rx.clone()));
+            with_fault(
+                "metrics",
+                async move { serve.await.map_err(|e| e.to_string()) },
+            )
+        }),
+    ];
+    if let Some((mut o, l)) = ui {
+        o.dns = ui_dns;
+        let (warnings, rollouts) = (Some(ui_warnings), Some(rollout_source));
+        let serve =
+            flotilla::ui::server::serve(hub.clone(), o, l, warnings, rollouts, stop_rx.clone());
+        tasks.push(Critical::spawn("dashboard", async move {
+            serve.await.map_err(|e| e.to_string())
+        }));
+    }
+    if let Some(dns) = fleet_dns {
+        let writer = flotilla::dns::writer::run(dns, stopped(stop_rx.clone()));
+        tasks.push(Critical::spawn("fleet DNS", writer));
+    }
+    if let Some(sweep) = departed_sweep {
+        tasks.push(Critical::spawn("registry sweep", async move {
+            sweep.await;
+            Ok(())
+        }));
+    }
+    supervise(tasks, stop_tx).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves once `rx` turns true.
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    rx.wait_for(|s| *s).await.ok();
+}
+
+/// What a replica checks and sets before anything starts: the member
+/// apiserver allow-list, the open-files limit, the Lease timings, the
+/// member request budget and the kubeconfig directory.
+fn prepare(args: &RunArgs, dir: Option<&std::path::Path>) -> Result<(Timings, Budget), String> {
     // Before any member client exists: every one is checked against it.
     let allow = flotilla::fleet::credentials::ServerAllow::parse(&args.member_server_allow)?;
     if allow.is_empty() {
@@ -94,7 +241,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         burst: args.cluster_burst,
     };
     budget.validate()?;
-    if let Some(dir) = &dir
+    if let Some(dir) = dir
         && !dir.is_dir()
     {
         return Err(format!(
@@ -102,116 +249,93 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             dir.display()
         ));
     }
-    let mut grpc = grpc_options(&args)?;
-    let listener = flotilla::api::server::bind(&grpc)
-        .await
-        .map_err(|e| e.to_string())?;
-    let metrics_listener = telemetry::http::bind(args.metrics_addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let ui = match ui_options(&args, &grpc) {
-        Some(o) => {
-            let l = flotilla::ui::server::bind(&o)
-                .await
-                .map_err(|e| e.to_string())?;
-            Some((o, l))
-        }
-        None => None,
+    Ok((timings, budget))
+}
+
+/// The sweep of records whose cluster left the registry, when the
+/// registry is on and answers.
+fn departed_sweep(
+    args: &RunArgs,
+    registration: &Option<Registration>,
+    hub: &std::sync::Arc<Hub>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Option<impl std::future::Future<Output = ()> + use<>> {
+    let Some(Registration::Ready(registry)) = registration else {
+        return None;
     };
-    let home_config = config_for(args.home_kubeconfig.as_ref(), &replica_id).await?;
-    let home = Client::try_from(home_config.clone()).map_err(|e| format!("client: {e}"))?;
-    let hub = Hub::new(&replica_id);
-    let (credentials, credentials_rx) = tokio::sync::watch::channel(Default::default());
-    let ui_warnings = flotilla::ui::warnings::Warnings::new(&replica_id, credentials_rx.clone())?;
-    grpc.live = Some(flotilla::status::live::Live(std::sync::Arc::new(
-        flotilla::fleet::live_reads::MemberReads::new(&replica_id, credentials_rx.clone())?,
-    )));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        rx.wait_for(|s| *s).await.ok();
-    };
-    let (rollout_cache, rollout_watches) = flotilla::rollout::run::cache::RolloutCache::start(
-        home.clone(),
-        args.namespace.as_deref(),
-        &replica_id,
-        stopped(stop_rx.clone()),
+    let (registry, hub, period) = (
+        registry.as_ref().clone(),
+        hub.clone(),
+        args.registry.sweep_period,
     );
-    let rollouts = flotilla::rollout::run::controller::Options {
-        home: home_config.clone(),
-        namespace: args.home_namespace.clone(),
-        fleet_name: args.fleet_name.clone(),
-        replica_id: replica_id.clone(),
-        timings,
-        hub: hub.clone(),
-        credentials: credentials_rx,
-        cache: rollout_cache.clone(),
-        write_timeout: args.member_write_timeout,
-        analysis_secrets_namespace: Some(args.analysis_secrets_namespace.clone())
-            .filter(|ns| !ns.is_empty()),
-    };
-    let rollout_source = flotilla::api::server::RolloutSource {
-        cache: rollout_cache.clone(),
-        home: home.clone(),
-    };
-    let ui_rollouts = rollout_source.clone();
-    let defaults = args.platform_defaults();
-    let registration = match args.registry.config() {
-        Some(config) => Some(Registration::connect(&config).await),
-        None => None,
-    };
-    let departed_sweep = match &registration {
-        Some(Registration::Ready(registry)) => {
-            let (registry, hub, period) = (
-                registry.as_ref().clone(),
-                hub.clone(),
-                args.registry.sweep_period,
-            );
-            let members = move || {
-                hub.read(|ix| {
-                    ix.registry_was_read().then(|| {
-                        ix.clusters()
-                            .keys()
-                            .cloned()
-                            .collect::<std::collections::BTreeSet<String>>()
-                    })
-                })
-            };
-            Some(flotilla::registry::sweep::sweep_departed(
-                registry,
-                members,
-                period,
-                stopped(stop_rx.clone()),
-            ))
-        }
-        _ => None,
-    };
-    // The fleet-wide names: one writer for the fleet, on the replica that
-    // leads its home Lease (#31).
-    let fleet_dns = match &registration {
-        Some(Registration::Ready(registry)) if args.registry.fleet_dns => {
-            Some(flotilla::dns::writer::Options {
-                home: home_config.clone(),
-                namespace: args.home_namespace.clone(),
-                fleet_name: args.fleet_name.clone(),
-                replica_id: replica_id.clone(),
-                timings,
-                hub: hub.clone(),
-                registry: registry.as_ref().clone(),
-                rule: args.registry.rule(),
-                ttl: args.registry.ttl.as_secs() as u32,
-                fleet: rollout_cache.clone(),
+    let members = move || {
+        hub.read(|ix| {
+            ix.registry_was_read().then(|| {
+                ix.clusters()
+                    .keys()
+                    .cloned()
+                    .collect::<std::collections::BTreeSet<String>>()
             })
-        }
-        _ => None,
+        })
     };
-    if let (Some(Registration::Ready(registry)), Some(_)) = (&registration, &fleet_dns) {
-        grpc.dns = Some(flotilla::dns::lookup::DnsLookup {
+    Some(flotilla::registry::sweep::sweep_departed(
+        registry,
+        members,
+        period,
+        stopped(stop),
+    ))
+}
+
+/// The fleet-wide names: one writer for the fleet, on the replica that
+/// leads its home Lease (#31), when the registry answers and they are on.
+fn fleet_dns(
+    args: &RunArgs,
+    registration: &Registration,
+    (home, timings): (Config, Timings),
+    replica_id: &str,
+    hub: &std::sync::Arc<Hub>,
+    fleet: &std::sync::Arc<flotilla::rollout::run::cache::RolloutCache>,
+) -> Option<flotilla::dns::writer::Options> {
+    let Registration::Ready(registry) = registration else {
+        return None;
+    };
+    args.registry
+        .fleet_dns
+        .then(|| flotilla::dns::writer::Options {
+            home,
+            namespace: args.home_namespace.clone(),
+            fleet_name: args.fleet_name.clone(),
+            replica_id: replica_id.to_string(),
+            timings,
+            hub: hub.clone(),
             registry: registry.as_ref().clone(),
-            fleet: Some(rollout_cache.clone()),
-        });
-    }
-    let ui_dns = grpc.dns.clone();
-    let options = FleetOptions {
+            rule: args.registry.rule(),
+            ttl: args.registry.ttl.as_secs() as u32,
+            fleet: fleet.clone(),
+        })
+}
+
+/// What `fleet_options` takes besides the arguments.
+struct Replica {
+    replica_id: String,
+    dir: Option<PathBuf>,
+    timings: Timings,
+    budget: Budget,
+    registration: Option<Registration>,
+    fleet_dns: bool,
+}
+
+fn fleet_options(
+    args: RunArgs,
+    r: Replica,
+    home: Client,
+    hub: std::sync::Arc<Hub>,
+    credentials: tokio::sync::watch::Sender<
+        std::collections::BTreeMap<String, flotilla::fleet::runtime::Credentials>,
+    >,
+) -> FleetOptions {
+    let defaults = args.platform_defaults();
+    FleetOptions {
         home,
         member_secrets_namespace: if args.member_secrets_namespace.is_empty() {
             args.home_namespace.clone()
@@ -219,98 +343,29 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
             args.member_secrets_namespace
         },
         home_namespace: args.home_namespace,
-        kubeconfig_dir: dir,
+        kubeconfig_dir: r.dir,
         allow_exec_kubeconfigs: args.allow_exec_kubeconfigs,
         replica: ReplicaSettings {
-            replica_id,
+            replica_id: r.replica_id,
             fleet_name: args.fleet_name,
             lease_namespace: args.lease_namespace,
-            timings,
+            timings: r.timings,
             takeover_grace: args.takeover_grace,
             resync: args.resync,
             namespace: args.namespace.clone(),
-            budget,
+            budget: r.budget,
             streaming_lists: args.streaming_lists,
             debounce: args.debounce,
             debounce_max: args.debounce_max,
             defaults,
-            registry: registration,
+            registry: r.registration,
             registry_sweep: args.registry.sweep_period,
-            fleet_dns: fleet_dns.is_some(),
+            fleet_dns: r.fleet_dns,
         },
         rescan: Duration::from_secs(2),
-        hub: hub.clone(),
+        hub,
         credentials,
-    };
-    tracing::info!(replica = %options.replica.replica_id, grpc = %grpc.addr, "starting fleet replica");
-    let signalled = stop_tx.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        signalled.send(true).ok();
-    });
-    // The fleet first: on shutdown it stops writers and releases Leases
-    // while the API still answers.
-    let mut tasks = vec![
-        Critical::spawn(
-            "fleet runtime",
-            flotilla::fleet::runtime::run(options, stopped(stop_rx.clone())),
-        ),
-        Critical::spawn("rollout caches", rollout_watches),
-        Critical::spawn(
-            "fleet rollouts",
-            flotilla::rollout::run::controller::run(rollouts, stopped(stop_rx.clone())),
-        ),
-        Critical::spawn("gRPC server", {
-            let serve = flotilla::api::server::serve(
-                hub.clone(),
-                Some(rollout_source),
-                grpc,
-                listener,
-                stopped(stop_rx.clone()),
-            );
-            with_fault(
-                "grpc",
-                async move { serve.await.map_err(|e| e.to_string()) },
-            )
-        }),
-        Critical::spawn("metrics endpoint", {
-            let serve =
-                telemetry::http::serve(metrics_listener, hub.readiness(), stopped(stop_rx.clone()));
-            with_fault(
-                "metrics",
-                async move { serve.await.map_err(|e| e.to_string()) },
-            )
-        }),
-    ];
-    if let Some((mut o, l)) = ui {
-        o.dns = ui_dns;
-        let serve = flotilla::ui::server::serve(
-            hub.clone(),
-            o,
-            l,
-            Some(ui_warnings),
-            Some(ui_rollouts),
-            stop_rx.clone(),
-        );
-        tasks.push(Critical::spawn("dashboard", async move {
-            serve.await.map_err(|e| e.to_string())
-        }));
     }
-    if let Some(dns) = fleet_dns {
-        tasks.push(Critical::spawn(
-            "fleet DNS",
-            flotilla::dns::writer::run(dns, stopped(stop_rx.clone())),
-        ));
-    }
-    if let Some(sweep) = departed_sweep {
-        tasks.push(Critical::spawn("registry sweep", async move {
-            sweep.await;
-            Ok(())
-        }));
-    }
-    supervise(tasks, stop_tx).await?;
-    tracing::info!("stopped");
-    Ok(())
 }
 
 /// A token file named by `flag`: trimmed, and never empty.
