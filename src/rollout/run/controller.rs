@@ -36,7 +36,7 @@ use crate::rollout::fold;
 use crate::rollout::observe;
 use crate::rollout::placement::member_spec;
 use crate::rollout::plan::{self, Action, Inputs};
-use crate::rollout::revision::{self, RevisionData, Step};
+use crate::rollout::revision::{self, Revision, RevisionData, Step};
 use crate::rollout::spec::{
     ClusterState, FINALIZER, FleetMicroservice, FleetMicroserviceStatus, RolloutPhase, WaveState,
 };
@@ -372,6 +372,16 @@ struct Held {
     since: tokio::time::Instant,
 }
 
+/// Who a round is about.
+struct Obj {
+    name: String,
+    namespace: String,
+    uid: String,
+}
+
+/// The stored revisions this object owns, with their ControllerRevisions.
+type Owned<'a> = [(Revision, &'a ControllerRevision)];
+
 /// One FleetMicroservice, one round. Returns when to plan again at the latest.
 async fn round(
     ctx: &Arc<Ctx>,
@@ -380,11 +390,14 @@ async fn round(
     writes: &std::sync::Mutex<tokio::task::JoinSet<()>>,
     term_started: jiff::Timestamp,
 ) -> Result<Option<Duration>> {
-    let name = fms.name_any();
-    let namespace = fms.namespace().unwrap_or_default();
+    let o = Obj {
+        name: fms.name_any(),
+        namespace: fms.namespace().unwrap_or_default(),
+        uid: fms.uid().unwrap_or_default(),
+    };
     let snapshot = ctx.hub.read(|ix| ix.snapshot());
-    let view = snapshot.view(&(namespace.clone(), name.clone()), None);
-    let clusters = observe::clusters(snapshot.clusters(), view.as_ref(), &name);
+    let view = snapshot.view(&(o.namespace.clone(), o.name.clone()), None);
+    let clusters = observe::clusters(snapshot.clusters(), view.as_ref(), &o.name);
 
     if fms.metadata.deletion_timestamp.is_some() {
         return cleanup(ctx, fms, &clusters).await;
@@ -396,41 +409,11 @@ async fn round(
 
     let stored = revisions.state();
     let owned = home::revisions_of(fms, stored.iter().map(|r| r.as_ref()));
-    let existing: Vec<_> = owned.iter().map(|(r, _)| r.clone()).collect();
-    // Numbers continue past what the status last named, and past what this
-    // term gave a revision, even if the cache has not shown it yet: two
-    // quick edits get two numbers (review L2).
-    let uid = fms.uid().unwrap_or_default();
-    let floor = fms
-        .status
-        .as_ref()
-        .and_then(|s| s.update_revision_number)
-        .unwrap_or(0)
-        .max(lock(&ctx.numbered).get(&uid).copied().unwrap_or(0));
-    let step = revision::update_revision(&name, &existing, &RevisionData::of(&fms.spec), floor)
-        .map_err(RolloutError::Revision)?;
-    match &step {
-        Step::Current(_) => {}
-        Step::Create(r) => {
-            // What a failure of this revision goes back to, kept with it.
-            let mut r = r.clone();
-            r.memory.good_before = fms
-                .status
-                .as_ref()
-                .and_then(|s| s.last_good_revision.clone());
-            ctx.home.create_revision(fms, &r).await?;
-            ctx.numbered(&uid, r.number);
-            return Ok(Some(Duration::ZERO));
-        }
-        Step::Renumber(r) => {
-            if let Some((_, cr)) = owned.iter().find(|(o, _)| o.name == r.name) {
-                ctx.home.renumber(cr, r.number).await?;
-                ctx.numbered(&uid, r.number);
-            }
-            return Ok(Some(Duration::ZERO));
-        }
-    }
-    let update = step.revision();
+    let existing: Vec<Revision> = owned.iter().map(|(r, _)| r.clone()).collect();
+    let update = match update_revision(ctx, fms, &o, &owned, &existing).await? {
+        Ok(update) => update,
+        Err(again) => return Ok(Some(again)),
+    };
 
     let written = fms.status.clone().unwrap_or_default();
     ctx.ahead.fetch_max(
@@ -438,24 +421,23 @@ async fn round(
         std::sync::atomic::Ordering::Relaxed,
     );
     // What this term planned last, when only observations were left unwritten.
-    let held = ctx.held(&uid, &written);
+    let held = ctx.held(&o.uid, &written);
     let previous = held.as_ref().map_or(&written, |(s, _)| s).clone();
-    let now = jiff::Timestamp::now();
-    let reading = ctx.write_log().read(&uid);
+    let reading = ctx.write_log().read(&o.uid);
     let approvals = crate::rollout::approval::read(fms.metadata.annotations.as_ref());
-    let runs = ctx.analysis().runs(&uid).to_vec();
+    let runs = ctx.analysis().runs(&o.uid).to_vec();
     let checked = ctx.checked(fms);
     let plan = plan::plan_guarded(&Inputs {
-        name: &name,
-        uid: &uid,
+        name: &o.name,
+        uid: &o.uid,
         generation: fms.metadata.generation.unwrap_or(0),
         checked: checked.as_ref().as_ref().map_err(String::as_str),
-        update,
+        update: &update,
         revisions: &existing,
         previous: &previous,
         clusters: &clusters,
         troubles: &reading.troubles,
-        now,
+        now: jiff::Timestamp::now(),
         term_started,
         approvals: &approvals,
         runs: &runs,
@@ -463,40 +445,9 @@ async fn round(
     tracing::Span::current().record("flotilla.revision", update.number);
 
     if previous != plan.status {
-        gate_spans(&previous, &plan.status, &namespace, &name);
+        gate_spans(&previous, &plan.status, &o.namespace, &o.name);
     }
-    // The decisions first, so that a successor reads them; observations
-    // wait for the next decision, or their share of the write budget.
-    let held_since = held.map(|(_, since)| since);
-    let news = fold::observed(&written, &plan.status);
-    let every = fold::observations_every(lock(&ctx.held).len(), news);
-    let mut flush = None;
-    if fold::write_now(
-        &written,
-        &plan.status,
-        held_since.map(|s| s.elapsed()),
-        every,
-    ) {
-        let stored = ctx.home.write_status(fms, &plan.status).await?;
-        ctx.remember(fms, stored);
-        lock(&ctx.held).remove(&uid);
-        for note in events::changes(&written, &plan.status) {
-            ctx.home.publish(fms, &note);
-        }
-        record_metrics(&written, &plan.status);
-    } else if written != plan.status {
-        let since = held_since.unwrap_or_else(tokio::time::Instant::now);
-        let held = Held {
-            written: written.clone(),
-            planned: plan.status.clone(),
-            since,
-        };
-        lock(&ctx.held).insert(uid.clone(), held);
-        flush = Some(every.saturating_sub(since.elapsed()));
-    } else {
-        lock(&ctx.held).remove(&uid);
-    }
-
+    let flush = write_status(ctx, fms, &o, &written, &plan.status, held).await?;
     // The revision remembers its failure, for a status that is lost.
     if plan.status.failed_revision_number == Some(update.number)
         && !update.failed()
@@ -504,26 +455,133 @@ async fn round(
     {
         ctx.home.mark_failed(cr, update.number).await?;
     }
+    let held_back = start_writes(ctx, &o, &plan, &reading, &existing, &clusters, writes);
+    start_checks(ctx, &o, &plan, writes);
+    prune(ctx, fms, &o, &update, &plan.status, &owned).await?;
+    let again = if held_back {
+        Some(Duration::from_secs(1))
+    } else if plan.actions.is_empty() {
+        plan.requeue_after
+    } else {
+        // Look again soon: the writes change what the index shows.
+        Some(Duration::from_millis(500))
+    };
+    // Held observations are written by a round at the latest this soon.
+    Ok(match (again, flush) {
+        (Some(a), Some(f)) => Some(a.min(f)),
+        (a, f) => a.or(f),
+    })
+}
 
+/// The update revision, once it is stored and numbered: `Err` says when to
+/// plan again after storing or renumbering one.
+async fn update_revision(
+    ctx: &Arc<Ctx>,
+    fms: &FleetMicroservice,
+    o: &Obj,
+    owned: &Owned<'_>,
+    existing: &[Revision],
+) -> Result<std::result::Result<Revision, Duration>> {
+    // Numbers continue past what the status last named, and past what this
+    // term gave a revision, even if the cache has not shown it yet: two
+    // quick edits get two numbers (review L2).
+    let floor = fms
+        .status
+        .as_ref()
+        .and_then(|s| s.update_revision_number)
+        .unwrap_or(0)
+        .max(lock(&ctx.numbered).get(&o.uid).copied().unwrap_or(0));
+    let step = revision::update_revision(&o.name, existing, &RevisionData::of(&fms.spec), floor)
+        .map_err(RolloutError::Revision)?;
+    match step {
+        Step::Current(r) => Ok(Ok(r)),
+        Step::Create(mut r) => {
+            // What a failure of this revision goes back to, kept with it.
+            r.memory.good_before = fms
+                .status
+                .as_ref()
+                .and_then(|s| s.last_good_revision.clone());
+            ctx.home.create_revision(fms, &r).await?;
+            ctx.numbered(&o.uid, r.number);
+            Ok(Err(Duration::ZERO))
+        }
+        Step::Renumber(r) => {
+            if let Some((_, cr)) = owned.iter().find(|(o, _)| o.name == r.name) {
+                ctx.home.renumber(cr, r.number).await?;
+                ctx.numbered(&o.uid, r.number);
+            }
+            Ok(Err(Duration::ZERO))
+        }
+    }
+}
+
+/// The decisions first, so that a successor reads them; observations wait
+/// for the next decision, or their share of the write budget. Returns when
+/// held observations must be written at the latest.
+async fn write_status(
+    ctx: &Arc<Ctx>,
+    fms: &FleetMicroservice,
+    o: &Obj,
+    written: &FleetMicroserviceStatus,
+    planned: &FleetMicroserviceStatus,
+    held: Option<(FleetMicroserviceStatus, tokio::time::Instant)>,
+) -> Result<Option<Duration>> {
+    let held_since = held.map(|(_, since)| since);
+    let news = fold::observed(written, planned);
+    let every = fold::observations_every(lock(&ctx.held).len(), news);
+    if fold::write_now(written, planned, held_since.map(|s| s.elapsed()), every) {
+        let stored = ctx.home.write_status(fms, planned).await?;
+        ctx.remember(fms, stored);
+        lock(&ctx.held).remove(&o.uid);
+        for note in events::changes(written, planned) {
+            ctx.home.publish(fms, &note);
+        }
+        record_metrics(written, planned);
+        return Ok(None);
+    }
+    if written == planned {
+        lock(&ctx.held).remove(&o.uid);
+        return Ok(None);
+    }
+    let since = held_since.unwrap_or_else(tokio::time::Instant::now);
+    let held = Held {
+        written: written.clone(),
+        planned: planned.clone(),
+        since,
+    };
+    lock(&ctx.held).insert(o.uid.clone(), held);
+    Ok(Some(every.saturating_sub(since.elapsed())))
+}
+
+/// Starts the plan's member writes that are due; true when some were held
+/// back. A member that refused is asked again after its backoff, not every
+/// round; one with a write still in flight is not asked twice; and a plan
+/// that missed an outcome (one came in while the status was written)
+/// starts nothing: the outcome's wake-up plans again.
+fn start_writes(
+    ctx: &Arc<Ctx>,
+    o: &Obj,
+    plan: &plan::Plan,
+    reading: &crate::rollout::write_log::Reading,
+    existing: &[Revision],
+    clusters: &[plan::Cluster],
+    writes: &std::sync::Mutex<tokio::task::JoinSet<()>>,
+) -> bool {
     let labels: BTreeMap<&str, _> = clusters
         .iter()
         .filter_map(|c| c.labels.as_ref().map(|l| (c.name.as_str(), l)))
         .collect();
-    // A member that refused is asked again after its backoff, not every
-    // round; one with a write still in flight is not asked twice; and a
-    // plan that missed an outcome (one came in while the status above was
-    // written) starts nothing: the outcome's wake-up plans again.
     let started = tokio::time::Instant::now();
     let due: Vec<&Action> = {
         let mut log = ctx.write_log();
-        let current = log.current(&uid, &reading);
+        let current = log.current(&o.uid, reading);
         let due: Vec<&Action> = plan
             .actions
             .iter()
-            .filter(|a| current && log.due(&uid, action_cluster(a), started))
+            .filter(|a| current && log.due(&o.uid, action_cluster(a), started))
             .collect();
         for a in &due {
-            log.start(&uid, action_cluster(a));
+            log.start(&o.uid, action_cluster(a));
         }
         due
     };
@@ -544,58 +602,63 @@ async fn round(
             Action::Delete { .. } => None,
         };
         let write = Write {
-            uid: uid.clone(),
-            namespace: namespace.clone(),
-            name: name.clone(),
+            uid: o.uid.clone(),
+            namespace: o.namespace.clone(),
+            name: o.name.clone(),
             action: action.clone(),
             meant,
         };
         lock(writes).spawn(write.run(ctx.clone()));
     }
+    held_back
+}
 
-    // Analysis checks, beside the rounds like the member writes: one run
-    // per wave and check at a time, each bounded by its timeout, all of
-    // them ended with the term.
+/// Analysis checks, beside the rounds like the member writes: one run per
+/// wave and check at a time, each bounded by its timeout, all of them
+/// ended with the term.
+fn start_checks(
+    ctx: &Arc<Ctx>,
+    o: &Obj,
+    plan: &plan::Plan,
+    writes: &std::sync::Mutex<tokio::task::JoinSet<()>>,
+) {
     for due in &plan.checks {
-        if !ctx.analysis().start(&uid, due) {
+        if !ctx.analysis().start(&o.uid, due) {
             continue;
         }
-        let job = analysis::job(&namespace, &name, due);
         let check = Check {
-            uid: uid.clone(),
-            namespace: namespace.clone(),
-            job,
+            uid: o.uid.clone(),
+            namespace: o.namespace.clone(),
+            job: analysis::job(&o.namespace, &o.name, due),
             due: due.clone(),
         };
         lock(writes).spawn(check.run(ctx.clone()));
     }
+}
 
-    // History: keep what is in use, drop the oldest beyond the limit.
+/// History: keep what is in use, drop the oldest beyond the limit.
+async fn prune(
+    ctx: &Arc<Ctx>,
+    fms: &FleetMicroservice,
+    o: &Obj,
+    update: &Revision,
+    status: &FleetMicroserviceStatus,
+    owned: &Owned<'_>,
+) -> Result<()> {
     let mut keep: BTreeSet<String> = [update.name.clone()].into();
-    keep.extend(plan.status.last_good_revision.clone());
-    for c in &plan.status.clusters {
+    keep.extend(status.last_good_revision.clone());
+    for c in &status.clusters {
         keep.extend(c.revision.clone());
         keep.extend(c.target.clone());
     }
     let limit = fms.spec.revision_history_limit.max(1) as usize;
+    let existing: Vec<Revision> = owned.iter().map(|(r, _)| r.clone()).collect();
     for old in revision::prune(&existing, limit, &keep) {
         if let Some((_, cr)) = owned.iter().find(|(r, _)| r.name == old) {
-            ctx.home.delete_revision(&namespace, cr).await?;
+            ctx.home.delete_revision(&o.namespace, cr).await?;
         }
     }
-    let again = if held_back {
-        Some(Duration::from_secs(1))
-    } else if plan.actions.is_empty() {
-        plan.requeue_after
-    } else {
-        // Look again soon: the writes change what the index shows.
-        Some(Duration::from_millis(500))
-    };
-    // Held observations are written by a round at the latest this soon.
-    Ok(match (again, flush) {
-        (Some(a), Some(f)) => Some(a.min(f)),
-        (a, f) => a.or(f),
-    })
+    Ok(())
 }
 
 /// One member write, run beside the rounds; its outcome goes to the write log.
