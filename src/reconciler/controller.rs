@@ -87,64 +87,25 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ns = settings.namespace.clone();
+    let cluster = settings.cluster.clone();
     // Children carry our managed-by label; watching only those keeps the
     // caches small. EndpointSlices inherit the Service's labels.
     let base = crate::watching::config(settings.streaming_lists);
     let managed = crate::watching::managed(settings.streaming_lists);
-
     // Each trigger notes what it wakes, so a reconcile knows why it ran.
     let triggers = Arc::new(Triggers::default());
-    let (deployments, dep_writer) = reflector::store();
     let watches = ChildWatches::default();
-    let cluster_name = settings.cluster.clone();
-    let dep_stream = tracked(
-        crate::watching::retried(watcher(
-            scoped::<Deployment>(&client, ns.as_deref()),
-            managed.clone(),
-        )),
-        watches.deployments.clone(),
-        cluster_name.clone(),
-        "deployments",
-    )
-    .modify(crate::watching::strip)
-    .reflect(dep_writer)
-    .touched_objects();
-    let dep_stream = without_errors(dep_stream, settings.cluster.clone(), "Deployment");
-    let (services, svc_writer) = reflector::store();
-    let svc_stream = tracked(
-        crate::watching::retried(watcher(
-            scoped::<Service>(&client, ns.as_deref()),
-            managed.clone(),
-        )),
-        watches.services.clone(),
-        cluster_name.clone(),
-        "services",
-    )
-    .modify(crate::watching::strip)
-    .reflect(svc_writer)
-    .touched_objects();
-    let svc_stream = without_errors(svc_stream, settings.cluster.clone(), "Service");
+    let scope = (&client, ns.as_deref(), cluster.as_str());
+    let deployments = children::<Deployment>(
+        scope,
+        &managed,
+        &watches.deployments,
+        ("deployments", "Deployment"),
+    );
+    let services = children::<Service>(scope, &managed, &watches.services, ("services", "Service"));
     // Slices are not stored: only each Service's ready-endpoint count.
     let endpoints = Arc::new(ReadyEndpoints::default());
-    let tally = endpoints.clone();
-    let slice_stream = tracked(
-        crate::watching::retried(watcher(
-            scoped::<EndpointSlice>(&client, ns.as_deref()),
-            managed,
-        )),
-        watches.endpoint_slices.clone(),
-        cluster_name,
-        "endpointslices",
-    )
-    .inspect(move |e| {
-        if let Ok(e) = e {
-            tally.apply(e);
-        }
-    })
-    .touched_objects();
-    let slice_stream = without_errors(slice_stream, settings.cluster.clone(), "EndpointSlice");
-
-    let (ms_reader, ms_writer) = reflector::store();
+    let slices = slices(scope, &managed, &watches, endpoints.clone());
     let written = Arc::new(Written::default());
     let held = Arc::new(Held::default());
     let announcer = Announcer::start(Recorder::new(
@@ -154,58 +115,34 @@ pub async fn run(
             instance: Some(settings.writer.holder.clone()),
         },
     ));
-    let (forget_notes, forget_written) = (triggers.clone(), written.clone());
-    let (forget_held, forget_announced) = (held.clone(), announcer.clone());
-    let notes = triggers.clone();
-    // Only spec changes (generation) trigger: our own status writes do not loop.
-    let ms_stream = crate::watching::retried(watcher(
-        scoped::<Microservice>(&client, ns.as_deref()),
-        base.clone(),
-    ))
-    .modify(crate::watching::strip)
-    .reflect(ms_writer)
-    // A deleted Microservice is not reconciled again: drop what the
-    // controller remembers of it here.
-    .inspect(move |e| {
-        if let Ok(watcher::Event::Delete(gone)) = e {
-            let gone = ObjectRef::from_obj(gone);
-            forget_notes.forget(&gone);
-            forget_written.forget(&gone);
-            forget_held.clear(&gone);
-            forget_announced.forget(&gone);
-        }
-    })
-    .applied_objects()
-    .predicate_filter(generation_or_deleting, Default::default())
-    .inspect(move |m| {
-        if let Ok(m) = m {
-            notes.note(ObjectRef::from_obj(m), "Microservice");
-        }
-    });
-    let ms_stream = without_errors(ms_stream, settings.cluster.clone(), "Microservice");
+    let forget = Forget {
+        triggers: triggers.clone(),
+        written: written.clone(),
+        held: held.clone(),
+        announcer: announcer.clone(),
+    };
+    let (ms_reader, ms_stream) = microservices(scope, &base, forget);
     // Every Deployment and Service name in the scope, ours or not.
     let (deployment_names, dep_names) = names::watch(
         scoped::<PartialObjectMeta<Deployment>>(&client, ns.as_deref()),
         base.clone(),
     );
-    let dep_names = without_errors(dep_names, settings.cluster.clone(), "Deployment names");
+    let dep_names = without_errors(dep_names, cluster.clone(), "Deployment names");
     let (service_names, svc_names) = names::watch(
         scoped::<PartialObjectMeta<Service>>(&client, ns.as_deref()),
         base.clone(),
     );
-    let svc_names = without_errors(svc_names, settings.cluster.clone(), "Service names");
-
+    let svc_names = without_errors(svc_names, cluster.clone(), "Service names");
     let (concurrency, debounce, debounce_max) = (
         settings.concurrency,
         settings.debounce,
         settings.debounce_max,
     );
-    let cluster = settings.cluster.clone();
     let ctx = Arc::new(Context {
         client,
         settings,
-        deployments,
-        services,
+        deployments: deployments.0,
+        services: services.0,
         endpoints,
         announcer,
         backoff: Mutex::new(Backoff::new(BACKOFF_BASE, BACKOFF_MAX)),
@@ -221,59 +158,48 @@ pub async fn run(
         cleanup_backoff: Mutex::new(Backoff::new(CLEANUP_BACKOFF_BASE, CLEANUP_BACKOFF_MAX)),
         watches: watches.clone(),
     });
-
     // Children wake the Microservice that controls them, noting why as
     // they do: the note is taken only where the trigger is made.
     let gate = Gate {
         microservices: ms_reader.clone(),
         throttle: Arc::new(Throttle::new(debounce, debounce_max)),
     };
-    let (notes, g) = (triggers.clone(), gate.clone());
-    let by_deployment =
-        move |d: Deployment| waking(&notes, &g, owner_of(&d.metadata), "Deployment");
-    let (notes, g) = (triggers.clone(), gate.clone());
-    let by_service = move |s: Service| waking(&notes, &g, owner_of(&s.metadata), "Service");
     let sweep = sweeping(ctx.clone(), ms_reader.clone());
     let prune = pruning(ctx.clone(), ms_reader.clone(), gate.throttle.clone());
+    let wake = |kind: &'static str| {
+        let (notes, g) = (triggers.clone(), gate.clone());
+        move |owner: Option<ObjectRef<Microservice>>| waking(&notes, &g, owner, kind)
+    };
+    let (by_deployment, by_service) = (wake("Deployment"), wake("Service"));
+    let (dep_stranger, svc_stranger, by_slice) =
+        (wake("Stranger"), wake("Stranger"), wake("EndpointSlice"));
     let controller = Controller::for_stream(ms_stream, ms_reader)
-        .watches_stream(dep_stream, by_deployment)
-        .watches_stream(svc_stream, by_service)
+        .watches_stream(deployments.1, move |d: Deployment| {
+            by_deployment(owner_of(&d.metadata))
+        })
+        .watches_stream(services.1, move |s: Service| {
+            by_service(owner_of(&s.metadata))
+        })
         // A stranger's change may free a name a Microservice is blocked on.
         .watches_stream(dep_names, {
-            let (notes, g) = (triggers.clone(), gate.clone());
             let (created, names) = (
                 ctx.deployments_created.clone(),
                 ctx.deployment_names.clone(),
             );
             move |m| {
                 created.on_name_change(&names, &m);
-                waking(&notes, &g, names::blocked_by(&m), "Stranger")
+                dep_stranger(names::blocked_by(&m))
             }
         })
         .watches_stream(svc_names, {
-            let (notes, g) = (triggers.clone(), gate.clone());
             let (created, names) = (ctx.services_created.clone(), ctx.service_names.clone());
             move |m| {
                 created.on_name_change(&names, &m);
-                waking(&notes, &g, names::blocked_by(&m), "Stranger")
+                svc_stranger(names::blocked_by(&m))
             }
         })
-        .watches_stream(slice_stream, move |slice: EndpointSlice| {
-            let ns = slice.metadata.namespace.clone();
-            let service = slice
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("kubernetes.io/service-name").cloned());
-            match (ns, service) {
-                (Some(ns), Some(name)) => waking(
-                    &triggers,
-                    &gate,
-                    Some(ObjectRef::<Microservice>::new(&name).within(&ns)),
-                    "EndpointSlice",
-                ),
-                _ => None,
-            }
+        .watches_stream(slices, move |slice: EndpointSlice| {
+            by_slice(slice_owner(&slice))
         })
         // A child watch going stale, or coming back, moves every verdict.
         .reconcile_all_on(staleness_changes(watches))
@@ -300,6 +226,126 @@ pub async fn run(
         _ = sweep => {}
         _ = prune => {}
     }
+}
+
+/// Where a controller watches: the client, its namespace, the cluster's name.
+type Scope<'a> = (&'a Client, Option<&'a str>, &'a str);
+
+/// One kind of child we manage: its watch cache, and the objects it touches.
+fn children<K>(
+    (client, ns, cluster): Scope,
+    managed: &watcher::Config,
+    health: &Arc<crate::watching::WatchHealth>,
+    (resource, kind): (&'static str, &'static str),
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + use<K>,
+)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = tracked(
+        crate::watching::retried(watcher(scoped::<K>(client, ns), managed.clone())),
+        health.clone(),
+        cluster.to_string(),
+        resource,
+    )
+    .modify(crate::watching::strip)
+    .reflect(writer)
+    .touched_objects();
+    (store, without_errors(stream, cluster.to_string(), kind))
+}
+
+/// EndpointSlices: not stored, only counted into each Service's ready
+/// endpoints.
+fn slices(
+    (client, ns, cluster): Scope,
+    managed: &watcher::Config,
+    watches: &ChildWatches,
+    tally: Arc<ReadyEndpoints>,
+) -> impl futures::Stream<Item = Result<EndpointSlice, watcher::Error>> + Send + use<> {
+    let stream = tracked(
+        crate::watching::retried(watcher(
+            scoped::<EndpointSlice>(client, ns),
+            managed.clone(),
+        )),
+        watches.endpoint_slices.clone(),
+        cluster.to_string(),
+        "endpointslices",
+    )
+    .inspect(move |e| {
+        if let Ok(e) = e {
+            tally.apply(e);
+        }
+    })
+    .touched_objects();
+    without_errors(stream, cluster.to_string(), "EndpointSlice")
+}
+
+/// The Microservice an EndpointSlice counts for: its Service's name.
+fn slice_owner(slice: &EndpointSlice) -> Option<ObjectRef<Microservice>> {
+    let ns = slice.metadata.namespace.as_deref()?;
+    let service = slice
+        .metadata
+        .labels
+        .as_ref()?
+        .get("kubernetes.io/service-name")?;
+    Some(ObjectRef::<Microservice>::new(service).within(ns))
+}
+
+/// What the controller remembers of a Microservice, dropped when it is deleted.
+struct Forget {
+    triggers: Arc<Triggers>,
+    written: Arc<Written>,
+    held: Arc<Held>,
+    announcer: Arc<Announcer>,
+}
+
+/// The Microservices: their cache, and the stream that triggers. Only spec
+/// changes (generation) trigger: our own status writes do not loop.
+fn microservices(
+    (client, ns, cluster): Scope,
+    base: &watcher::Config,
+    forget: Forget,
+) -> (
+    Store<Microservice>,
+    impl futures::Stream<Item = Result<Microservice, watcher::Error>> + Send + use<>,
+) {
+    let (reader, writer) = reflector::store();
+    let notes = forget.triggers.clone();
+    let stream =
+        crate::watching::retried(watcher(scoped::<Microservice>(client, ns), base.clone()))
+            .modify(crate::watching::strip)
+            .reflect(writer)
+            // A deleted Microservice is not reconciled again: drop what the
+            // controller remembers of it here.
+            .inspect(move |e| {
+                if let Ok(watcher::Event::Delete(gone)) = e {
+                    let gone = ObjectRef::from_obj(gone);
+                    forget.triggers.forget(&gone);
+                    forget.written.forget(&gone);
+                    forget.held.clear(&gone);
+                    forget.announcer.forget(&gone);
+                }
+            })
+            .applied_objects()
+            .predicate_filter(generation_or_deleting, Default::default())
+            .inspect(move |m| {
+                if let Ok(m) = m {
+                    notes.note(ObjectRef::from_obj(m), "Microservice");
+                }
+            });
+    (
+        reader,
+        without_errors(stream, cluster.to_string(), "Microservice"),
+    )
 }
 
 /// Emits whenever the set of stale child watches changes (checked every
