@@ -150,246 +150,95 @@ impl Family {
     }
 }
 
-pub struct Metrics {
-    registry: Registry,
-    pub reconcile_total: Family,
-    pub reconcile_duration: Family,
-    pub api_requests_total: Family,
-    pub cluster_leader: Family,
-    pub lease_transitions_total: Family,
-    pub cluster_reachable: Family,
-    pub grpc_requests_total: Family,
-    pub grpc_duration: Family,
-    pub fenced_writes_total: Family,
-    pub grpc_panics_total: Family,
-    pub rollout_phase_total: Family,
-    pub rollout_failures_total: Family,
-    pub rollout_wave_duration: Family,
-    pub rollout_home_writes_total: Family,
-    pub rollout_member_writes_total: Family,
-    pub rollout_clock_ahead: Family,
-    pub dns_records: Family,
-    pub dns_writes_total: Family,
-    pub registry_up: Family,
-    pub registry_writes_total: Family,
-    pub watch_errors_total: Family,
-    pub reconciler_notes: Family,
-    pub tls_reload_errors_total: Family,
-    pub connections_cut_total: Family,
-    pub ui_streams_ended_total: Family,
-    pub authz_denied_total: Family,
-    pub authz_reviews_total: Family,
+/// Declares every family once: its field, kind, name, labels (and
+/// histogram buckets) and help make the struct, its constructor and the
+/// list the registry takes.
+macro_rules! metrics {
+    ($($field:ident: $kind:ident $name:literal [$($label:literal),*] $(buckets $b:ident)? $help:literal;)*) => {
+        pub struct Metrics {
+            registry: Registry,
+            $(pub $field: Family,)*
+        }
+
+        impl Metrics {
+            fn new() -> Self {
+                let mut m = Metrics {
+                    registry: Registry::default(),
+                    $($field: Family::new($name, $help, Kind::$kind, &[$($label),*])$(.with_buckets($b))?,)*
+                };
+                let mut registry = Registry::default();
+                for f in m.families() {
+                    f.register(&mut registry);
+                }
+                m.registry = registry;
+                m
+            }
+
+            fn families(&self) -> Vec<&Family> {
+                vec![$(&self.$field),*]
+            }
+        }
+    };
+}
+
+metrics! {
+    reconcile_total: Counter "flotilla_reconcile_total" ["cluster", "result"]
+        "Reconciles, by cluster and result.";
+    reconcile_duration: Histogram "flotilla_reconcile_duration_seconds" ["cluster"]
+        "How long each reconcile took.";
+    api_requests_total: Counter "flotilla_api_requests_total" ["cluster", "verb", "code"]
+        "Requests to member apiservers, by cluster, verb and HTTP status code.";
+    cluster_leader: Gauge "flotilla_cluster_leader" ["cluster"]
+        "1 while this replica leads the cluster.";
+    lease_transitions_total: Counter "flotilla_lease_transitions_total" ["cluster"]
+        "Times this replica gained or lost the lead of a cluster.";
+    cluster_reachable: Gauge "flotilla_cluster_reachable" ["cluster"]
+        "1 while the cluster answers.";
+    grpc_requests_total: Counter "flotilla_grpc_requests_total" ["method", "code"]
+        "Status API calls, by method and gRPC status code.";
+    grpc_duration: Histogram "flotilla_grpc_request_duration_seconds" ["method"]
+        "Status API call latency (for streams: until the response starts).";
+    fenced_writes_total: Counter "flotilla_fenced_writes_total" ["cluster", "reason"]
+        "Writes withheld at the wire because this replica did not lead the cluster, by reason.";
+    grpc_panics_total: Counter "flotilla_grpc_panics_total" ["method"]
+        "Status API handlers that panicked and were answered INTERNAL.";
+    rollout_phase_total: Counter "flotilla_rollout_phase_total" ["phase"]
+        "FleetMicroservice phase changes, by the phase entered.";
+    rollout_failures_total: Counter "flotilla_rollout_failures_total" ["action"]
+        "Failed update revisions, by what followed: rollback, pause or failed (nothing to go back to).";
+    rollout_wave_duration: Histogram "flotilla_rollout_wave_duration_seconds" [] buckets wave_seconds
+        "From a wave's first write to the end of its bake.";
+    rollout_home_writes_total: Counter "flotilla_rollout_home_writes_total" ["kind"]
+        "Writes of the fleet controller to the home cluster, by kind.";
+    rollout_member_writes_total: Counter "flotilla_rollout_member_writes_total" ["cluster", "verb"]
+        "Member Microservice writes of the fleet controller, by cluster and verb.";
+    rollout_clock_ahead: Gauge "flotilla_rollout_clock_ahead_seconds" []
+        "On the rollout leader, how far the newest stamp in the FleetMicroservice statuses it planned with in its last pass is ahead of its own clock: another replica's clock running ahead. Bakes and deadlines trust an inherited stamp for at most 30 s.";
+    dns_records: Gauge "flotilla_dns_records" ["state"]
+        "On the fleet DNS writer, the clusters' places in fleet-wide names after its last pass: listed (healthy), withdrawn, or failopen (listed though unhealthy, because no cluster of that name is healthy).";
+    dns_writes_total: Counter "flotilla_dns_writes_total" ["result"]
+        "The fleet DNS writer's etcd transactions, one per fleet-wide name changed, by result: applied, conflict (a key or the term moved since it was read), error, refused (not sent: this replica's term was over at the wire).";
+    registry_up: Gauge "flotilla_registry_up" ["cluster"]
+        "1 while the service registry's etcd answered the last call of this cluster's leader.";
+    registry_writes_total: Counter "flotilla_registry_writes_total" ["cluster", "result"]
+        "Writes to the service registry, by cluster and result: applied, conflict (a key changed since read), error, refused (a newer term or a record not ours held the key).";
+    watch_errors_total: Counter "flotilla_watch_errors_total" ["cluster", "resource"]
+        "Errors of the leader's child watches, by cluster and resource, and ends of each status feed (resource status-feed: an error or a proven stall); a child watch failing past 10 s makes its Microservices' Available Unknown (CachesStale).";
+    reconciler_notes: Gauge "flotilla_reconciler_notes" ["cluster", "map"]
+        "Objects the leader's controller keeps a note of, by cluster and map, after each prune (every 60 s): bounded by the Microservices its store holds.";
+    tls_reload_errors_total: Counter "flotilla_tls_reload_errors_total" []
+        "Changed TLS files (certificate, key, client CA) that did not load; the previous ones stay in force.";
+    connections_cut_total: Counter "flotilla_connections_cut_total" ["port", "reason"]
+        "Connections the server closed before the client did, by port (grpc, ui) and reason: handshake (TLS not done in time), silent (no request in time), idle (no bytes either way for the idle limit).";
+    ui_streams_ended_total: Counter "flotilla_ui_streams_ended_total" ["reason"]
+        "Dashboard event streams the server ended, by reason: stalled (the browser read nothing for the stall limit), age (the maximum age), revoked (a token or certificate it was admitted with changed), shutdown.";
+    authz_denied_total: Counter "flotilla_authz_denied_total" ["method"]
+        "Calls refused because the caller lacks the right (the home cluster's RBAC, or a static token that cannot change rollouts), by gRPC method.";
+    authz_reviews_total: Counter "flotilla_authz_reviews_total" ["kind"]
+        "TokenReviews and SubjectAccessReviews sent to the home apiserver (cache misses; calls asking the same question at once share one), by kind.";
 }
 
 impl Metrics {
-    fn new() -> Self {
-        use Kind::*;
-        let mut m = Metrics {
-            registry: Registry::default(),
-            reconcile_total: Family::new(
-                "flotilla_reconcile_total",
-                "Reconciles, by cluster and result.",
-                Counter,
-                &["cluster", "result"],
-            ),
-            reconcile_duration: Family::new(
-                "flotilla_reconcile_duration_seconds",
-                "How long each reconcile took.",
-                Histogram,
-                &["cluster"],
-            ),
-            api_requests_total: Family::new(
-                "flotilla_api_requests_total",
-                "Requests to member apiservers, by cluster, verb and HTTP status code.",
-                Counter,
-                &["cluster", "verb", "code"],
-            ),
-            cluster_leader: Family::new(
-                "flotilla_cluster_leader",
-                "1 while this replica leads the cluster.",
-                Gauge,
-                &["cluster"],
-            ),
-            lease_transitions_total: Family::new(
-                "flotilla_lease_transitions_total",
-                "Times this replica gained or lost the lead of a cluster.",
-                Counter,
-                &["cluster"],
-            ),
-            cluster_reachable: Family::new(
-                "flotilla_cluster_reachable",
-                "1 while the cluster answers.",
-                Gauge,
-                &["cluster"],
-            ),
-            grpc_requests_total: Family::new(
-                "flotilla_grpc_requests_total",
-                "Status API calls, by method and gRPC status code.",
-                Counter,
-                &["method", "code"],
-            ),
-            grpc_duration: Family::new(
-                "flotilla_grpc_request_duration_seconds",
-                "Status API call latency (for streams: until the response starts).",
-                Histogram,
-                &["method"],
-            ),
-            fenced_writes_total: Family::new(
-                "flotilla_fenced_writes_total",
-                "Writes withheld at the wire because this replica did not lead the cluster, by reason.",
-                Counter,
-                &["cluster", "reason"],
-            ),
-            grpc_panics_total: Family::new(
-                "flotilla_grpc_panics_total",
-                "Status API handlers that panicked and were answered INTERNAL.",
-                Counter,
-                &["method"],
-            ),
-            rollout_phase_total: Family::new(
-                "flotilla_rollout_phase_total",
-                "FleetMicroservice phase changes, by the phase entered.",
-                Counter,
-                &["phase"],
-            ),
-            rollout_failures_total: Family::new(
-                "flotilla_rollout_failures_total",
-                "Failed update revisions, by what followed: rollback, pause or failed (nothing to go back to).",
-                Counter,
-                &["action"],
-            ),
-            rollout_wave_duration: Family::new(
-                "flotilla_rollout_wave_duration_seconds",
-                "From a wave's first write to the end of its bake.",
-                Histogram,
-                &[],
-            )
-            .with_buckets(wave_seconds),
-            rollout_home_writes_total: Family::new(
-                "flotilla_rollout_home_writes_total",
-                "Writes of the fleet controller to the home cluster, by kind.",
-                Counter,
-                &["kind"],
-            ),
-            rollout_member_writes_total: Family::new(
-                "flotilla_rollout_member_writes_total",
-                "Member Microservice writes of the fleet controller, by cluster and verb.",
-                Counter,
-                &["cluster", "verb"],
-            ),
-            rollout_clock_ahead: Family::new(
-                "flotilla_rollout_clock_ahead_seconds",
-                "On the rollout leader, how far the newest stamp in the FleetMicroservice statuses it planned with in its last pass is ahead of its own clock: another replica's clock running ahead. Bakes and deadlines trust an inherited stamp for at most 30 s.",
-                Gauge,
-                &[],
-            ),
-            dns_records: Family::new(
-                "flotilla_dns_records",
-                "On the fleet DNS writer, the clusters' places in fleet-wide names after its last pass: listed (healthy), withdrawn, or failopen (listed though unhealthy, because no cluster of that name is healthy).",
-                Gauge,
-                &["state"],
-            ),
-            dns_writes_total: Family::new(
-                "flotilla_dns_writes_total",
-                "The fleet DNS writer's etcd transactions, one per fleet-wide name changed, by result: applied, conflict (a key or the term moved since it was read), error, refused (not sent: this replica's term was over at the wire).",
-                Counter,
-                &["result"],
-            ),
-            registry_up: Family::new(
-                "flotilla_registry_up",
-                "1 while the service registry's etcd answered the last call of this cluster's leader.",
-                Gauge,
-                &["cluster"],
-            ),
-            registry_writes_total: Family::new(
-                "flotilla_registry_writes_total",
-                "Writes to the service registry, by cluster and result: applied, conflict (a key changed since read), error, refused (a newer term or a record not ours held the key).",
-                Counter,
-                &["cluster", "result"],
-            ),
-            watch_errors_total: Family::new(
-                "flotilla_watch_errors_total",
-                "Errors of the leader's child watches, by cluster and resource, and ends of each status feed (resource status-feed: an error or a proven stall); a child watch failing past 10 s makes its Microservices' Available Unknown (CachesStale).",
-                Counter,
-                &["cluster", "resource"],
-            ),
-            reconciler_notes: Family::new(
-                "flotilla_reconciler_notes",
-                "Objects the leader's controller keeps a note of, by cluster and map, after each prune (every 60 s): bounded by the Microservices its store holds.",
-                Gauge,
-                &["cluster", "map"],
-            ),
-            tls_reload_errors_total: Family::new(
-                "flotilla_tls_reload_errors_total",
-                "Changed TLS files (certificate, key, client CA) that did not load; the previous ones stay in force.",
-                Counter,
-                &[],
-            ),
-            connections_cut_total: Family::new(
-                "flotilla_connections_cut_total",
-                "Connections the server closed before the client did, by port (grpc, ui) and reason: handshake (TLS not done in time), silent (no request in time), idle (no bytes either way for the idle limit).",
-                Counter,
-                &["port", "reason"],
-            ),
-            ui_streams_ended_total: Family::new(
-                "flotilla_ui_streams_ended_total",
-                "Dashboard event streams the server ended, by reason: stalled (the browser read nothing for the stall limit), age (the maximum age), revoked (a token or certificate it was admitted with changed), shutdown.",
-                Counter,
-                &["reason"],
-            ),
-            authz_denied_total: Family::new(
-                "flotilla_authz_denied_total",
-                "Calls refused because the caller lacks the right (the home cluster's RBAC, or a static token that cannot change rollouts), by gRPC method.",
-                Counter,
-                &["method"],
-            ),
-            authz_reviews_total: Family::new(
-                "flotilla_authz_reviews_total",
-                "TokenReviews and SubjectAccessReviews sent to the home apiserver (cache misses; calls asking the same question at once share one), by kind.",
-                Counter,
-                &["kind"],
-            ),
-        };
-        let mut registry = Registry::default();
-        for f in m.families() {
-            f.register(&mut registry);
-        }
-        m.registry = registry;
-        m
-    }
-
-    fn families(&self) -> [&Family; 27] {
-        [
-            &self.reconcile_total,
-            &self.reconcile_duration,
-            &self.api_requests_total,
-            &self.cluster_leader,
-            &self.lease_transitions_total,
-            &self.cluster_reachable,
-            &self.grpc_requests_total,
-            &self.grpc_duration,
-            &self.fenced_writes_total,
-            &self.grpc_panics_total,
-            &self.rollout_phase_total,
-            &self.rollout_failures_total,
-            &self.rollout_wave_duration,
-            &self.rollout_home_writes_total,
-            &self.rollout_member_writes_total,
-            &self.rollout_clock_ahead,
-            &self.dns_records,
-            &self.dns_writes_total,
-            &self.registry_up,
-            &self.registry_writes_total,
-            &self.watch_errors_total,
-            &self.reconciler_notes,
-            &self.tls_reload_errors_total,
-            &self.connections_cut_total,
-            &self.ui_streams_ended_total,
-            &self.authz_denied_total,
-            &self.authz_reviews_total,
-        ]
-    }
-
     /// The OpenMetrics text format (`CONTENT_TYPE`).
     pub fn encode(&self) -> String {
         let mut out = String::new();
