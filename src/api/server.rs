@@ -178,13 +178,14 @@ pub struct RolloutSource {
     pub home: kube::Client,
 }
 
-pub async fn serve(
-    hub: Arc<Hub>,
-    rollouts: Option<RolloutSource>,
-    opts: ServerOptions,
-    listener: TcpListener,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), ApiError> {
+/// The health service, NOT_SERVING until the hub is ready, and the task
+/// that keeps it in step with the hub's readiness.
+async fn health(
+    hub: &Hub,
+) -> (
+    tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+    tokio::task::JoinHandle<()>,
+) {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_service_status("", ServingStatus::NotServing)
@@ -200,18 +201,39 @@ pub async fn serve(
             } else {
                 ServingStatus::NotServing
             };
-            health.set_service_status("", status).await;
-            health
-                .set_service_status("flotilla.v1.FleetStatus", status)
-                .await;
-            health
-                .set_service_status("flotilla.v1.FleetRollouts", status)
-                .await;
+            for service in ["", "flotilla.v1.FleetStatus", "flotilla.v1.FleetRollouts"] {
+                health.set_service_status(service, status).await;
+            }
             if ready.changed().await.is_err() {
                 return;
             }
         }
     });
+    (health_service, reporter)
+}
+
+/// Server reflection of our services and health (`--grpc-reflection`).
+fn reflection() -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    ApiError,
+> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ApiError::Config(format!("reflection: {e}")))
+}
+
+pub async fn serve(
+    hub: Arc<Hub>,
+    rollouts: Option<RolloutSource>,
+    opts: ServerOptions,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ApiError> {
+    let (health_service, reporter) = health(&hub).await;
 
     // Streams end UNAVAILABLE as shutdown begins; tonic's graceful
     // shutdown would otherwise wait for them forever.
@@ -294,17 +316,7 @@ pub async fn serve(
     ]);
     let watcher = tokio::spawn(watch_files(tls.clone(), tokens, opts.reload_period));
 
-    let reflection = if opts.reflection {
-        Some(
-            tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                .build_v1()
-                .map_err(|e| ApiError::Config(format!("reflection: {e}")))?,
-        )
-    } else {
-        None
-    };
+    let reflection = opts.reflection.then(reflection).transpose()?;
 
     let router = Server::builder()
         .timeout(opts.unary_timeout)
