@@ -326,14 +326,13 @@ async fn watch_until_error(
     let ms = watcher(ms_api.clone(), base).map(|e| e.map(|m| Item::Ms(Box::new(m))));
     let deps = watcher(dep_api.clone(), managed).map(|e| e.map(|d| Item::Dep(Box::new(d))));
     let mut events = std::pin::pin!(stream::select(ms, deps));
-    let (mut ms_init, mut dep_init) = (Vec::new(), Vec::new());
-    let (mut ms_synced, mut dep_synced, mut announced) = (false, false, false);
+    let mut fed = Fed::default();
+    let mut announced = false;
     // Recovery counts once the watches have stayed up this long after their
     // listing: one that lists and then fails at once keeps backing off, and
     // stays marked, rather than relisting every half second.
     let mut stable_at: Option<Instant> = None;
-    let (mut ms_seen, mut dep_seen) = (Delivered::default(), Delivered::default());
-    let (mut ms_stall, mut dep_stall) = (Stall::default(), Stall::default());
+    let mut stalls = (Stall::default(), Stall::default());
     // The period follows the objects the watches have delivered.
     let mut probe_every = probe_period(probe_qps, 0);
     let mut next_probe = Instant::now() + probe_every;
@@ -355,6 +354,7 @@ async fn watch_until_error(
             // them: a read waiting on a small request budget must not hold
             // back the events it is checking.
             _ = tokio::time::sleep_until(next_probe), if announced && probing.is_none() => {
+                let (ms_seen, dep_seen) = (&fed.ms_seen, &fed.dep_seen);
                 probe_every = probe_period(probe_qps, ms_seen.now.len() + dep_seen.now.len());
                 let now = Instant::now();
                 let (ms_quiet, dep_quiet) = (ms_seen.quiet_at(now, probe_every), dep_seen.quiet_at(now, probe_every));
@@ -368,7 +368,7 @@ async fn watch_until_error(
                 next_probe = now + probe_every;
                 // Judged only between listings: a relist in progress is
                 // progress, however long it takes.
-                if ms_seen.listing.is_none() && dep_seen.listing.is_none() {
+                if fed.ms_seen.listing.is_none() && fed.dep_seen.listing.is_none() {
                     let (ms_api, dep_api, labels) = (ms_api.clone(), dep_api.clone(), labels.clone());
                     probing = Some(Box::pin(tokio::time::timeout(PROBE_TIMEOUT, async move {
                         let ms = if ms_quiet { Some(listed(&ms_api, None).await?) } else { None };
@@ -380,27 +380,10 @@ async fn watch_until_error(
             }
             read = async { probing.as_mut().expect("guarded").await }, if probing.is_some() => {
                 probing = None;
-                if ms_seen.listing.is_some() || dep_seen.listing.is_some() {
-                    continue;
+                match stalled(read, &fed, &mut stalls, probe_every) {
+                    Some(ended) => return ended,
+                    None => continue,
                 }
-                // An apiserver that does not answer is its reachability,
-                // which the Lease covers; only an answer is evidence.
-                let Ok(Ok((ms_now, dep_now))) = read else { continue };
-                // A watch that was not listed keeps its suspects for the
-                // next turn it is: still unmoved then is still a stall.
-                let verdicts = [
-                    ms_now.map(|now| ("Microservice", ms_stall.judge(&ms_seen.now, &now))),
-                    dep_now.map(|now| ("Deployment", dep_stall.judge(&dep_seen.now, &now))),
-                ];
-                for (kind, verdict) in verdicts.into_iter().flatten() {
-                    if let Probe::Stalled((ns, name)) = verdict {
-                        return Ended::Stalled(format!(
-                            "the watch stalled: {kind} {ns}/{name} changed on the apiserver and the watch has not shown it for {}s",
-                            probe_every.as_secs()
-                        ));
-                    }
-                }
-                continue;
             }
         };
         let Some(event) = event else { break };
@@ -408,6 +391,31 @@ async fn watch_until_error(
             Ok(item) => item,
             Err(e) => return Ended::Failed(e.to_string()),
         };
+        fed.apply(item, cluster, hub, delay).await;
+        if fed.ms_synced && fed.dep_synced && !announced {
+            announced = true;
+            stable_at = Some(Instant::now() + STALE_AFTER);
+            hub.update(|ix| ix.update_cluster(cluster, "", |c| c.synced = true));
+        }
+    }
+    Ended::Failed("the watch ended".to_string())
+}
+
+/// What the watches delivered so far: each listing under way, whether
+/// each has listed, and what each delivered (for the stall probe).
+#[derive(Default)]
+struct Fed {
+    ms_init: Vec<(Key, Facts)>,
+    dep_init: Vec<(Key, Replicas)>,
+    ms_synced: bool,
+    dep_synced: bool,
+    ms_seen: Delivered,
+    dep_seen: Delivered,
+}
+
+impl Fed {
+    /// One event of either watch, folded into the hub.
+    async fn apply(&mut self, item: Item, cluster: &str, hub: &Hub, delay: Option<Duration>) {
         match item {
             // A watch that delivers nothing, as a stuck watch cache does
             // (test builds only).
@@ -415,18 +423,18 @@ async fn watch_until_error(
                 if matches!(*event, Event::Apply(_) | Event::Delete(_))
                     && crate::supervise::feed_stalled(cluster) => {}
             Item::Ms(event) => {
-                ms_seen.saw(&event);
+                self.ms_seen.saw(&event);
                 match *event {
-                    Event::Init => ms_init.clear(),
-                    Event::InitApply(o) => ms_init.push((key(&o), facts(&o))),
+                    Event::Init => self.ms_init.clear(),
+                    Event::InitApply(o) => self.ms_init.push((key(&o), facts(&o))),
                     Event::InitDone => {
                         // A slow feed lists slowly too (test builds only).
                         if let Some(d) = delay {
                             tokio::time::sleep(d).await;
                         }
-                        let items = std::mem::take(&mut ms_init);
+                        let items = std::mem::take(&mut self.ms_init);
                         hub.update(|ix| ix.replace_microservices(cluster, items));
-                        ms_synced = true;
+                        self.ms_synced = true;
                     }
                     Event::Apply(o) => {
                         if let Some(d) = delay {
@@ -438,14 +446,14 @@ async fn watch_until_error(
                 }
             }
             Item::Dep(event) => {
-                dep_seen.saw(&event);
+                self.dep_seen.saw(&event);
                 match *event {
-                    Event::Init => dep_init.clear(),
-                    Event::InitApply(o) => dep_init.push((key(&o), replicas(&o))),
+                    Event::Init => self.dep_init.clear(),
+                    Event::InitApply(o) => self.dep_init.push((key(&o), replicas(&o))),
                     Event::InitDone => {
-                        let items = std::mem::take(&mut dep_init);
+                        let items = std::mem::take(&mut self.dep_init);
                         hub.update(|ix| ix.replace_replicas(cluster, items));
-                        dep_synced = true;
+                        self.dep_synced = true;
                     }
                     Event::Apply(o) => {
                         hub.update(|ix| ix.upsert_replicas(cluster, key(&o), replicas(&o)))
@@ -454,13 +462,37 @@ async fn watch_until_error(
                 }
             }
         }
-        if ms_synced && dep_synced && !announced {
-            announced = true;
-            stable_at = Some(Instant::now() + STALE_AFTER);
-            hub.update(|ix| ix.update_cluster(cluster, "", |c| c.synced = true));
-        }
     }
-    Ended::Failed("the watch ended".to_string())
+}
+
+/// The probe's verdict on what it read: the watch that stalled, if one did.
+fn stalled(
+    read: Result<kube::Result<(Option<Versions>, Option<Versions>)>, tokio::time::error::Elapsed>,
+    fed: &Fed,
+    (ms_stall, dep_stall): &mut (Stall, Stall),
+    probe_every: Duration,
+) -> Option<Ended> {
+    if fed.ms_seen.listing.is_some() || fed.dep_seen.listing.is_some() {
+        return None;
+    }
+    // An apiserver that does not answer is its reachability, which the
+    // Lease covers; only an answer is evidence.
+    let Ok(Ok((ms_now, dep_now))) = read else {
+        return None;
+    };
+    // A watch that was not listed keeps its suspects for the next turn it
+    // is: still unmoved then is still a stall.
+    let verdicts = [
+        ms_now.map(|now| ("Microservice", ms_stall.judge(&fed.ms_seen.now, &now))),
+        dep_now.map(|now| ("Deployment", dep_stall.judge(&fed.dep_seen.now, &now))),
+    ];
+    verdicts.into_iter().flatten().find_map(|(kind, verdict)| match verdict {
+        Probe::Stalled((ns, name)) => Some(Ended::Stalled(format!(
+            "the watch stalled: {kind} {ns}/{name} changed on the apiserver and the watch has not shown it for {}s",
+            probe_every.as_secs()
+        ))),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
