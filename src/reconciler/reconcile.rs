@@ -154,17 +154,7 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
     if let Some(hook) = &ctx.hooks.before_reconcile {
         hook(ms.metadata.name.clone().unwrap_or_default()).await;
     }
-    // Until every child cache has its initial list, "missing" and "no ready
-    // endpoints" would be guesses that a restarted controller must not
-    // publish. Waiting here would hold a concurrency slot the caches need to
-    // fill, so come back shortly instead.
-    let ready = |r: Option<Result<(), _>>| matches!(r, Some(Ok(())));
-    if !(ready(ctx.deployments.wait_until_ready().now_or_never())
-        && ready(ctx.services.wait_until_ready().now_or_never())
-        && ready(ctx.deployment_names.wait_until_ready().now_or_never())
-        && ready(ctx.service_names.wait_until_ready().now_or_never())
-        && ctx.endpoints.synced())
-    {
+    if !caches_ready(ctx) {
         return Ok(CACHES_WARMING);
     }
     if ms.metadata.deletion_timestamp.is_some() {
@@ -192,66 +182,8 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
     let (deployments, services) = (ctx.deployment_child(), ctx.service_child());
     let live_deployment = children::live(ctx, &deployments, ns, name).await?;
     let live_service = children::live(ctx, &services, ns, name).await?;
-    // Children an earlier Microservice of this name left: garbage the
-    // garbage collector has not reached (found by `make chaos`, after a
-    // member's apiserver restart). Delete exactly those objects; their
-    // deletion events wake us to create ours.
-    let mut leftovers = Vec::new();
-    if let Some(d) = &live_deployment
-        && let Ownership::Leftover { .. } = ownership(&d.metadata, &owner)
-    {
-        children::delete_leftover(ctx, &deployments, ns, &d.metadata).await?;
-        leftovers.push("Deployment");
-    }
-    if let Some(s) = &live_service
-        && let Ownership::Leftover { .. } = ownership(&s.metadata, &owner)
-    {
-        children::delete_leftover(ctx, &services, ns, &s.metadata).await?;
-        leftovers.push("Service");
-    }
-    if !leftovers.is_empty() {
-        let msg = format!(
-            "{} {name} of an earlier Microservice of this name is being deleted",
-            leftovers.join(" and ")
-        );
-        return child_terminating(ctx, ms, msg).await;
-    }
-    let mut strangers = Vec::new();
-    if let Some(d) = &live_deployment
-        && let Ownership::Foreign { controller } = ownership(&d.metadata, &owner)
-    {
-        strangers.push(describe("Deployment", name, controller));
-    }
-    if let Some(s) = &live_service
-        && let Ownership::Foreign { controller } = ownership(&s.metadata, &owner)
-    {
-        strangers.push(describe("Service", name, controller));
-    }
-    if !strangers.is_empty() {
-        // The name watches wake us when a stranger changes or goes.
-        let msg = format!("{}; they are left untouched", strangers.join("; "));
-        return permanent(
-            ctx,
-            ms,
-            Outcome::OwnershipConflict(msg),
-            "OwnershipConflict",
-        )
-        .await;
-    }
-
-    // A child being deleted is not in sync, and cannot be written until it
-    // is gone; its deletion event wakes us to create it again.
-    let terminating: Vec<&str> = [
-        ("Deployment", live_deployment.as_ref().map(|d| &d.metadata)),
-        ("Service", live_service.as_ref().map(|s| &s.metadata)),
-    ]
-    .into_iter()
-    .filter(|(_, m)| m.is_some_and(|m| m.deletion_timestamp.is_some()))
-    .map(|(kind, _)| kind)
-    .collect();
-    if !terminating.is_empty() {
-        let msg = format!("{} {name} is being deleted", terminating.join(" and "));
-        return child_terminating(ctx, ms, msg).await;
+    if let Some(done) = in_the_way(ctx, ms, &owner, &live_deployment, &live_service).await? {
+        return Ok(done);
     }
 
     // The registry's finalizer goes on before anything is registered.
@@ -277,32 +209,121 @@ async fn reconcile_inner(ms: &Microservice, ctx: &Context) -> Result<&'static st
         Some(registry) => vec![registration::register(ctx, registry, ms, &service).await],
         None => Vec::new(),
     };
-    let endpoints = ctx.endpoints.ready(ns, name);
-    let stale = ctx.watches.stale(tokio::time::Instant::now());
-    let outcome = if stale.is_empty() {
-        Outcome::Applied {
-            deployment: name.to_string(),
-            service: name.to_string(),
-            rollout: RolloutFacts::of(&deployment),
-            ready_endpoints: endpoints,
-        }
-    } else {
-        // Frozen caches would keep concluding what they last saw.
-        let failing: Vec<String> = stale
-            .iter()
-            .map(|(kind, d)| format!("{kind} for {}s", d.as_secs()))
-            .collect();
-        Outcome::CachesStale(format!(
-            "the watches of {} have been failing; availability is unknown until they recover",
-            failing.join(", ")
-        ))
-    };
+    let outcome = applied_outcome(ctx, ns, name, &deployment);
     Ok(match conclude_with(ctx, ms, &outcome, &registered).await? {
         Concluded::Dropped => "Dropped",
         Concluded::Held => HELD,
         _ if dep_write != Write::Unchanged || svc_write != Write::Unchanged => "Applied",
         _ => "InSync",
     })
+}
+
+/// Until every child cache has its initial list, "missing" and "no ready
+/// endpoints" would be guesses that a restarted controller must not
+/// publish. Waiting here would hold a concurrency slot the caches need to
+/// fill, so come back shortly instead.
+fn caches_ready(ctx: &Context) -> bool {
+    let ready = |r: Option<Result<(), _>>| matches!(r, Some(Ok(())));
+    ready(ctx.deployments.wait_until_ready().now_or_never())
+        && ready(ctx.services.wait_until_ready().now_or_never())
+        && ready(ctx.deployment_names.wait_until_ready().now_or_never())
+        && ready(ctx.service_names.wait_until_ready().now_or_never())
+        && ctx.endpoints.synced()
+}
+
+/// What stands in the way of writing the children: an earlier
+/// Microservice's leftovers, a stranger's objects, or a child being
+/// deleted. `Some` is the reconcile's result, concluded.
+async fn in_the_way(
+    ctx: &Context,
+    ms: &Microservice,
+    owner: &OwnerIdentity,
+    live_deployment: &Option<Deployment>,
+    live_service: &Option<Service>,
+) -> Result<Option<&'static str>> {
+    let (ns, name) = (owner.namespace.as_str(), owner.name.as_str());
+    let (deployments, services) = (ctx.deployment_child(), ctx.service_child());
+    // Children an earlier Microservice of this name left: garbage the
+    // garbage collector has not reached (found by `make chaos`, after a
+    // member's apiserver restart). Delete exactly those objects; their
+    // deletion events wake us to create ours.
+    let mut leftovers = Vec::new();
+    if let Some(d) = live_deployment
+        && let Ownership::Leftover { .. } = ownership(&d.metadata, owner)
+    {
+        children::delete_leftover(ctx, &deployments, ns, &d.metadata).await?;
+        leftovers.push("Deployment");
+    }
+    if let Some(s) = live_service
+        && let Ownership::Leftover { .. } = ownership(&s.metadata, owner)
+    {
+        children::delete_leftover(ctx, &services, ns, &s.metadata).await?;
+        leftovers.push("Service");
+    }
+    if !leftovers.is_empty() {
+        let msg = format!(
+            "{} {name} of an earlier Microservice of this name is being deleted",
+            leftovers.join(" and ")
+        );
+        return child_terminating(ctx, ms, msg).await.map(Some);
+    }
+    let mut strangers = Vec::new();
+    if let Some(d) = live_deployment
+        && let Ownership::Foreign { controller } = ownership(&d.metadata, owner)
+    {
+        strangers.push(describe("Deployment", name, controller));
+    }
+    if let Some(s) = live_service
+        && let Ownership::Foreign { controller } = ownership(&s.metadata, owner)
+    {
+        strangers.push(describe("Service", name, controller));
+    }
+    if !strangers.is_empty() {
+        // The name watches wake us when a stranger changes or goes.
+        let msg = format!("{}; they are left untouched", strangers.join("; "));
+        let conflict = Outcome::OwnershipConflict(msg);
+        return permanent(ctx, ms, conflict, "OwnershipConflict")
+            .await
+            .map(Some);
+    }
+
+    // A child being deleted is not in sync, and cannot be written until it
+    // is gone; its deletion event wakes us to create it again.
+    let terminating: Vec<&str> = [
+        ("Deployment", live_deployment.as_ref().map(|d| &d.metadata)),
+        ("Service", live_service.as_ref().map(|s| &s.metadata)),
+    ]
+    .into_iter()
+    .filter(|(_, m)| m.is_some_and(|m| m.deletion_timestamp.is_some()))
+    .map(|(kind, _)| kind)
+    .collect();
+    if !terminating.is_empty() {
+        let msg = format!("{} {name} is being deleted", terminating.join(" and "));
+        return child_terminating(ctx, ms, msg).await.map(Some);
+    }
+    Ok(None)
+}
+
+/// The outcome of children in place: their facts, unless a child watch has
+/// been failing (frozen caches would keep concluding what they last saw).
+fn applied_outcome(ctx: &Context, ns: &str, name: &str, deployment: &Deployment) -> Outcome {
+    let stale = ctx.watches.stale(tokio::time::Instant::now());
+    if stale.is_empty() {
+        return Outcome::Applied {
+            deployment: name.to_string(),
+            service: name.to_string(),
+            rollout: RolloutFacts::of(deployment),
+            ready_endpoints: ctx.endpoints.ready(ns, name),
+        };
+    }
+    let failing: Vec<String> = stale
+        .iter()
+        .map(|(kind, d)| format!("{kind} for {}s", d.as_secs()))
+        .collect();
+    Outcome::CachesStale(format!(
+        "the watches of {} have been failing; availability is unknown until they recover",
+        failing.join(", ")
+    ))
 }
 
 async fn apply_both(

@@ -291,17 +291,12 @@ struct VersionedMeta {
     resource_version: String,
 }
 
+/// What the probe's two listings read, within its timeout.
+type ProbeAnswer =
+    Result<kube::Result<(Option<Versions>, Option<Versions>)>, tokio::time::error::Elapsed>;
+
 /// The probe's two listings in flight.
-type ProbeRead = std::pin::Pin<
-    Box<
-        dyn std::future::Future<
-                Output = Result<
-                    kube::Result<(Option<Versions>, Option<Versions>)>,
-                    tokio::time::error::Elapsed,
-                >,
-            > + Send,
-    >,
->;
+type ProbeRead = std::pin::Pin<Box<dyn std::future::Future<Output = ProbeAnswer> + Send>>;
 
 /// Both watches, folded into the hub until either fails or stalls.
 async fn watch_until_error(
@@ -467,7 +462,7 @@ impl Fed {
 
 /// The probe's verdict on what it read: the watch that stalled, if one did.
 fn stalled(
-    read: Result<kube::Result<(Option<Versions>, Option<Versions>)>, tokio::time::error::Elapsed>,
+    read: ProbeAnswer,
     fed: &Fed,
     (ms_stall, dep_stall): &mut (Stall, Stall),
     probe_every: Duration,
