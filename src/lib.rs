@@ -19,3 +19,7 @@ pub mod supervise;
 pub mod telemetry;
 pub mod ui;
 pub mod watching;
+
+#[cfg(test)]
+#[path = "house_tests.rs"]
+mod house;
