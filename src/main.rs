@@ -16,6 +16,7 @@ use flotilla::fleet::client_budget::Budget;
 use flotilla::fleet::cluster::ReplicaSettings;
 use flotilla::fleet::runtime::FleetOptions;
 use flotilla::lease::election::Timings;
+use flotilla::lease::home_lease::HomeLease;
 use flotilla::reconciler::{self, Hooks, Settings, WriterIdentity};
 use flotilla::registry::Registration;
 use flotilla::status::hub::Hub;
@@ -96,12 +97,15 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         &replica_id,
         stopped(stop_rx.clone()),
     );
-    let rollouts = flotilla::rollout::run::controller::Options {
+    let home_lease = HomeLease {
         home: home_config.clone(),
         namespace: args.home_namespace.clone(),
         fleet_name: args.fleet_name.clone(),
         replica_id: replica_id.clone(),
         timings,
+    };
+    let rollouts = flotilla::rollout::run::controller::Options {
+        lease: home_lease.clone(),
         hub: hub.clone(),
         credentials: credentials_rx,
         cache: rollout_cache.clone(),
@@ -118,10 +122,9 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         None => None,
     };
     let departed_sweep = departed_sweep(&args, &registration, &hub, stop_rx.clone());
-    let fleet_dns = registration.as_ref().and_then(|r| {
-        let home = (home_config.clone(), timings);
-        fleet_dns(&args, r, home, &replica_id, &hub, &rollout_cache)
-    });
+    let fleet_dns = registration
+        .as_ref()
+        .and_then(|r| fleet_dns(&args, r, home_lease, &hub, &rollout_cache));
     if let (Some(Registration::Ready(registry)), Some(_)) = (&registration, &fleet_dns) {
         grpc.dns = Some(flotilla::dns::lookup::DnsLookup {
             registry: registry.as_ref().clone(),
@@ -291,8 +294,7 @@ fn departed_sweep(
 fn fleet_dns(
     args: &RunArgs,
     registration: &Registration,
-    (home, timings): (Config, Timings),
-    replica_id: &str,
+    lease: HomeLease,
     hub: &std::sync::Arc<Hub>,
     fleet: &std::sync::Arc<flotilla::rollout::run::cache::RolloutCache>,
 ) -> Option<flotilla::dns::writer::Options> {
@@ -302,11 +304,7 @@ fn fleet_dns(
     args.registry
         .fleet_dns
         .then(|| flotilla::dns::writer::Options {
-            home,
-            namespace: args.home_namespace.clone(),
-            fleet_name: args.fleet_name.clone(),
-            replica_id: replica_id.to_string(),
-            timings,
+            lease,
             hub: hub.clone(),
             registry: registry.as_ref().clone(),
             rule: args.registry.rule(),

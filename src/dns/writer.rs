@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::api::PostParams;
-use kube::{Api, Client, Config, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -22,10 +22,9 @@ use super::health::{Judged, Rule, Track};
 use super::plan::{self, Object};
 use super::view::{is_primary, seen};
 use crate::domain::conditions::{self, Verdict};
-use crate::lease::election::Timings;
-use crate::lease::elector::{Elector, Leadership};
+use crate::lease::elector::Leadership;
 use crate::lease::fence::admit;
-use crate::lease::lease_store::KubeLeaseStore;
+use crate::lease::home_lease::HomeLease;
 use crate::registry::Registry;
 use crate::registry::records::{Op, Refusal, Writer};
 use crate::registry::store::RegistryError;
@@ -36,12 +35,7 @@ use crate::status::index::Filter;
 use crate::telemetry::metrics::METRICS;
 
 pub struct Options {
-    /// The home cluster, with this replica's user agent.
-    pub home: Config,
-    pub namespace: String,
-    pub fleet_name: String,
-    pub replica_id: String,
-    pub timings: Timings,
+    pub lease: HomeLease,
     pub hub: Arc<Hub>,
     pub registry: Registry,
     pub rule: Rule,
@@ -74,20 +68,15 @@ pub async fn run(
     opts: Options,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    let client = Client::try_from(opts.home.clone()).map_err(|e| format!("home client: {e}"))?;
-    let store = KubeLeaseStore::new(
-        client.clone(),
-        &opts.namespace,
-        &format!("flotilla-{}-dns", opts.fleet_name),
-    );
-    let home = client;
-    let (elector, leadership) = Elector::new(opts.replica_id.clone(), opts.timings, store);
+    let home =
+        Client::try_from(opts.lease.home.clone()).map_err(|e| format!("home client: {e}"))?;
+    let (elector, leadership) = opts.lease.elector(home.clone(), "dns");
     let terms = leadership.clone();
     crate::lease::home_lease::lead(
         "fleet DNS",
         elector,
         leadership,
-        opts.timings.renew_deadline,
+        opts.lease.timings.renew_deadline,
         shutdown,
         |epoch| term(&opts, epoch, terms.clone(), home.clone()),
         |_| {},
@@ -103,10 +92,10 @@ async fn term(opts: &Options, epoch: i32, leadership: watch::Receiver<Leadership
         opts,
         home,
         marked: HashMap::new(),
-        me: Writer::fleet(&opts.fleet_name, i64::from(epoch)),
+        me: Writer::fleet(&opts.lease.fleet_name, i64::from(epoch)),
         epoch,
         leadership,
-        term_key: opts.registry.term_key(&opts.fleet_name),
+        term_key: opts.registry.term_key(&opts.lease.fleet_name),
         claimed: None,
         tracks: HashMap::new(),
     };
@@ -346,7 +335,7 @@ impl Pass<'_> {
             None => {
                 let r = opts
                     .registry
-                    .claim_term(&self.term_key, self.me.epoch, &opts.replica_id)
+                    .claim_term(&self.term_key, self.me.epoch, &opts.lease.replica_id)
                     .await?;
                 self.claimed = Some(r);
                 r

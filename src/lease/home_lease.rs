@@ -8,8 +8,34 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use super::election::Timings;
 use super::elector::{Elector, Leadership, release};
-use super::lease_store::LeaseStore;
+use super::lease_store::{KubeLeaseStore, LeaseStore};
+
+/// Where a fleet-wide writer's home Lease lives and who contests it: the
+/// same for the rollout leader and the fleet DNS writer.
+#[derive(Clone)]
+pub struct HomeLease {
+    /// The home cluster, with this replica's user agent.
+    pub home: kube::Config,
+    pub namespace: String,
+    pub fleet_name: String,
+    pub replica_id: String,
+    pub timings: Timings,
+}
+
+impl HomeLease {
+    /// The elector of the Lease `flotilla-<fleet>-<suffix>`, through `client`.
+    pub fn elector(
+        &self,
+        client: kube::Client,
+        suffix: &str,
+    ) -> (Elector<KubeLeaseStore>, watch::Receiver<Leadership>) {
+        let name = format!("flotilla-{}-{suffix}", self.fleet_name);
+        let store = KubeLeaseStore::new(client, &self.namespace, &name);
+        Elector::new(self.replica_id.clone(), self.timings, store)
+    }
+}
 
 /// Runs until `shutdown`. For each term this replica leads, `term(epoch)`
 /// runs until it returns, the term is over (it is then dropped), or

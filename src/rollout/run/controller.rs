@@ -25,10 +25,8 @@ use super::members::{Members, Written};
 use crate::crd::MicroserviceSpec;
 use crate::domain::conditions::{self, CLEANUP_BLOCKED, Status, Verdict};
 use crate::fleet::runtime::Credentials;
-use crate::lease::election::Timings;
-use crate::lease::elector::Elector;
 use crate::lease::fence::Fence;
-use crate::lease::lease_store::KubeLeaseStore;
+use crate::lease::home_lease::HomeLease;
 use crate::rollout::analysis;
 use crate::rollout::checked::Checked;
 use crate::rollout::events;
@@ -45,12 +43,7 @@ use crate::status::hub::Hub;
 use crate::telemetry::metrics::METRICS;
 
 pub struct Options {
-    /// The home cluster, with this replica's user agent.
-    pub home: Config,
-    pub namespace: String,
-    pub fleet_name: String,
-    pub replica_id: String,
-    pub timings: Timings,
+    pub lease: HomeLease,
     pub hub: Arc<Hub>,
     pub credentials: watch::Receiver<BTreeMap<String, Credentials>>,
     /// The FleetMicroservices and revisions every replica caches.
@@ -82,27 +75,27 @@ pub async fn run(
     opts: Options,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    let lease_client = client(&opts.home, None)?;
-    let store = KubeLeaseStore::new(
-        lease_client,
-        &opts.namespace,
-        &format!("flotilla-{}-rollouts", opts.fleet_name),
-    );
-    let (elector, leadership) = Elector::new(opts.replica_id.clone(), opts.timings, store);
+    let (elector, leadership) = opts
+        .lease
+        .elector(client(&opts.lease.home, None)?, "rollouts");
     let fence = Fence::new("home", leadership.clone());
     let drain = fence.clone();
     let elector = elector.with_drain(Box::new(move || {
         let f = drain.clone();
         Box::pin(async move { f.drained().await })
     }));
-    let home = client(&opts.home, Some(&fence))?;
+    let home = client(&opts.lease.home, Some(&fence))?;
     let analysis_secrets = opts
         .analysis_secrets_namespace
         .as_deref()
         .map(|ns| (ns.to_string(), Api::namespaced(home.clone(), ns)));
     let ctx = Arc::new(Ctx {
-        home: Home::new(home, &opts.replica_id),
-        members: Members::new(fence.clone(), &opts.replica_id, opts.credentials.clone())?,
+        home: Home::new(home, &opts.lease.replica_id),
+        members: Members::new(
+            fence.clone(),
+            &opts.lease.replica_id,
+            opts.credentials.clone(),
+        )?,
         hub: opts.hub.clone(),
         written: std::sync::Mutex::new(BTreeMap::new()),
         held: std::sync::Mutex::new(BTreeMap::new()),
@@ -121,7 +114,7 @@ pub async fn run(
         "fleet rollouts",
         elector,
         leadership,
-        opts.timings.renew_deadline,
+        opts.lease.timings.renew_deadline,
         shutdown,
         |epoch| {
             // Writes of this term, and only this term, pass the fence.
