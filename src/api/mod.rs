@@ -67,6 +67,20 @@ impl From<crate::serve::ServeError> for ApiError {
     }
 }
 
+/// A refusal of the authorization layer, as gRPC says it.
+impl From<crate::authz::AuthzError> for tonic::Status {
+    fn from(e: crate::authz::AuthzError) -> Self {
+        match e {
+            crate::authz::AuthzError::Unauthenticated(m) => tonic::Status::unauthenticated(m),
+            crate::authz::AuthzError::Denied(m) => tonic::Status::permission_denied(m),
+            e @ crate::authz::AuthzError::Unavailable(_) => {
+                tonic::Status::unavailable(e.to_string())
+            }
+            crate::authz::AuthzError::Throttled(m) => tonic::Status::resource_exhausted(m),
+        }
+    }
+}
+
 impl From<ApiError> for tonic::Status {
     fn from(e: ApiError) -> Self {
         match e {

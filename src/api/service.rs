@@ -80,7 +80,7 @@ impl FleetStatusService {
         match &filter.namespace {
             Some(ns) => {
                 let access = Access::new(verb, Resource::Microservices).in_namespace(ns);
-                self.gate.require(caller, &access, method).await
+                Ok(self.gate.require(caller, &access, method).await?)
             }
             None => {
                 // The scan runs outside the index lock.

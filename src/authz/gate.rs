@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use tonic::{Request, Status};
+use tonic::Request;
 
 use super::AuthzError;
 use super::access::{Access, Caller, Resource};
@@ -40,7 +40,7 @@ impl Gate {
         &self,
         req: &Request<T>,
         method: &'static str,
-    ) -> Result<Caller, Status> {
+    ) -> Result<Caller, AuthzError> {
         Ok(self.standing(req, method).await?.caller)
     }
 
@@ -50,7 +50,7 @@ impl Gate {
         &self,
         req: &Request<T>,
         method: &'static str,
-    ) -> Result<Standing, Status> {
+    ) -> Result<Standing, AuthzError> {
         let door = req.extensions().get::<Door>().cloned();
         let (caller, token) = match (door, &self.reviews) {
             (Some(Door::Decided(c)), _) => (c, None),
@@ -85,7 +85,7 @@ impl Gate {
         caller: &Caller,
         access: &Access,
         method: &'static str,
-    ) -> Result<(), Status> {
+    ) -> Result<(), AuthzError> {
         match self.allows(caller, access).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(refused(
@@ -106,7 +106,7 @@ impl Gate {
         resource: Resource,
         namespaces: impl IntoIterator<Item = String>,
         method: &'static str,
-    ) -> Result<Option<BTreeSet<String>>, Status> {
+    ) -> Result<Option<BTreeSet<String>>, AuthzError> {
         let everywhere = Access::new(verb, resource);
         let wrap = |e| refused(method, caller.name(), e);
         if self.allows(caller, &everywhere).await.map_err(wrap)? {
@@ -182,7 +182,7 @@ impl Standing {
     }
 
     /// Ok while the token still authenticates and the right still holds.
-    pub async fn recheck(&self, access: &Access, method: &'static str) -> Result<(), Status> {
+    pub async fn recheck(&self, access: &Access, method: &'static str) -> Result<(), AuthzError> {
         self.authenticated(method).await?;
         self.gate.require(&self.caller, access, method).await
     }
@@ -196,7 +196,7 @@ impl Standing {
         resource: Resource,
         asked: BTreeSet<String>,
         method: &'static str,
-    ) -> Result<Option<BTreeSet<String>>, Status> {
+    ) -> Result<Option<BTreeSet<String>>, AuthzError> {
         self.authenticated(method).await?;
         self.gate
             .visible(&self.caller, verb, resource, asked, method)
@@ -204,7 +204,7 @@ impl Standing {
     }
 
     /// Ok while the token still authenticates (cached as any review).
-    pub async fn authenticated(&self, method: &'static str) -> Result<(), Status> {
+    pub async fn authenticated(&self, method: &'static str) -> Result<(), AuthzError> {
         match (&self.token, &self.gate.reviews) {
             (Some(token), Some(reviews)) => match reviews.authenticate(token, None).await {
                 Ok(_) => Ok(()),
@@ -216,7 +216,7 @@ impl Standing {
 }
 
 /// A refusal, counted and logged where it happens.
-fn refused(method: &'static str, who: &str, e: AuthzError) -> Status {
+fn refused(method: &'static str, who: &str, e: AuthzError) -> AuthzError {
     if matches!(e, AuthzError::Denied(_)) {
         METRICS.authz_denied_total.inc(&[method]);
     }
@@ -226,5 +226,5 @@ fn refused(method: &'static str, who: &str, e: AuthzError) -> Status {
         category = e.category(),
         "{e}"
     );
-    e.into()
+    e
 }

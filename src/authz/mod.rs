@@ -42,14 +42,3 @@ impl AuthzError {
         }
     }
 }
-
-impl From<AuthzError> for tonic::Status {
-    fn from(e: AuthzError) -> Self {
-        match e {
-            AuthzError::Unauthenticated(m) => tonic::Status::unauthenticated(m),
-            AuthzError::Denied(m) => tonic::Status::permission_denied(m),
-            e @ AuthzError::Unavailable(_) => tonic::Status::unavailable(e.to_string()),
-            AuthzError::Throttled(m) => tonic::Status::resource_exhausted(m),
-        }
-    }
-}

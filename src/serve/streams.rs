@@ -164,7 +164,10 @@ impl Revocation {
                     let (standing, access, method) =
                         (r.standing.clone(), r.access.clone(), r.method);
                     r.asking = Some(tokio::spawn(async move {
-                        standing.recheck(&access, method).await
+                        standing
+                            .recheck(&access, method)
+                            .await
+                            .map_err(Status::from)
                     }));
                 }
                 let asked = match r.asking.as_mut().expect("set above").await {

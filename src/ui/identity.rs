@@ -87,9 +87,8 @@ impl KubeAuth {
 
     /// Ok when `user` holds `access`; the refusal otherwise (counted).
     pub async fn require(&self, user: &User, access: &Access) -> Result<(), Status> {
-        self.gate
-            .require(&Caller::User(user.clone()), access, METHOD)
-            .await
+        let caller = Caller::User(user.clone());
+        Ok(self.gate.require(&caller, access, METHOD).await?)
     }
 
     /// What `user` sees of what the hub and the rollout cache hold now.
