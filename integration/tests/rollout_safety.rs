@@ -87,6 +87,34 @@ async fn a_bad_edit_deletes_nothing_and_a_planner_panic_fails_only_its_object() 
     let text = err.to_string();
     assert!(text.contains("operator"), "{text}");
 
+    // Lists are bounded by the schema (#59): 10,000 waves or 65 overrides
+    // never reach the planner.
+    let waves: Vec<_> = (0..10_000)
+        .map(|i| json!({"name": format!("w{i}"), "clusterSelector": {}}))
+        .collect();
+    let overrides: Vec<_> = (0..65)
+        .map(|_| json!({"clusterSelector": {}, "replicas": 1}))
+        .collect();
+    for (field, spec) in [
+        ("waves", json!({"rollout": {"waves": waves}})),
+        ("overrides", json!({"overrides": overrides})),
+    ] {
+        let err = fleet
+            .api()
+            .patch(
+                "api",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": spec})),
+            )
+            .await
+            .expect_err("an unbounded list is refused");
+        let text = err.to_string();
+        assert!(
+            text.contains(field) && text.contains("at most"),
+            "{field}: {text}"
+        );
+    }
+
     // `In` without values behind a requirement that fails everywhere: the
     // schema lets it through, the planner does not. It used to mean "not
     // placed", and the service was deleted from every member at once.

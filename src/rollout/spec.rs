@@ -62,8 +62,10 @@ pub struct FleetMicroserviceSpec {
     /// Which member clusters run it; an empty selector places it everywhere.
     #[serde(default)]
     pub placement: Placement,
-    /// Per-cluster differences, applied in order; later entries win.
+    /// Per-cluster differences, applied in order; later entries win. At
+    /// most 64.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub overrides: Vec<Override>,
     #[serde(default)]
     pub rollout: Rollout,
@@ -156,8 +158,9 @@ pub struct Override {
 #[serde(rename_all = "camelCase")]
 pub struct Rollout {
     /// A cluster joins the first wave that selects it; the clusters no wave
-    /// selects form a last wave, `remaining`.
+    /// selects form a last wave, `remaining`. At most 32.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
     pub waves: Vec<Wave>,
     /// How long every cluster of a wave must stay done before the next wave
     /// starts, e.g. `30s`; none by default, at most `168h`.
