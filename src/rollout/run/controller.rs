@@ -416,6 +416,7 @@ async fn round(
     // What this term planned last, when only observations were left unwritten.
     let held = ctx.held(&o.uid, &written);
     let previous = held.as_ref().map_or(&written, |(s, _)| s).clone();
+    let now = jiff::Timestamp::now();
     let reading = ctx.write_log().read(&o.uid);
     let approvals = crate::rollout::approval::read(fms.metadata.annotations.as_ref());
     let runs = ctx.analysis().runs(&o.uid).to_vec();
@@ -430,7 +431,7 @@ async fn round(
         previous: &previous,
         clusters: &clusters,
         troubles: &reading.troubles,
-        now: jiff::Timestamp::now(),
+        now,
         term_started,
         approvals: &approvals,
         runs: &runs,
