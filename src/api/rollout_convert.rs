@@ -72,11 +72,15 @@ pub fn rollout(f: &FleetMicroservice, history: &[Revision], with_history: bool) 
                     .approval
                     .as_ref()
                     .or_else(|| {
-                        let update = st.update_revision.as_deref()?;
-                        approval::granted(&approvals.given, &w.name, update)
+                        let attempt = approval::Attempt {
+                            revision: st.update_revision.as_deref()?,
+                            number: st.update_revision_number?,
+                        };
+                        approval::granted(&approvals.given, &w.name, attempt)
                     })
                     .map(|a| pb::WaveApproval {
                         revision: a.revision.clone(),
+                        attempt: a.attempt.unwrap_or_default(),
                         by: a.by.clone(),
                         at: Some(time(&a.at)),
                     }),

@@ -46,21 +46,37 @@ pub fn read(annotations: Option<&BTreeMap<String, String>>) -> Approvals {
     }
 }
 
-/// The approval of `wave` for `revision`, if one was given.
+/// One attempt at a revision: its name and the number it has now (a
+/// revision re-applied later is renumbered, a new attempt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attempt<'a> {
+    pub revision: &'a str,
+    pub number: i64,
+}
+
+impl WaveApproval {
+    /// Whether this approval was given for `attempt`.
+    pub fn opens(&self, attempt: Attempt) -> bool {
+        self.revision == attempt.revision && self.attempt == Some(attempt.number)
+    }
+}
+
+/// The approval of `wave` for `attempt`, if one was given.
 pub fn granted<'a>(
     given: &'a [WaveApproval],
     wave: &str,
-    revision: &str,
+    attempt: Attempt,
 ) -> Option<&'a WaveApproval> {
-    given
-        .iter()
-        .find(|a| a.wave == wave && a.revision == revision)
+    given.iter().find(|a| a.wave == wave && a.opens(attempt))
 }
 
 /// The list with `new` added (the oldest dropped past `KEPT`), or the
-/// approval already given for the same wave and revision.
+/// approval already given for the same wave and attempt.
 pub fn add(given: &[WaveApproval], new: WaveApproval) -> Result<Vec<WaveApproval>, WaveApproval> {
-    if let Some(before) = granted(given, &new.wave, &new.revision) {
+    if let Some(before) = given
+        .iter()
+        .find(|a| a.wave == new.wave && a.revision == new.revision && a.attempt == new.attempt)
+    {
         return Err(before.clone());
     }
     let mut all = given.to_vec();
@@ -70,28 +86,32 @@ pub fn add(given: &[WaveApproval], new: WaveApproval) -> Result<Vec<WaveApproval
     Ok(all)
 }
 
-/// Which revision an approve request means: `requested` by name or number,
+/// Which attempt an approve request means: `requested` by name or number,
 /// or, when empty, the update revision the status shows (the one whose
-/// waves are being released now).
+/// waves are being released now), each at the number it has now.
 pub fn revision_named(
     requested: &str,
     update: Option<&str>,
     history: &[Revision],
-) -> Result<String, String> {
+) -> Result<(String, i64), String> {
     let requested = requested.trim();
-    if requested.is_empty() {
-        return update.map(str::to_string).ok_or_else(|| {
+    let found = if requested.is_empty() {
+        let update = update.ok_or_else(|| {
             "nothing to approve yet: the rollout has no update revision; name one with --revision"
                 .to_string()
-        });
-    }
-    let found = match requested.parse::<i64>() {
-        Ok(n) => history.iter().find(|r| r.number == n),
-        Err(_) => history.iter().find(|r| r.name == requested),
+        })?;
+        history
+            .iter()
+            .find(|r| r.name == update)
+            .ok_or_else(|| format!("the update revision {update:?} is not stored yet"))?
+    } else {
+        match requested.parse::<i64>() {
+            Ok(n) => history.iter().find(|r| r.number == n),
+            Err(_) => history.iter().find(|r| r.name == requested),
+        }
+        .ok_or_else(|| format!("no stored revision {requested:?}"))?
     };
-    found
-        .map(|r| r.name.clone())
-        .ok_or_else(|| format!("no stored revision {requested:?}"))
+    Ok((found.name.clone(), found.number))
 }
 
 /// Whether `wave` is one of `waves` that waits for approval.
@@ -123,17 +143,25 @@ mod tests {
         WaveApproval {
             wave: wave.into(),
             revision: revision.into(),
+            attempt: Some(3),
             by: "alice".into(),
             at: Time("2026-12-04T05:00:00Z".parse().unwrap()),
         }
     }
 
     #[test]
-    fn an_approval_opens_only_its_own_wave_and_revision() {
+    fn an_approval_opens_only_its_own_wave_and_attempt() {
+        let at = |revision, number| Attempt { revision, number };
         let given = vec![approval("early", "api-3")];
-        assert!(granted(&given, "early", "api-3").is_some());
-        assert!(granted(&given, "early", "api-4").is_none());
-        assert!(granted(&given, "rest", "api-3").is_none());
+        assert!(granted(&given, "early", at("api-3", 3)).is_some());
+        assert!(granted(&given, "early", at("api-4", 3)).is_none());
+        assert!(granted(&given, "rest", at("api-3", 3)).is_none());
+        // The same content applied again is renumbered: a new attempt.
+        assert!(granted(&given, "early", at("api-3", 5)).is_none());
+        // One written before attempts were recorded opens nothing.
+        let mut old = approval("early", "api-3");
+        old.attempt = None;
+        assert!(granted(&[old], "early", at("api-3", 3)).is_none());
     }
 
     #[test]
@@ -190,13 +218,16 @@ mod tests {
             .collect();
         assert_eq!(
             revision_named("", Some("api-3"), &history).unwrap(),
-            "api-3"
+            ("api-3".to_string(), 3)
         );
         assert_eq!(
             revision_named("2", Some("api-3"), &history).unwrap(),
-            "api-2"
+            ("api-2".to_string(), 2)
         );
-        assert_eq!(revision_named("api-2", None, &history).unwrap(), "api-2");
+        assert_eq!(
+            revision_named("api-2", None, &history).unwrap(),
+            ("api-2".to_string(), 2)
+        );
         assert!(
             revision_named("", None, &history)
                 .unwrap_err()

@@ -317,6 +317,10 @@ pub struct PrometheusCheck {
 #[serde(rename_all = "camelCase")]
 pub struct CheckStatus {
     pub name: String,
+    /// The digest of the check definition its verdict ran (#59): a changed
+    /// check runs again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub definition: String,
     pub state: CheckState,
     /// Failures in a row, on the current evidence.
     #[serde(default)]
@@ -384,6 +388,12 @@ pub struct WaveApproval {
     pub wave: String,
     /// The revision's name: an approval of one revision opens no other's wave.
     pub revision: String,
+    /// The revision's number when it was approved: its attempt (#59). A
+    /// revision re-applied later is renumbered, a new attempt the old
+    /// approval does not open. Without one (written before #59), nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i64>,
+    /// Who approved: the authenticated identity that held the `approve` verb.
     pub by: String,
     pub at: Time,
 }

@@ -258,3 +258,19 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&d).expect("temp dir");
     d
 }
+
+/// A client of `cluster` that authenticates with `token` alone (no client
+/// certificate), as a team's CI identity would.
+pub async fn client_as(cluster: &str, token: &str) -> Client {
+    use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+    let kubeconfig = Kubeconfig::read_from(super::kubeconfig_path(cluster)).expect("kubeconfig");
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig");
+    config.auth_info = AuthInfo {
+        token: Some(token.to_string().into()),
+        ..AuthInfo::default()
+    };
+    Client::try_from(config).expect("client")
+}

@@ -34,6 +34,9 @@ pub struct Evidence {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Run {
     pub check: String,
+    /// The digest of the definition it ran ([`definition`]): a run of an
+    /// earlier definition of the check proves nothing (#59).
+    pub definition: String,
     pub evidence: Evidence,
     /// On the rollout leader's clock, as the planner's `now`.
     pub started: Timestamp,
@@ -46,6 +49,8 @@ pub struct Run {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Due {
     pub check: AnalysisCheck,
+    /// The digest of its definition, which the run records.
+    pub definition: String,
     /// Its settings, as the spec check parsed them.
     pub settings: Settings,
     pub evidence: Evidence,
@@ -157,6 +162,17 @@ pub fn settings(c: &AnalysisCheck) -> Result<Settings, String> {
 pub struct Checked {
     pub check: AnalysisCheck,
     pub settings: Settings,
+    /// The digest of its definition ([`definition`]).
+    pub definition: String,
+}
+
+/// The digest of what a check asks and whom: its provider with every
+/// field (URL, headers' Secret, address, query, successCondition,
+/// timeout). Its interval and failureLimit say when to ask and how many
+/// failures count, not what a run proves, and are left out.
+pub fn definition(c: &AnalysisCheck) -> String {
+    let what = serde_json::to_vec(&(&c.webhook, &c.prometheus)).expect("a check serializes");
+    format!("{:016x}", crate::domain::digest::digest_bytes(&what))
 }
 
 /// Every check with its settings, names unique.
@@ -170,6 +186,7 @@ pub fn check_all(checks: &[AnalysisCheck]) -> Result<Vec<Checked>, String> {
             }
             Ok(Checked {
                 settings: settings(c)?,
+                definition: definition(c),
                 check: c.clone(),
             })
         })
@@ -206,11 +223,17 @@ pub fn judge(
     for Checked {
         check: c,
         settings: s,
+        definition,
     } in checks
     {
         let mut counted: Vec<&Run> = runs
             .iter()
-            .filter(|r| r.check == c.name && &r.evidence == evidence && r.started >= settled)
+            .filter(|r| {
+                r.check == c.name
+                    && &r.definition == definition
+                    && &r.evidence == evidence
+                    && r.started >= settled
+            })
             .collect();
         // Runs end in any order; they count in the order they started.
         counted.sort_by_key(|r| r.started);
@@ -238,6 +261,7 @@ pub fn judge(
             match next {
                 Some(t) if t <= now => due.push(Due {
                     check: c.clone(),
+                    definition: definition.clone(),
                     settings: s.clone(),
                     evidence: evidence.clone(),
                 }),
@@ -247,6 +271,7 @@ pub fn judge(
         }
         statuses.push(CheckStatus {
             name: c.name.clone(),
+            definition: definition.clone(),
             state,
             failures: failures as i32,
             answer: last.map(|r| r.answer.clone()).unwrap_or_default(),

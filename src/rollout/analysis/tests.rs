@@ -34,6 +34,7 @@ fn evidence(generations: &[(&str, i64)]) -> Evidence {
 fn run(e: &Evidence, started: i64, passed: bool) -> Run {
     Run {
         check: "errors".into(),
+        definition: definition(&check("errors", None)),
         evidence: e.clone(),
         started: t(started),
         passed,
@@ -109,6 +110,7 @@ fn a_prometheus_job_asks_about_each_cluster_of_the_evidence_it_judges() {
     let e = evidence(&[("m1", 3), ("m2", 5)]);
     let due = |check: AnalysisCheck| Due {
         settings: settings(&check).unwrap(),
+        definition: definition(&check),
         check,
         evidence: e.clone(),
     };
@@ -250,6 +252,7 @@ fn the_log_runs_one_at_a_time_per_check_keeps_a_bounded_history_and_forgets_a_te
     let e = evidence(&[("m1", 3)]);
     let due = Due {
         settings: settings(&check("errors", None)).unwrap(),
+        definition: definition(&check("errors", None)),
         check: check("errors", None),
         evidence: e.clone(),
     };
@@ -271,6 +274,7 @@ fn the_log_runs_one_at_a_time_per_check_keeps_a_bounded_history_and_forgets_a_te
 fn the_webhook_body_names_the_evidence() {
     let due = Due {
         settings: settings(&check("errors", None)).unwrap(),
+        definition: definition(&check("errors", None)),
         check: check("errors", None),
         evidence: evidence(&[("m1", 3)]),
     };
@@ -356,4 +360,39 @@ proptest! {
             }
         }
     }
+}
+
+/// #59: a pass proves the definition it ran. Tightening successCondition
+/// (or changing the query, the URL, the timeout) mid-bake runs the check
+/// again; its interval and failureLimit are not part of what it proves.
+#[test]
+fn a_changed_check_runs_again_and_its_old_pass_counts_for_nothing() {
+    let e = evidence(&[("m1", 3)]);
+    let window = (t(0), t(0));
+    let loose = check_all(&[prometheus("rate(x[1m])", "result < 0.5")]).unwrap();
+    let (_, _, due) = judge(&loose, &[], &e, window, t(1));
+    let ran = Run {
+        check: "errors".into(),
+        definition: due[0].definition.clone(),
+        evidence: e.clone(),
+        started: t(1),
+        passed: true,
+        answer: "0.3".into(),
+    };
+    let (j, statuses, _) = judge(&loose, std::slice::from_ref(&ran), &e, window, t(2));
+    assert_eq!(j, Judgement::Passed);
+    assert_eq!(statuses[0].definition, loose[0].definition);
+    let tight = check_all(&[prometheus("rate(x[1m])", "result < 0.1")]).unwrap();
+    assert_ne!(tight[0].definition, loose[0].definition);
+    let (j, statuses, due) = judge(&tight, std::slice::from_ref(&ran), &e, window, t(2));
+    assert!(matches!(j, Judgement::Waiting(_)), "{j:?}");
+    assert_eq!(statuses[0].state, CheckState::Running);
+    assert_eq!(due.len(), 1, "the new definition runs");
+    assert_eq!(due[0].definition, tight[0].definition);
+    let other_query = check_all(&[prometheus("rate(y[1m])", "result < 0.5")]).unwrap();
+    assert_ne!(other_query[0].definition, loose[0].definition);
+    let mut slower = prometheus("rate(x[1m])", "result < 0.5");
+    slower.interval = Some("30s".into());
+    slower.failure_limit = Some(3);
+    assert_eq!(definition(&slower), loose[0].definition);
 }

@@ -29,6 +29,7 @@ impl World {
         for due in &p.checks {
             self.runs.push(Run {
                 check: due.check.name.clone(),
+                definition: due.definition.clone(),
                 evidence: due.evidence.clone(),
                 started: self.now,
                 passed,

@@ -17,10 +17,19 @@ fn gated() -> World {
     w
 }
 
+/// Approves `wave` for the attempt `revision` has now (or the number it
+/// will get when it is not stored yet).
 fn approve(w: &mut World, wave: &str, revision: &str) {
+    let next = w.revisions.iter().map(|r| r.number).max().unwrap_or(0) + 1;
+    let number = w
+        .revisions
+        .iter()
+        .find(|r| r.name == revision)
+        .map_or(next, |r| r.number);
     w.approvals.given.push(WaveApproval {
         wave: wave.into(),
         revision: revision.into(),
+        attempt: Some(number),
         by: "alice".into(),
         at: stamp(w.now),
     });
@@ -260,4 +269,88 @@ fn an_allow_window_opens_the_release_and_a_bad_schedule_is_an_invalid_spec() {
     let (reason, message) = w.progressing();
     assert_eq!(reason, "InvalidSpec");
     assert!(message.contains("rollout.windows[0].schedule"), "{message}");
+}
+
+/// Review of #58 (H1): the canary, already on the release, moves into the
+/// Manual wave. Its presence there opens nothing: not the approval, not
+/// a deny window.
+#[test]
+fn a_canary_relabelled_into_a_manual_wave_opens_nothing() {
+    for deny in [false, true] {
+        let mut w = gated();
+        w.spec.rollout.waves[1].cluster_selector = LabelSelector {
+            match_labels: Some([("ring".to_string(), "prod".to_string())].into()),
+            ..LabelSelector::default()
+        };
+        for c in ["m2", "m3"] {
+            w.relabel(c, &[("ring", "prod")]);
+        }
+        let r1 = rev(&w, "app:1");
+        run(&mut w);
+        assert_eq!(w.written(&r1), ["m1"]);
+        assert_eq!(w.status.waves[1].state, WaveState::AwaitingApproval);
+        if deny {
+            w.spec.rollout.windows = vec![crate::rollout::spec::Window {
+                kind: crate::rollout::spec::WindowKind::Deny,
+                schedule: "* * * * *".into(),
+                duration: "1h".into(),
+            }];
+        }
+        w.relabel("m1", &[("ring", "prod")]);
+        for _ in 0..5 {
+            let p = w.step();
+            assert!(
+                p.actions.iter().all(|a| !matches!(a, Action::Apply { .. })),
+                "deny {deny}: {:?}",
+                p.actions
+            );
+            w.wait(30);
+        }
+        assert_eq!(w.written(&r1), ["m1"], "deny {deny}");
+        let prod = &w.status.waves[1];
+        assert!(prod.clusters.contains(&"m1".to_string()), "{prod:?}");
+        assert_eq!(prod.started, None, "deny {deny}: {prod:?}");
+        if !deny {
+            assert_eq!(prod.state, WaveState::AwaitingApproval);
+            approve(&mut w, "rest", &r1);
+            w.complete();
+            assert_eq!(w.written(&r1), ["m1", "m2", "m3"]);
+        }
+    }
+}
+
+/// An approval of a failed attempt does not open the same content applied
+/// again: it is renumbered, a new attempt (#59).
+#[test]
+fn an_approval_of_a_failed_attempt_opens_nothing_of_its_reapplication() {
+    let mut w = gated();
+    let r1 = rev(&w, "app:1");
+    run(&mut w);
+    approve(&mut w, "rest", &r1);
+    w.complete();
+    w.spec.template.image = "app:2".into();
+    let r2 = rev(&w, "app:2");
+    run(&mut w);
+    approve(&mut w, "rest", &r2);
+    w.step();
+    w.set("m2", EntryState::Failed, "ImagePullBackOff");
+    w.step();
+    w.step();
+    assert_eq!(w.status.phase, Some(RolloutPhase::RolledBack));
+    // Back to app:1, then app:2 again: the same revision name, a new number.
+    w.spec.template.image = "app:1".into();
+    w.complete();
+    w.spec.template.image = "app:2".into();
+    let before = w.writes.len();
+    run(&mut w);
+    let again: Vec<&str> = w.writes[before..].iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(again, ["m1"], "the canary only");
+    assert_eq!(w.status.waves[1].state, WaveState::AwaitingApproval);
+    let number = w.status.update_revision_number.unwrap();
+    assert_eq!(w.status.update_revision.as_deref(), Some(r2.as_str()));
+    approve(&mut w, "rest", &r2);
+    let shown = w.step();
+    assert_eq!(shown.actions.len(), 2, "the new approval opens it");
+    let a = w.status.waves[1].approval.clone().unwrap();
+    assert_eq!(a.attempt, Some(number));
 }

@@ -15,10 +15,10 @@ use super::failures::Failures;
 use super::round::Round;
 use super::rows::Rows;
 use crate::rollout::analysis::{self, Judgement};
-use crate::rollout::approval::{self, Approvals};
+use crate::rollout::approval::{self, Approvals, Attempt};
 use crate::rollout::checked::{self, Parallel};
 use crate::rollout::gate::{self, Evidence, Gate};
-use crate::rollout::spec::{Approval, CheckStatus};
+use crate::rollout::spec::{Approval, CheckStatus, WaveApproval};
 use crate::rollout::window;
 
 /// Each wave's gate, and what the checks said.
@@ -197,31 +197,35 @@ pub fn canary_missing(require: bool, placed_any: bool, first: Option<&Gate>) -> 
 }
 
 /// The approval rule: a `Manual` wave is held until approved for this
-/// revision; one already under way goes on (its writes were approved when
-/// they began).
+/// attempt, by an approval in the annotation or the one its last status
+/// recorded (kept once the annotation drops it). Nothing else opens it: a
+/// cluster that came into the wave already holding the release opens
+/// nothing (#59).
 pub fn approval(
     wave: Option<&checked::Wave>,
-    under_way: bool,
+    recorded: Option<&WaveApproval>,
     approvals: &Approvals,
-    update: &str,
+    attempt: Attempt,
 ) -> Result<(), Hold> {
     let Some(w) = wave.filter(|w| w.approval == Approval::Manual) else {
         return Ok(());
     };
-    if under_way || approval::granted(&approvals.given, &w.name, update).is_some() {
+    if recorded.is_some_and(|a| a.opens(attempt))
+        || approval::granted(&approvals.given, &w.name, attempt).is_some()
+    {
         return Ok(());
     }
     Err(Hold::Approval)
 }
 
-/// The window rule: a wave starts only inside its time windows; one under
-/// way goes on.
+/// The window rule: a wave starts only inside its time windows; one that
+/// started for this attempt (its last status says so) goes on.
 pub fn window(
     windows: &[window::Checked],
-    under_way: bool,
+    started: bool,
     now: Timestamp,
 ) -> Result<(), window::Closed> {
-    match under_way {
+    match started {
         true => Ok(()),
         false => window::may_start(windows, now),
     }

@@ -156,49 +156,78 @@ fn wave(approval: Approval) -> checked::Wave {
     }
 }
 
-fn approved(wave: &str, revision: &str) -> Approvals {
+fn approved(wave: &str, revision: &str, attempt: i64) -> Approvals {
     Approvals {
-        given: vec![WaveApproval {
-            wave: wave.into(),
-            revision: revision.into(),
-            by: "release-manager".into(),
-            at: Time(t(0)),
-        }],
+        given: vec![given(wave, revision, attempt)],
         unreadable: None,
     }
 }
 
+fn given(wave: &str, revision: &str, attempt: i64) -> WaveApproval {
+    WaveApproval {
+        wave: wave.into(),
+        revision: revision.into(),
+        attempt: Some(attempt),
+        by: "release-manager".into(),
+        at: Time(t(0)),
+    }
+}
+
 #[test]
-fn a_manual_wave_opens_only_approved_for_this_revision_or_under_way() {
+fn a_manual_wave_opens_only_approved_for_this_attempt() {
     let none = Approvals::default();
     let manual = wave(Approval::Manual);
     let automatic = wave(Approval::Auto);
-    // (wave, under way, approvals, want)
-    type Row<'a> = (Option<&'a checked::Wave>, bool, Approvals, Result<(), Hold>);
+    let kept = given("prod", "api-2", 2);
+    let stale = given("prod", "api-2", 1);
+    // (wave, the approval its last status recorded, approvals, want)
+    type Row<'a> = (
+        Option<&'a checked::Wave>,
+        Option<&'a WaveApproval>,
+        Approvals,
+        Result<(), Hold>,
+    );
     let table: Vec<Row> = vec![
-        (None, false, none.clone(), Ok(())),
-        (Some(&automatic), false, none.clone(), Ok(())),
-        (Some(&manual), false, none.clone(), Err(Hold::Approval)),
-        (Some(&manual), false, approved("prod", "api-2"), Ok(())),
+        (None, None, none.clone(), Ok(())),
+        (Some(&automatic), None, none.clone(), Ok(())),
+        (Some(&manual), None, none.clone(), Err(Hold::Approval)),
+        (Some(&manual), None, approved("prod", "api-2", 2), Ok(())),
         (
             Some(&manual),
-            false,
-            approved("prod", "api-1"),
+            None,
+            approved("prod", "api-1", 2),
             Err(Hold::Approval),
         ),
         (
             Some(&manual),
-            false,
-            approved("canary", "api-2"),
+            None,
+            approved("canary", "api-2", 2),
             Err(Hold::Approval),
         ),
-        (Some(&manual), true, none.clone(), Ok(())),
+        // The same content, approved for an earlier attempt (#59).
+        (
+            Some(&manual),
+            None,
+            approved("prod", "api-2", 1),
+            Err(Hold::Approval),
+        ),
+        (Some(&manual), Some(&kept), none.clone(), Ok(())),
+        (
+            Some(&manual),
+            Some(&stale),
+            none.clone(),
+            Err(Hold::Approval),
+        ),
     ];
-    for (w, under_way, approvals, want) in table {
+    let attempt = Attempt {
+        revision: "api-2",
+        number: 2,
+    };
+    for (w, recorded, approvals, want) in table {
         assert_eq!(
-            approval(w, under_way, &approvals, "api-2"),
+            approval(w, recorded, &approvals, attempt),
             want,
-            "{w:?} {under_way} {approvals:?}"
+            "{w:?} {recorded:?} {approvals:?}"
         );
     }
 }

@@ -335,11 +335,15 @@ fn waves(d: &Decided, clusters: &[ClusterStatus]) -> Vec<WaveStatus> {
         .zip(&d.gates.per_wave)
         .map(|((name, members), g)| {
             let before = round.prev_wave(name);
-            let started_now = members.iter().any(|n| {
-                clusters
-                    .iter()
-                    .any(|c| &c.name == n && c.target.as_deref() == Some(update))
-            });
+            // A held wave has not started, whatever its clusters hold (one
+            // may have come into it holding the release, #59).
+            let held = d.chosen.hold.is_some() && d.chosen.current_wave.as_deref() == Some(name);
+            let started_now = !held
+                && members.iter().any(|n| {
+                    clusters
+                        .iter()
+                        .any(|c| &c.name == n && c.target.as_deref() == Some(update))
+                });
             let started = before
                 .and_then(|w| w.started.clone())
                 .or_else(|| started_now.then(|| round.now.clone()));
@@ -355,10 +359,10 @@ fn waves(d: &Decided, clusters: &[ClusterStatus]) -> Vec<WaveStatus> {
                 Gate::Progressing => WaveState::Pending,
             };
             // The approval that opened it, kept once the annotation drops it.
-            let approval = approval::granted(&round.i.approvals.given, name, update)
+            let approval = approval::granted(&round.i.approvals.given, name, round.attempt())
                 .cloned()
                 .or_else(|| before.and_then(|w| w.approval.clone()))
-                .filter(|a| a.revision == update);
+                .filter(|a| a.opens(round.attempt()));
             // This round's checks, or the last ones written for this release.
             let analysis = d
                 .gates

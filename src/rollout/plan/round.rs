@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Checked, Inputs, PROGRESSING};
+use crate::rollout::approval::Attempt;
 use crate::rollout::gate::stamp;
 use crate::rollout::revision::Revision;
 use crate::rollout::spec::{ClusterState, ClusterStatus, WaveStatus};
@@ -63,6 +64,14 @@ impl<'a> Round<'a> {
                     .iter()
                     .any(|c| c.type_ == PROGRESSING && c.reason == PAUSED),
             revisions,
+        }
+    }
+
+    /// The attempt at the update revision: approvals name it (#59).
+    pub fn attempt(&self) -> Attempt<'a> {
+        Attempt {
+            revision: self.update,
+            number: self.i.update.number,
         }
     }
 

@@ -168,9 +168,14 @@ fn start<'a>(
 ) -> Result<Vec<(&'a str, Option<String>)>, Hold> {
     let update = round.update;
     let spec = round.spec.wave(wave);
-    let under_way = wave_rows.iter().any(|r| r.given(update));
-    gates::approval(spec, under_way, round.i.approvals, update)?;
-    if let Err(shut) = gates::window(&round.spec.windows, under_way, round.i.now) {
+    // Only the wave's own last status says it started: a cluster that came
+    // into it already holding the release (relabelled, or a selector edit)
+    // does not (#59).
+    let before = round.prev_wave(wave);
+    let recorded = before.and_then(|w| w.approval.as_ref());
+    gates::approval(spec, recorded, round.i.approvals, round.attempt())?;
+    let started = before.is_some_and(|w| w.started.is_some());
+    if let Err(shut) = gates::window(&round.spec.windows, started, round.i.now) {
         if let Some(wait) = shut
             .until
             .and_then(|u| Duration::try_from(u.duration_since(round.i.now)).ok())

@@ -118,6 +118,17 @@ impl World {
         }
     }
 
+    /// Replaces a cluster's labels, as an edit of its labels file would.
+    fn relabel(&mut self, name: &str, labels: &[(&str, &str)]) {
+        let c = self.clusters.iter_mut().find(|c| c.name == name).unwrap();
+        c.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+    }
+
     fn three() -> Self {
         World::new(&[("m1", &[("ring", "canary")]), ("m2", &[]), ("m3", &[])])
     }

@@ -783,6 +783,7 @@ impl Check {
         tracing::info!(check = %due.check.name, wave = %due.evidence.wave, revision = %due.evidence.revision, passed, answer = %answer, "analysis run");
         let run = analysis::Run {
             check: due.check.name.clone(),
+            definition: due.definition.clone(),
             evidence: due.evidence.clone(),
             started,
             passed,

@@ -198,7 +198,7 @@ pub async fn approve(
         let f = api.get(name).await?;
         approval::check_wave(&f.spec.rollout.waves, wave).map_err(EditError::Approve)?;
         let update = f.status.as_ref().and_then(|s| s.update_revision.as_deref());
-        let revision = approval::revision_named(revision, update, &cache.history(&f))
+        let (revision, number) = approval::revision_named(revision, update, &cache.history(&f))
             .map_err(EditError::Approve)?;
         let given = approval::read(f.metadata.annotations.as_ref());
         if let Some(e) = given.unreadable {
@@ -207,6 +207,7 @@ pub async fn approve(
         let new = WaveApproval {
             wave: wave.into(),
             revision: revision.clone(),
+            attempt: Some(number),
             by: by.into(),
             at: Time(jiff::Timestamp::now()),
         };
@@ -229,7 +230,8 @@ pub async fn approve(
         });
         match api.patch(name, &params, &Patch::Merge(patch)).await {
             Ok(f) => {
-                let what = format!("wave {wave} of revision {revision} approved");
+                let what =
+                    format!("wave {wave} of revision {revision} (attempt {number}) approved");
                 announce(home, &f, "WaveApproved", &what, by).await;
                 return Ok((f, new));
             }
