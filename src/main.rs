@@ -112,6 +112,7 @@ async fn run_fleet(args: RunArgs, dir: Option<PathBuf>, replica_id: String) -> R
         write_timeout: args.member_write_timeout,
         analysis_secrets_namespace: Some(args.analysis_secrets_namespace.clone())
             .filter(|ns| !ns.is_empty()),
+        egress: flotilla::domain::egress::Egress::parse(&args.egress_allow)?,
     };
     let rollout_source = flotilla::api::server::RolloutSource {
         cache: rollout_cache.clone(),

@@ -272,3 +272,60 @@ async fn a_canary_relabelled_into_a_manual_wave_opens_nothing() {
         .unwrap();
     assert_eq!(prod.started, None, "{prod:?}");
 }
+
+/// #59: a webhook outside `--egress-allow` (the test bed allows 127.0.0.1;
+/// this listener is on 127.0.0.2) is an InvalidSpec that says why, and is
+/// never called: its listener counts no connection.
+#[tokio::test]
+async fn a_webhook_outside_the_egress_allow_list_is_invalid_and_never_called() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("bind 127.0.0.2");
+    let port = listener.local_addr().unwrap().port();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = count.clone();
+    let accept = tokio::spawn(async move {
+        while let Ok((_conn, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let fleet = rollout_fleet("verdict-egress", &LABELS[..1]).await;
+    let mut rollout = gated();
+    rollout["analysis"] = json!([{
+        "name": "errors",
+        "webhook": {"url": format!("http://127.0.0.2:{port}/check")},
+        "interval": "1s",
+    }]);
+    fleet
+        .create(fleet_microservice("api", "ghcr.io/acme/api:1", rollout))
+        .await;
+    let api = fleet.api();
+    let message = eventually("Progressing InvalidSpec", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            let f = api.get("api").await.ok()?;
+            let st = f.status?;
+            let c = st.conditions.iter().find(|c| c.type_ == "Progressing")?;
+            (c.reason == "InvalidSpec").then(|| c.message.clone())
+        }
+    })
+    .await;
+    assert!(
+        message.contains("rollout.analysis[errors].webhook.url")
+            && message.contains("not an allowed destination"),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        count.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the webhook was called"
+    );
+    for m in ["member-1", "member-2", "member-3"] {
+        assert!(
+            fleet_writes(m, &fleet.namespace).is_empty(),
+            "{m} written on an invalid spec"
+        );
+    }
+    accept.abort();
+}

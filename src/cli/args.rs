@@ -311,6 +311,16 @@ pub struct RunArgs {
     /// (annotation platform.example.io/analysis-for).
     #[arg(long, env = "FLOTILLA_ANALYSIS_SECRETS_NAMESPACE", default_value = "")]
     pub analysis_secrets_namespace: String,
+    /// Where analysis checks (webhooks, Prometheus) may call, repeatable: a
+    /// host, host:port or URL prefix (https://host/path). Any other
+    /// destination is an InvalidSpec and is never called; none: no check
+    /// may call anywhere.
+    #[arg(
+        long = "egress-allow",
+        env = "FLOTILLA_EGRESS_ALLOW",
+        value_delimiter = ','
+    )]
+    pub egress_allow: Vec<String>,
     /// Single-cluster mode: kubeconfig of the cluster to reconcile; in-cluster or $KUBECONFIG when omitted.
     #[arg(long, env = "FLOTILLA_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,

@@ -7,6 +7,7 @@ pub mod contains;
 pub mod desired;
 pub mod digest;
 pub mod duration;
+pub mod egress;
 pub mod image;
 pub mod names;
 pub mod ownership;

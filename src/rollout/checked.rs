@@ -19,6 +19,7 @@ use super::placement;
 use super::spec::{Approval, DnsStrategy, FleetMicroserviceSpec, OnFailure, Placement};
 use super::window;
 use crate::domain::duration::parse_bounded;
+use crate::domain::egress::Egress;
 
 /// The progress deadline when the spec names none.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
@@ -116,8 +117,9 @@ impl Checked {
     }
 }
 
-/// Checks a whole spec: `Err` names the first problem, as `InvalidSpec` shows it.
-pub fn check(name: &str, spec: &FleetMicroserviceSpec) -> Result<Checked, String> {
+/// Checks a whole spec: `Err` names the first problem, as `InvalidSpec`
+/// shows it. Analysis checks may call only what `egress` allows.
+pub fn check(name: &str, spec: &FleetMicroserviceSpec, egress: &Egress) -> Result<Checked, String> {
     let r = &spec.rollout;
     let duration = |what: &str, v: &Option<String>, default: Duration| match v {
         None => Ok(default),
@@ -127,7 +129,7 @@ pub fn check(name: &str, spec: &FleetMicroserviceSpec) -> Result<Checked, String
         "placement.clusterSelector",
         &spec.placement.cluster_selector,
     )?;
-    let analysis = analysis::check_all(&r.analysis)?;
+    let analysis = analysis::check_all(&r.analysis, egress)?;
     let windows = window::check(&r.windows)?;
     for (i, o) in spec.overrides.iter().enumerate() {
         placement::check_selector(

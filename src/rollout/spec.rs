@@ -149,8 +149,10 @@ pub struct Override {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: Option<i32>,
-    /// Added to the template's env; an entry with the same name replaces it.
+    /// Added to the template's env; an entry with the same name replaces
+    /// it. At most 64.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub env: Vec<EnvEntry>,
 }
 

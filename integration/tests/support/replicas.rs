@@ -180,6 +180,9 @@ impl Replicas {
             .args(&self.election)
             .args(&self.extra_args)
             .args(["--takeover-grace", "3s", "--resync", "30s"])
+            // Analysis calls the test's own listeners on 127.0.0.1 only; a
+            // test's 127.0.0.2 is outside the platform's allow-list (#59).
+            .args(["--egress-allow", "127.0.0.1"])
             .arg("--grpc-addr")
             .arg(format!("127.0.0.1:{port}"))
             .args(&self.grpc_args)

@@ -20,6 +20,7 @@ use jiff::Timestamp;
 use super::gate::stamp;
 use super::spec::{AnalysisCheck, CheckState, CheckStatus};
 use crate::domain::duration::parse_bounded;
+use crate::domain::egress::Egress;
 
 /// What a run judged.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -137,9 +138,16 @@ pub fn settings(c: &AnalysisCheck) -> Result<Settings, String> {
         }
     };
     let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
-    if !scheme_ok || url.parse::<http::Uri>().is_err() {
+    let Some(uri) = url.parse::<http::Uri>().ok().filter(|_| scheme_ok) else {
         return Err(format!(
             "{at}.{url_at}: {url:?} is not an http:// or https:// URL"
+        ));
+    };
+    // The API path is Flotilla's: an address is a base, whose query or
+    // fragment would rewrite it (#59).
+    if url_at == "prometheus.address" && (uri.query().is_some() || url.contains('#')) {
+        return Err(format!(
+            "{at}.{url_at}: {url:?} has a query or fragment; name the server (and a path prefix) only"
         ));
     }
     let kind = url_at.split('.').next().unwrap_or_default();
@@ -155,6 +163,12 @@ pub fn settings(c: &AnalysisCheck) -> Result<Settings, String> {
         timeout,
         provider,
     })
+}
+
+/// The URL a Prometheus check queries: its address, a base, and the
+/// instant-query path.
+pub fn query_url(address: &str) -> String {
+    format!("{}/api/v1/query", address.trim_end_matches('/'))
 }
 
 /// A check with its settings, checked once with the spec (#58).
@@ -175,8 +189,9 @@ pub fn definition(c: &AnalysisCheck) -> String {
     format!("{:016x}", crate::domain::digest::digest_bytes(&what))
 }
 
-/// Every check with its settings, names unique.
-pub fn check_all(checks: &[AnalysisCheck]) -> Result<Vec<Checked>, String> {
+/// Every check with its settings, names unique, each calling only what
+/// `egress` allows (#59).
+pub fn check_all(checks: &[AnalysisCheck], egress: &Egress) -> Result<Vec<Checked>, String> {
     let mut names = BTreeSet::new();
     checks
         .iter()
@@ -184,8 +199,16 @@ pub fn check_all(checks: &[AnalysisCheck]) -> Result<Vec<Checked>, String> {
             if !names.insert(c.name.as_str()) {
                 return Err(format!("rollout.analysis: {:?} is named twice", c.name));
             }
+            let settings = settings(c)?;
+            let (at, url) = match &settings.provider {
+                Provider::Webhook { url, .. } => ("webhook.url", url.clone()),
+                Provider::Prometheus { address, .. } => ("prometheus.address", query_url(address)),
+            };
+            egress
+                .check(&url)
+                .map_err(|e| format!("rollout.analysis[{}].{at}: {e}", c.name))?;
             Ok(Checked {
-                settings: settings(c)?,
+                settings,
                 definition: definition(c),
                 check: c.clone(),
             })

@@ -89,8 +89,6 @@ pub fn render(query: &str, vars: &Vars) -> String {
 struct Response {
     status: String,
     #[serde(default)]
-    error: String,
-    #[serde(default)]
     data: Option<Data>,
 }
 
@@ -119,25 +117,25 @@ fn short(text: &str) -> String {
 /// condition, `Err(answer)` otherwise. An error, no sample, NaN or a
 /// result that is not a number fail: nothing passes by default.
 pub fn verdict(http_status: u16, body: &[u8], condition: &Condition) -> Result<String, String> {
-    let response: Response = serde_json::from_slice(body).map_err(|_| {
-        let text = String::from_utf8_lossy(body);
-        short(&format!("HTTP {http_status}: {}", text.trim()))
-    })?;
+    // Fixed words, never the answer's text (#59): the status would carry
+    // whatever the called address says.
+    let response: Response = serde_json::from_slice(body)
+        .map_err(|_| format!("HTTP {http_status}: not a Prometheus answer"))?;
     if response.status != "success" {
-        return Err(short(&format!("HTTP {http_status}: {}", response.error)));
+        return Err(format!("HTTP {http_status}: Prometheus refused the query"));
     }
     let data = response.data.ok_or("an answer without data")?;
     let samples: Vec<Sample> = match data.result_type.as_str() {
         "scalar" => {
             let value: (f64, String) = serde_json::from_value(data.result)
-                .map_err(|e| format!("a scalar that is not a sample: {e}"))?;
+                .map_err(|_| "a scalar that is not a sample".to_string())?;
             vec![Sample {
                 metric: Default::default(),
                 value,
             }]
         }
         "vector" => serde_json::from_value(data.result)
-            .map_err(|e| format!("a vector that is not samples: {e}"))?,
+            .map_err(|_| "a vector that is not samples".to_string())?,
         other => {
             return Err(format!(
                 "a {other} result (use a query that gives a vector or a scalar)"
@@ -298,9 +296,18 @@ mod tests {
             (
                 400,
                 br#"{"status":"error","errorType":"bad_data","error":"parse error"}"#.to_vec(),
-                "HTTP 400: parse error",
+                "HTTP 400: Prometheus refused the query",
             ),
-            (502, b"Bad Gateway".to_vec(), "HTTP 502: Bad Gateway"),
+            (
+                502,
+                b"Bad Gateway".to_vec(),
+                "HTTP 502: not a Prometheus answer",
+            ),
+            (
+                200,
+                b"<html>internal admin page</html>".to_vec(),
+                "HTTP 200: not a Prometheus answer",
+            ),
             (200, br#"{"status":"success"}"#.to_vec(), "without data"),
             (
                 200,

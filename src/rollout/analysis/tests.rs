@@ -16,6 +16,11 @@ fn check(name: &str, limit: Option<i32>) -> AnalysisCheck {
     }
 }
 
+/// The test's egress: loopback, where its URLs point.
+fn loopback() -> Egress {
+    Egress::parse(&["127.0.0.1".to_string()]).unwrap()
+}
+
 fn t(secs: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + secs).unwrap()
 }
@@ -59,7 +64,11 @@ fn settings_are_checked_with_the_reason() {
     assert!(settings(&c).unwrap_err().contains("webhook.timeout"));
     assert!(settings(&check("errors", Some(0))).is_err());
     let twice = [check("errors", None), check("errors", None)];
-    assert!(check_all(&twice).unwrap_err().contains("twice"));
+    assert!(
+        check_all(&twice, &loopback())
+            .unwrap_err()
+            .contains("twice")
+    );
 }
 
 fn prometheus(query: &str, condition: &str) -> AnalysisCheck {
@@ -162,7 +171,7 @@ fn a_prometheus_job_asks_about_each_cluster_of_the_evidence_it_judges() {
 #[test]
 fn a_wave_passes_only_on_a_pass_that_started_after_its_bake() {
     let e = evidence(&[("m1", 3)]);
-    let checks = check_all(&[check("errors", None)]).unwrap();
+    let checks = check_all(&[check("errors", None)], &loopback()).unwrap();
     let window = (t(0), t(30));
     // Nothing ran: run now.
     let (j, _, due) = judge(&checks, &[], &e, window, t(1));
@@ -186,7 +195,7 @@ fn a_wave_passes_only_on_a_pass_that_started_after_its_bake() {
 #[test]
 fn runs_of_other_evidence_or_from_before_the_wave_settled_never_count() {
     let e = evidence(&[("m1", 3), ("m2", 5)]);
-    let checks = check_all(&[check("errors", None)]).unwrap();
+    let checks = check_all(&[check("errors", None)], &loopback()).unwrap();
     let window = (t(10), t(10));
     let mut other_revision = e.clone();
     other_revision.revision = "api-1".into();
@@ -218,7 +227,7 @@ fn runs_of_other_evidence_or_from_before_the_wave_settled_never_count() {
 #[test]
 fn failures_in_a_row_up_to_the_limit_fail_the_wave_and_a_pass_starts_the_count_over() {
     let e = evidence(&[("m1", 3)]);
-    let checks = check_all(&[check("errors", Some(2))]).unwrap();
+    let checks = check_all(&[check("errors", Some(2))], &loopback()).unwrap();
     let window = (t(0), t(0));
     let one = [run(&e, 1, false)];
     let (j, statuses, due) = judge(&checks, &one, &e, window, t(11));
@@ -319,7 +328,7 @@ proptest! {
     /// before a member's generation last moved, or before the bake ended.
     #[test]
     fn no_pass_rests_on_stale_evidence(events in proptest::collection::vec(event(), 1..60)) {
-        let checks = check_all(&[check("errors", Some(2))]).unwrap();
+        let checks = check_all(&[check("errors", Some(2))], &loopback()).unwrap();
         let bake = 20;
         let mut now = 0i64;
         let mut generations = [1i64, 1i64];
@@ -369,7 +378,7 @@ proptest! {
 fn a_changed_check_runs_again_and_its_old_pass_counts_for_nothing() {
     let e = evidence(&[("m1", 3)]);
     let window = (t(0), t(0));
-    let loose = check_all(&[prometheus("rate(x[1m])", "result < 0.5")]).unwrap();
+    let loose = check_all(&[prometheus("rate(x[1m])", "result < 0.5")], &loopback()).unwrap();
     let (_, _, due) = judge(&loose, &[], &e, window, t(1));
     let ran = Run {
         check: "errors".into(),
@@ -382,17 +391,45 @@ fn a_changed_check_runs_again_and_its_old_pass_counts_for_nothing() {
     let (j, statuses, _) = judge(&loose, std::slice::from_ref(&ran), &e, window, t(2));
     assert_eq!(j, Judgement::Passed);
     assert_eq!(statuses[0].definition, loose[0].definition);
-    let tight = check_all(&[prometheus("rate(x[1m])", "result < 0.1")]).unwrap();
+    let tight = check_all(&[prometheus("rate(x[1m])", "result < 0.1")], &loopback()).unwrap();
     assert_ne!(tight[0].definition, loose[0].definition);
     let (j, statuses, due) = judge(&tight, std::slice::from_ref(&ran), &e, window, t(2));
     assert!(matches!(j, Judgement::Waiting(_)), "{j:?}");
     assert_eq!(statuses[0].state, CheckState::Running);
     assert_eq!(due.len(), 1, "the new definition runs");
     assert_eq!(due[0].definition, tight[0].definition);
-    let other_query = check_all(&[prometheus("rate(y[1m])", "result < 0.5")]).unwrap();
+    let other_query = check_all(&[prometheus("rate(y[1m])", "result < 0.5")], &loopback()).unwrap();
     assert_ne!(other_query[0].definition, loose[0].definition);
     let mut slower = prometheus("rate(x[1m])", "result < 0.5");
     slower.interval = Some("30s".into());
     slower.failure_limit = Some(3);
     assert_eq!(definition(&slower), loose[0].definition);
+}
+
+/// #59: a check may call only what --egress-allow allows; the reason says
+/// which field and why, and a Prometheus address cannot move the API path.
+#[test]
+fn a_check_outside_the_egress_allow_list_is_refused_with_its_field() {
+    let mut hook = check("errors", None);
+    hook.webhook.as_mut().unwrap().url = "http://127.0.0.2:9/check".into();
+    let e = check_all(&[hook], &loopback()).unwrap_err();
+    assert!(e.contains("rollout.analysis[errors].webhook.url"), "{e}");
+    assert!(e.contains("not an allowed destination"), "{e}");
+    let e = check_all(&[check("errors", None)], &Egress::default()).unwrap_err();
+    assert!(e.contains("allows none"), "{e}");
+    for address in [
+        "http://127.0.0.1:9090/x?query=up&",
+        "http://127.0.0.1:9090/#",
+    ] {
+        let mut p = prometheus("up", "result < 1");
+        p.prometheus.as_mut().unwrap().address = address.into();
+        let e = check_all(&[p], &loopback()).unwrap_err();
+        assert!(e.contains("query or fragment"), "{address}: {e}");
+    }
+    let mut prefix = prometheus("up", "result < 1");
+    prefix.prometheus.as_mut().unwrap().address = "http://127.0.0.1:9090/prom/".into();
+    let allowed = Egress::parse(&["http://127.0.0.1:9090/prom".to_string()]).unwrap();
+    assert!(check_all(std::slice::from_ref(&prefix), &allowed).is_ok());
+    let other = Egress::parse(&["http://127.0.0.1:9090/other".to_string()]).unwrap();
+    assert!(check_all(&[prefix], &other).is_err());
 }

@@ -68,6 +68,11 @@ fn foreign() -> Member {
     }
 }
 
+/// The tests' egress: loopback, where their analysis URLs point.
+fn loopback() -> crate::domain::egress::Egress {
+    crate::domain::egress::Egress::parse(&["127.0.0.1".to_string()]).unwrap()
+}
+
 /// A fleet that does what it is told: the test decides when members turn done.
 struct World {
     spec: FleetMicroserviceSpec,
@@ -150,7 +155,7 @@ impl World {
 
     fn plan(&mut self) -> Plan {
         let update = self.update();
-        let checked = crate::rollout::checked::check("api", &self.spec);
+        let checked = crate::rollout::checked::check("api", &self.spec, &loopback());
         let inputs = Inputs {
             name: "api",
             uid: "uid-api",
@@ -1464,7 +1469,7 @@ mod review {
         }
         let mut w = World::three();
         let update = w.update();
-        let checked = crate::rollout::checked::check("api", &w.spec).unwrap();
+        let checked = crate::rollout::checked::check("api", &w.spec, &loopback()).unwrap();
         let inputs = Inputs {
             name: "api",
             uid: "uid-api",

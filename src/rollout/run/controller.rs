@@ -24,6 +24,7 @@ use super::home::{self, Home};
 use super::members::{Members, Written};
 use crate::crd::MicroserviceSpec;
 use crate::domain::conditions::{self, CLEANUP_BLOCKED, Status, Verdict};
+use crate::domain::egress::Egress;
 use crate::fleet::runtime::Credentials;
 use crate::lease::fence::Fence;
 use crate::lease::home_lease::HomeLease;
@@ -52,6 +53,8 @@ pub struct Options {
     pub write_timeout: Duration,
     /// Where webhook checks' `headersFrom` Secrets are read; none: refused.
     pub analysis_secrets_namespace: Option<String>,
+    /// Where analysis checks may call (`--egress-allow`).
+    pub egress: Egress,
 }
 
 /// Plan again at least this often: cluster labels change without a
@@ -109,6 +112,7 @@ pub async fn run(
         cache: opts.cache.clone(),
         write_timeout: opts.write_timeout,
         checked: Default::default(),
+        egress: opts.egress.clone(),
     });
     crate::lease::home_lease::lead(
         "fleet rollouts",
@@ -158,6 +162,8 @@ struct Ctx {
     write_timeout: Duration,
     /// Each FleetMicroservice's spec, checked once per generation (#58).
     checked: std::sync::Mutex<BTreeMap<String, (i64, CheckedSpec)>>,
+    /// Where analysis checks may call.
+    egress: Egress,
 }
 
 /// A generation's spec, checked, or why it is invalid.
@@ -209,7 +215,11 @@ impl Ctx {
         match all.get(&uid) {
             Some((g, c)) if *g == generation => c.clone(),
             _ => {
-                let c = Arc::new(crate::rollout::checked::check(&fms.name_any(), &fms.spec));
+                let c = Arc::new(crate::rollout::checked::check(
+                    &fms.name_any(),
+                    &fms.spec,
+                    &self.egress,
+                ));
                 all.insert(uid, (generation, c.clone()));
                 c
             }

@@ -15,7 +15,7 @@ pub async fn run(
     queries: &[(Option<String>, String)],
     condition: &Condition,
 ) -> (bool, String) {
-    let url = format!("{}/api/v1/query", address.trim_end_matches('/'));
+    let url = crate::rollout::analysis::query_url(address);
     let all = async {
         let mut results = Vec::with_capacity(queries.len());
         for (cluster, query) in queries {

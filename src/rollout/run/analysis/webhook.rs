@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use super::client::Http;
 
-/// How much of a refusing answer's body is kept for the status.
-const ANSWER_CHARS: usize = 200;
-
-/// Whether the webhook passed, and its answer in a few words.
+/// Whether the webhook passed, and its answer in a few words: the status
+/// code and its standard reason, never the body (#59: an answer's text
+/// would carry whatever the called address says into the status).
 pub async fn run(
     http: &Http,
     url: &str,
@@ -22,15 +21,29 @@ pub async fn run(
         .await
     {
         Err(answer) => (false, answer),
-        Ok(a) if a.status.is_success() => (true, format!("HTTP {}", a.status.as_u16())),
-        Ok(a) => {
-            let text = String::from_utf8_lossy(&a.body);
-            let text: String = text.trim().chars().take(ANSWER_CHARS).collect();
-            let code = a.status.as_u16();
-            match text.is_empty() {
-                true => (false, format!("HTTP {code}")),
-                false => (false, format!("HTTP {code}: {text}")),
-            }
-        }
+        Ok(a) => (a.status.is_success(), answer(a.status)),
+    }
+}
+
+/// `HTTP 503 Service Unavailable`: fixed text for each code.
+pub fn answer(status: http::StatusCode) -> String {
+    match status.canonical_reason() {
+        Some(reason) => format!("HTTP {} {reason}", status.as_u16()),
+        None => format!("HTTP {}", status.as_u16()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_is_its_code_and_standard_reason_only() {
+        assert_eq!(answer(http::StatusCode::OK), "HTTP 200 OK");
+        assert_eq!(
+            answer(http::StatusCode::SERVICE_UNAVAILABLE),
+            "HTTP 503 Service Unavailable"
+        );
+        assert_eq!(answer(http::StatusCode::from_u16(599).unwrap()), "HTTP 599");
     }
 }
