@@ -45,12 +45,15 @@ pub struct Track {
 }
 
 impl Track {
-    /// As found: in the answer or not, nothing pending.
-    pub fn found(in_answer: bool) -> Track {
+    /// As found: in the answer or not, nothing pending. `returning`: its
+    /// coming back waits out the restore window, as it would have under the
+    /// last term (#59: a cluster withdrawn then is not restored at once
+    /// because a new term began).
+    pub fn found(in_answer: bool, returning: bool) -> Track {
         Track {
             in_answer,
             disagrees_since: None,
-            returning: in_answer,
+            returning: in_answer || returning,
         }
     }
 
@@ -111,6 +114,8 @@ pub struct Judged {
     pub in_answer: bool,
     /// Preferred by the name's strategy.
     pub primary: bool,
+    /// Its cluster answers now (not known unreachable).
+    pub reachable: bool,
 }
 
 /// One cluster that could be in an answer.
@@ -122,15 +127,19 @@ pub struct Candidate<'a> {
     /// Preferred: every cluster under `RoundRobin`, the selected ones under
     /// `Failover`.
     pub primary: bool,
+    /// Its cluster answers now.
+    pub reachable: bool,
 }
 
 /// The clusters an answer lists: the primaries in it; else the others in
 /// it; else, when none is and the name is `serving` (lists something now),
-/// every candidate (fail-open: an empty answer would send every client
-/// nowhere, and a fleet that looks all down is more likely a blind
-/// writer). A name that serves nothing yet stays empty: there is nothing
-/// to keep, and listing clusters not yet Available would be a lie.
-/// Returns them and whether the answer is degraded.
+/// fail-open (an empty answer would send every client nowhere, and a fleet
+/// that looks all down is more likely a blind writer): every candidate
+/// whose cluster answers, or every one when none does (#59: never one
+/// known unreachable beside one that answers). A name that serves nothing
+/// yet stays empty: there is nothing to keep, and listing clusters not yet
+/// Available would be a lie. Returns them and whether the answer is
+/// degraded.
 pub fn answer<'a>(candidates: &[Candidate<'a>], serving: bool) -> (Vec<&'a str>, bool) {
     let pick = |primary: bool| -> Vec<&'a str> {
         candidates
@@ -147,7 +156,15 @@ pub fn answer<'a>(candidates: &[Candidate<'a>], serving: bool) -> (Vec<&'a str>,
     if !others.is_empty() || candidates.is_empty() || !serving {
         return (others, false);
     }
-    (candidates.iter().map(|c| c.cluster).collect(), true)
+    let answering: Vec<&'a str> = candidates
+        .iter()
+        .filter(|c| c.reachable)
+        .map(|c| c.cluster)
+        .collect();
+    match answering.is_empty() {
+        false => (answering, true),
+        true => (candidates.iter().map(|c| c.cluster).collect(), true),
+    }
 }
 
 #[cfg(test)]
@@ -162,7 +179,7 @@ mod tests {
 
     fn run(rule: &Rule, start: bool, seen: &[(u64, Seen)]) -> Vec<bool> {
         let t0 = Instant::now();
-        let mut track = Track::found(start);
+        let mut track = Track::found(start, start);
         seen.iter()
             .map(|(at, s)| {
                 track = rule.step(track, *s, t0 + Duration::from_secs(*at)).0;
@@ -206,11 +223,14 @@ mod tests {
     #[test]
     fn pending_changes_say_when_to_look_again() {
         let t0 = Instant::now();
-        let (track, next) = RULE.step(Track::found(true), Seen::Unhealthy, t0);
+        let (track, next) = RULE.step(Track::found(true, true), Seen::Unhealthy, t0);
         assert_eq!(next, Some(Duration::from_secs(5)));
         let (_, next) = RULE.step(track, Seen::Unhealthy, t0 + Duration::from_secs(2));
         assert_eq!(next, Some(Duration::from_secs(3)));
-        assert_eq!(RULE.step(Track::found(true), Seen::Healthy, t0).1, None);
+        assert_eq!(
+            RULE.step(Track::found(true, true), Seen::Healthy, t0).1,
+            None
+        );
     }
 
     #[test]
@@ -269,8 +289,35 @@ mod tests {
                 cluster,
                 in_answer,
                 primary,
+                reachable: true,
             })
             .collect()
+    }
+
+    /// #59: fail-open lists the candidates whose clusters answer; all of
+    /// them only when none does.
+    #[test]
+    fn fail_open_never_lists_an_unreachable_cluster_beside_one_that_answers() {
+        let mut c = cands(&[("a", false, true), ("b", false, true), ("c", false, true)]);
+        c[1].reachable = false;
+        assert_eq!(answer(&c, true), (vec!["a", "c"], true));
+        for x in &mut c {
+            x.reachable = false;
+        }
+        assert_eq!(answer(&c, true), (vec!["a", "b", "c"], true));
+    }
+
+    /// #59: a cluster withdrawn under the last term waits out its restore
+    /// window under the next one too; one new to a name does not.
+    #[test]
+    fn a_new_term_keeps_the_restore_window_of_a_withdrawn_cluster() {
+        let t0 = Instant::now();
+        let withdrawn = Track::found(false, true);
+        let (t, next) = RULE.step(withdrawn, Seen::Healthy, t0);
+        assert!(!t.in_answer);
+        assert_eq!(next, Some(RULE.restore_after));
+        let new = Track::found(false, false);
+        assert!(RULE.step(new, Seen::Healthy, t0).0.in_answer);
     }
 
     #[test]

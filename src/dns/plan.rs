@@ -143,14 +143,35 @@ pub fn plan(
         let verdicts: Vec<Candidate> = sources
             .keys()
             .map(|c| {
-                let Judged { in_answer, primary } = judge(object, c);
+                let Judged {
+                    in_answer,
+                    primary,
+                    reachable,
+                } = judge(object, c);
                 Candidate {
                     cluster: c.as_str(),
                     in_answer,
                     primary,
+                    reachable,
                 }
             })
             .collect();
+        // No candidate at all for a name the fleet still has, while it
+        // lists some (#59): every registration gone at once is likelier a
+        // registry fault than a fleet with no service. The answer stays,
+        // degraded.
+        if known && verdicts.is_empty() && !listed_now.is_empty() {
+            steps.push(Step {
+                answer: Answer {
+                    object: object.clone(),
+                    listed: listed_now.keys().cloned().collect(),
+                    candidates: Vec::new(),
+                    degraded: true,
+                },
+                ops: Vec::new(),
+            });
+            continue;
+        }
         let (listed, degraded) = super::health::answer(&verdicts, !listed_now.is_empty());
         let mut ops = Vec::new();
         for cluster in &listed {

@@ -66,6 +66,7 @@ fn run(
         Judged {
             in_answer: !out.contains(&c),
             primary: true,
+            reachable: true,
         }
     })
 }
@@ -213,6 +214,7 @@ fn failover_lists_only_the_healthy_primary() {
             Judged {
                 in_answer: !out.contains(&c),
                 primary: c == "m1",
+                reachable: true,
             }
         })
         .unwrap()
@@ -292,4 +294,22 @@ fn an_object_the_index_no_longer_knows_loses_our_records_only() {
     assert_eq!(steps[0].answer.listed, Vec::<String>::new());
     // Ours goes; the member's own is its leader's to sweep.
     assert_eq!(deletes(&steps[0].ops), vec![format!("{P}/ns/web/m1")]);
+}
+
+/// #59: every candidate's registration gone at once, the name still
+/// known: the answer stays as it is, degraded, and nothing is deleted.
+#[test]
+fn an_empty_candidate_set_keeps_the_last_answer_degraded() {
+    let existing = [
+        wide("m1", "10.0.0.1", me(4), 7),
+        wide("m2", "10.0.0.2", me(4), 8),
+    ];
+    let steps = run(&existing, &[], &web()).unwrap();
+    assert_eq!(steps.len(), 1);
+    assert!(steps[0].ops.is_empty(), "{:?}", steps[0].ops);
+    assert_eq!(steps[0].answer.listed, ["m1", "m2"]);
+    assert!(steps[0].answer.degraded);
+    // The object gone from the index: our records go, as before.
+    let gone = run(&existing, &[], &BTreeSet::new()).unwrap();
+    assert_eq!(deletes(&gone[0].ops).len(), 2);
 }

@@ -27,7 +27,7 @@ use crate::lease::fence::admit;
 use crate::lease::home_lease::HomeLease;
 use crate::registry::Registry;
 use crate::registry::records::{Op, Refusal, Writer};
-use crate::registry::store::RegistryError;
+use crate::registry::store::{Claim, RegistryError};
 use crate::rollout::run::cache::RolloutCache;
 use crate::rollout::spec::FleetMicroservice;
 use crate::status::hub::Hub;
@@ -88,11 +88,22 @@ pub async fn run(
 /// One term: passes until the term is over (the caller drops this) or a
 /// newer term is found in etcd.
 async fn term(opts: &Options, epoch: i32, leadership: watch::Receiver<Leadership>, home: Client) {
+    // The Lease this term was won on: a recreated one is another Lease,
+    // whose terms count again from 1 (#59).
+    let Some(lease) = lease_uid(opts, &home, epoch).await else {
+        return;
+    };
     let mut pass = Pass {
         opts,
         home,
         marked: HashMap::new(),
-        me: Writer::fleet(&opts.lease.fleet_name, i64::from(epoch)),
+        // Numbered by etcd once claimed ([`Pass::claim`]).
+        me: Writer::fleet(&opts.lease.fleet_name, 0),
+        claim: Claim {
+            holder: opts.lease.replica_id.clone(),
+            lease,
+            lease_epoch: i64::from(epoch),
+        },
         epoch,
         leadership,
         term_key: opts.registry.term_key(&opts.lease.fleet_name),
@@ -130,6 +141,30 @@ async fn term(opts: &Options, epoch: i32, leadership: watch::Receiver<Leadership
             _ = tokio::time::sleep(next) => {}
         }
         tokio::time::sleep(SETTLE).await;
+    }
+}
+
+/// The uid of the DNS Lease, read while it is still at `epoch` (else the
+/// term is already over: `None`), retried until read.
+async fn lease_uid(opts: &Options, home: &Client, epoch: i32) -> Option<String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let api: Api<Lease> = Api::namespaced(home.clone(), &opts.lease.namespace);
+    let name = format!("flotilla-{}-dns", opts.lease.fleet_name);
+    loop {
+        match api.get(&name).await {
+            Ok(l) => {
+                let at = l.spec.as_ref().and_then(|s| s.lease_transitions);
+                if at != Some(epoch) {
+                    tracing::info!(epoch, ?at, "the DNS Lease moved on before this term began");
+                    return None;
+                }
+                return l.metadata.uid;
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "could not read the DNS Lease; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
     }
 }
 
@@ -175,6 +210,8 @@ struct Pass<'a> {
     epoch: i32,
     leadership: watch::Receiver<Leadership>,
     term_key: String,
+    /// Who this term is, as its claim of the term key says.
+    claim: Claim,
     /// The term key's mod revision once this term claimed it.
     claimed: Option<i64>,
     /// Per fleet-wide name and cluster, its place as the rule keeps it.
@@ -190,6 +227,7 @@ impl Pass<'_> {
         if !known {
             return Ok(None);
         }
+        self.claim().await?;
         let clusters: BTreeSet<String> = snap.clusters().keys().cloned().collect();
         let objects: BTreeSet<Object> = snap
             .list(&Filter::default(), None, usize::MAX)
@@ -205,6 +243,9 @@ impl Pass<'_> {
         let mut alive = HashSet::new();
         for (object, sources) in &z.sources {
             let view = snap.view(object, None);
+            // A name that lists some: a cluster not in it was withdrawn (or
+            // is new to it), and comes back only after its window.
+            let serving = z.fleet_wide.get(object).is_some_and(|m| !m.is_empty());
             for cluster in sources.keys() {
                 let key = (object.clone(), cluster.clone());
                 let listed = z
@@ -219,7 +260,7 @@ impl Pass<'_> {
                     .tracks
                     .get(&key)
                     .copied()
-                    .unwrap_or(Track::found(listed));
+                    .unwrap_or(Track::found(listed, serving));
                 let (track, due) = opts
                     .rule
                     .step(track, seen(&snap, view.as_ref(), cluster), now);
@@ -249,6 +290,7 @@ impl Pass<'_> {
                     .get(&(o.clone(), c.to_string()))
                     .is_some_and(|t| t.in_answer),
                 primary: is_primary(&snap, primaries.get(o), c),
+                reachable: snap.clusters().get(c).is_some_and(|i| i.absence_is_known()),
             }
         })?;
         count(&steps);
@@ -327,20 +369,39 @@ impl Pass<'_> {
         }
     }
 
+    /// Claims the term key, once per term (again after a conflict), while
+    /// leading: its number, etcd's, is the epoch this term's records carry.
+    async fn claim(&mut self) -> Result<i64, RegistryError> {
+        if let Some(r) = self.claimed {
+            return Ok(r);
+        }
+        admit(
+            &self.leadership.borrow(),
+            Some(self.epoch),
+            tokio::time::Instant::now(),
+        )
+        .map_err(|_| RegistryError::NotLeading)?;
+        let (r, number) = self
+            .opts
+            .registry
+            .claim_term(&self.term_key, &self.claim)
+            .await?;
+        if self.me.epoch != number {
+            tracing::info!(
+                term = number,
+                lease_epoch = self.epoch,
+                "fleet DNS term claimed"
+            );
+        }
+        self.me.epoch = number;
+        self.claimed = Some(r);
+        Ok(r)
+    }
+
     /// One name's writes, in one transaction that checks this term's key.
     async fn write(&mut self, step: plan::Step) -> Result<(), RegistryError> {
         let opts = self.opts;
-        let claimed = match self.claimed {
-            Some(r) => r,
-            None => {
-                let r = opts
-                    .registry
-                    .claim_term(&self.term_key, self.me.epoch, &opts.lease.replica_id)
-                    .await?;
-                self.claimed = Some(r);
-                r
-            }
-        };
+        let claimed = self.claim().await?;
         let mut ops = step.ops;
         ops.push(Op::Check {
             key: self.term_key.clone(),

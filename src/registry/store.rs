@@ -69,8 +69,57 @@ pub type Result<T, E = RegistryError> = std::result::Result<T, E>;
 /// Who holds a fleet DNS writer's term, as stored at its term key.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Term {
+    /// etcd's term number: one past the last claim's.
     epoch: i64,
     holder: String,
+    /// The Lease this term was won on: its uid and `leaseTransitions`.
+    /// Empty in a term written before #59 (whose `epoch` was the Lease's).
+    #[serde(default)]
+    lease: String,
+    #[serde(default)]
+    lease_epoch: i64,
+}
+
+/// Who claims a term: this replica, at this term of this Lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub holder: String,
+    /// The Lease's uid: a recreated Lease is another one.
+    pub lease: String,
+    pub lease_epoch: i64,
+}
+
+enum Claimed<'a> {
+    /// A later term of the same Lease holds it.
+    Deposed(&'a Term),
+    /// This very term holds it already, at this number.
+    Ours(i64),
+    /// Write this.
+    Next(Term),
+}
+
+/// What a claim finds and does: refused by a later term of the same
+/// Lease, its own already, or the next number. A term of another Lease
+/// (deleted and recreated) never blocks: its holder lost that Lease.
+fn term_after<'a>(found: Option<&'a Term>, claim: &Claim) -> Claimed<'a> {
+    match found {
+        Some(t) if t.lease == claim.lease && t.lease_epoch > claim.lease_epoch => {
+            Claimed::Deposed(t)
+        }
+        Some(t)
+            if t.lease == claim.lease
+                && t.lease_epoch == claim.lease_epoch
+                && t.holder == claim.holder =>
+        {
+            Claimed::Ours(t.epoch)
+        }
+        _ => Claimed::Next(Term {
+            epoch: found.map_or(0, |t| t.epoch) + 1,
+            holder: claim.holder.clone(),
+            lease: claim.lease.clone(),
+            lease_epoch: claim.lease_epoch,
+        }),
+    }
 }
 
 /// TLS is complete or plaintext is asked for: a client certificate without
@@ -334,10 +383,13 @@ impl Registry {
         )
     }
 
-    /// Takes the term at `key` for `epoch`, unless a newer term holds it.
-    /// Returns the key's mod revision: every write of this term checks it,
-    /// so once a successor claims the key nothing of ours lands (#31).
-    pub async fn claim_term(&self, key: &str, epoch: i64, holder: &str) -> Result<i64> {
+    /// Takes the term at `key` for `claim`, unless a newer term of the same
+    /// Lease holds it. The term number is etcd's, one past the stored one,
+    /// so it grows even when the Lease is deleted and recreated (its
+    /// `leaseTransitions` start again, #59). Returns the key's mod revision,
+    /// which every write of this term checks (once a successor claims the
+    /// key nothing of ours lands, #31), and the term number.
+    pub async fn claim_term(&self, key: &str, claim: &Claim) -> Result<(i64, i64)> {
         let got = self.client().get(key, None).await.map_err(unavailable)?;
         let (found, read) = got.kvs().first().map_or((None, 0), |kv| {
             (
@@ -345,23 +397,20 @@ impl Registry {
                 kv.mod_revision(),
             )
         });
-        match &found {
-            Some(t) if t.epoch > epoch => {
+        let next = match term_after(found.as_ref(), claim) {
+            Claimed::Deposed(t) => {
                 return Err(RegistryError::Refused(Refusal::Deposed {
                     key: key.to_string(),
                     cluster: t.holder.clone(),
-                    epoch: t.epoch,
-                    ours: epoch,
+                    epoch: t.lease_epoch,
+                    ours: claim.lease_epoch,
                 }));
             }
-            Some(t) if t.epoch == epoch && t.holder == holder => return Ok(read),
-            _ => {}
-        }
-        let value = serde_json::to_vec(&Term {
-            epoch,
-            holder: holder.to_string(),
-        })
-        .map_err(|e| RegistryError::Config(e.to_string()))?;
+            Claimed::Ours(epoch) => return Ok((read, epoch)),
+            Claimed::Next(t) => t,
+        };
+        let epoch = next.epoch;
+        let value = serde_json::to_vec(&next).map_err(|e| RegistryError::Config(e.to_string()))?;
         let response = self
             .client()
             .txn(
@@ -374,10 +423,11 @@ impl Registry {
         if !response.succeeded() {
             return Err(RegistryError::Conflict);
         }
-        response
+        let revision = response
             .header()
             .map(|h| h.revision())
-            .ok_or_else(|| RegistryError::Unavailable("etcd sent no revision".into()))
+            .ok_or_else(|| RegistryError::Unavailable("etcd sent no revision".into()))?;
+        Ok((revision, epoch))
     }
 
     /// Applies `ops` at once, each conditional on its key's mod revision
