@@ -68,8 +68,8 @@ pub fn feed_delay(cluster: &str) -> Option<std::time::Duration> {
     })
 }
 
-/// How long the rollout cache holds each FleetMicroservice watch event
-/// back, in test builds only: with the `fault-hooks` feature,
+/// How long the rollout cache holds each FleetMicroservice and
+/// ControllerRevision watch event back, in test builds only: with the `fault-hooks` feature,
 /// `FLOTILLA_ROLLOUT_CACHE_DELAY=millis` stages a replica whose view of the
 /// home cluster lags it. Otherwise none.
 pub fn rollout_cache_delay() -> Option<std::time::Duration> {

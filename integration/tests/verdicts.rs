@@ -13,6 +13,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use support::authz::{client_as, grant, service_account, token, until_rbac_says};
 use support::eventually;
+use support::replicas::{REPLICA_IDS, STEADY_ELECTION};
 use support::rollout::*;
 
 use flotilla::api::client::ClientOptions;
@@ -328,4 +329,81 @@ async fn a_webhook_outside_the_egress_allow_list_is_invalid_and_never_called() {
         );
     }
     accept.abort();
+}
+
+/// #59 item 4: a term begins with a read, not a memory. Leader A rolls a
+/// failed release back on the canary and is killed at once; the other
+/// replicas' caches of FleetMicroservices and ControllerRevisions lag the
+/// apiserver by 9 s (test hook), so the successor's caches still show the
+/// release in flight, not yet failed. It plans from a quorum read until
+/// its caches catch up: the canary's audit log shows the failed revision
+/// written once, by A, and never again.
+#[tokio::test]
+async fn a_successor_with_lagging_caches_does_not_apply_a_rolled_back_revision_again() {
+    let mut fleet = rollout_fleet_prepared("verdict-lag", &LABELS[..1], |r| {
+        r.election = STEADY_ELECTION.iter().map(|a| a.to_string()).collect();
+    })
+    .await;
+    let ns = fleet.namespace.clone();
+    let rollout = json!({
+        "waves": [{"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}}],
+        "bake": "1s",
+        "progressDeadline": "5m",
+    });
+    fleet
+        .create(fleet_microservice("api", "ghcr.io/acme/api:1", rollout))
+        .await;
+    let good = fleet
+        .wait_phase("api", RolloutPhase::Complete, Duration::from_secs(120))
+        .await
+        .status
+        .unwrap()
+        .update_revision
+        .unwrap();
+    let leader = fleet.rollout_leader().await;
+    fleet
+        .replicas
+        .env
+        .push(("FLOTILLA_ROLLOUT_CACHE_DELAY".into(), "9000".into()));
+    for id in REPLICA_IDS.iter().filter(|id| **id != leader) {
+        fleet.replicas.kill_9(id);
+        fleet.replicas.start(id);
+    }
+    // Their caches are listed (9 s late) before the release begins.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(fleet.rollout_leader().await, leader, "A still leads");
+    fleet
+        .set_image_and_deadline("api", "ghcr.io/acme/api:never-ready", "10s")
+        .await;
+    let f = fleet
+        .wait_phase("api", RolloutPhase::RolledBack, Duration::from_secs(90))
+        .await;
+    fleet.replicas.kill_9(&leader);
+    let bad = f.status.unwrap().update_revision.unwrap();
+    assert_ne!(bad, good);
+    let (home, lease) = (
+        fleet.home.clone(),
+        format!("{}-rollouts", fleet.replicas.lease_name()),
+    );
+    let successor = eventually("a successor leads", Duration::from_secs(30), || {
+        let (home, lease, ns, leader) = (home.clone(), lease.clone(), ns.clone(), leader.clone());
+        async move {
+            support::replicas::holder_in(&home, &ns, &lease)
+                .await
+                .filter(|h| *h != leader)
+        }
+    })
+    .await;
+    // Its caches lag 9 s: past that and a few rounds more.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        writes_of("member-1", &ns, &bad),
+        1,
+        "{successor} applied the rolled-back {bad} again"
+    );
+    let f = fleet.api().get("api").await.unwrap();
+    let st = f.status.unwrap();
+    assert_eq!(st.phase, Some(RolloutPhase::RolledBack), "{st:?}");
+    let canary = st.clusters.iter().find(|c| c.name == "member-1").unwrap();
+    assert_eq!(canary.target.as_deref(), Some(good.as_str()));
 }

@@ -7,6 +7,7 @@
 
 pub mod analysis;
 pub mod approval;
+pub mod barrier;
 pub mod checked;
 pub mod events;
 pub mod failover;

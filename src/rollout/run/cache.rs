@@ -69,6 +69,29 @@ pub struct RolloutCache {
     pub index_id: String,
 }
 
+/// The test hook's lag: each event delivered `d` after it arrived, as a
+/// cache that is `d` behind its apiserver sees it.
+fn lagged<T: Send + 'static>(
+    events: impl futures::Stream<Item = T> + Send + 'static,
+    d: std::time::Duration,
+) -> futures::stream::BoxStream<'static, T> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(e) = events.next().await {
+            if tx.send((tokio::time::Instant::now() + d, e)).is_err() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
+        .then(|(at, e)| async move {
+            tokio::time::sleep_until(at).await;
+            e
+        })
+        .boxed()
+}
+
 impl RolloutCache {
     /// Starts both watches; the task ends at `shutdown` (Ok), or with an
     /// error if a watch stream ends.
@@ -105,20 +128,18 @@ impl RolloutCache {
         // The test hook's lag wraps the stream only when asked for.
         let fleet_watch = watcher(fms_api, watcher::Config::default());
         let fleet_watch = match crate::supervise::rollout_cache_delay() {
-            Some(d) => fleet_watch
-                .then(move |e| async move {
-                    tokio::time::sleep(d).await;
-                    e
-                })
-                .boxed(),
+            Some(d) => lagged(fleet_watch, d),
             None => fleet_watch.boxed(),
         };
         let fleet_events =
             crate::watching::retried(reflector::reflector(fleet_writer, fleet_watch));
-        let revision_events = crate::watching::retried(reflector::reflector(
-            revisions_writer,
-            watcher(cr_api, watcher::Config::default().labels(FLEET_LABEL)),
-        ));
+        let revision_watch = watcher(cr_api, watcher::Config::default().labels(FLEET_LABEL));
+        let revision_watch = match crate::supervise::rollout_cache_delay() {
+            Some(d) => lagged(revision_watch, d),
+            None => revision_watch.boxed(),
+        };
+        let revision_events =
+            crate::watching::retried(reflector::reflector(revisions_writer, revision_watch));
         let me = cache.clone();
         let run = async move {
             let mut fleet_events = std::pin::pin!(fleet_events);

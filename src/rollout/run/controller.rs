@@ -13,7 +13,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::reflector::Store;
 use kube::{Api, Client, Config, ResourceExt};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -113,6 +112,7 @@ pub async fn run(
         write_timeout: opts.write_timeout,
         checked: Default::default(),
         egress: opts.egress.clone(),
+        read_through: Default::default(),
     });
     crate::lease::home_lease::lead(
         "fleet rollouts",
@@ -164,7 +164,12 @@ struct Ctx {
     checked: std::sync::Mutex<BTreeMap<String, (i64, CheckedSpec)>>,
     /// Where analysis checks may call.
     egress: Egress,
+    /// The objects whose caches caught up with this term's quorum read.
+    read_through: std::sync::Mutex<BTreeSet<String>>,
 }
+
+/// Stored ControllerRevisions, from the cache or a quorum read.
+type Revisions = Vec<Arc<ControllerRevision>>;
 
 /// A generation's spec, checked, or why it is invalid.
 type CheckedSpec = Arc<Result<Checked, String>>;
@@ -224,6 +229,53 @@ impl Ctx {
                 c
             }
         }
+    }
+
+    /// The object and the revisions this round plans from: the caches,
+    /// once they have caught up with a quorum read made this term; until
+    /// then the quorum read itself (#59).
+    async fn read_through(
+        &self,
+        cached: &FleetMicroservice,
+    ) -> Result<(FleetMicroservice, Revisions)> {
+        let uid = cached.uid().unwrap_or_default();
+        let in_cache = self.cache.revisions.state();
+        if lock(&self.read_through).contains(&uid) {
+            return Ok((cached.clone(), in_cache));
+        }
+        let ns = cached.namespace().unwrap_or_default();
+        let read = self.home.read(&ns, &cached.name_any()).await?;
+        let read_revisions: Revisions = self
+            .home
+            .read_revisions(&ns)
+            .await?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let owned = |fms: &FleetMicroservice, all: &Revisions| -> Vec<Revision> {
+            home::revisions_of(fms, all.iter().map(|r| r.as_ref()))
+                .into_iter()
+                .map(|(r, _)| r)
+                .collect()
+        };
+        let versions = (
+            cached.metadata.resource_version.as_deref(),
+            read.metadata.resource_version.as_deref(),
+        );
+        if crate::rollout::barrier::caught_up(
+            versions,
+            &owned(cached, &in_cache),
+            &owned(&read, &read_revisions),
+        ) {
+            lock(&self.read_through).insert(uid);
+            return Ok((cached.clone(), in_cache));
+        }
+        tracing::info!(
+            k8s.namespace.name = %ns,
+            flotilla.fleetmicroservice = %cached.name_any(),
+            "the caches lag this term's read; planning from the read"
+        );
+        Ok((self.freshest(&read), read_revisions))
     }
 
     fn write_log(&self) -> std::sync::MutexGuard<'_, WriteLog> {
@@ -306,6 +358,8 @@ async fn work(ctx: Arc<Ctx>) {
     ctx.analysis().new_term();
     // A plan held in an earlier term may rest on another leader's writes.
     lock(&ctx.held).clear();
+    // Every object is read again before this term writes for it.
+    lock(&ctx.read_through).clear();
     loop {
         let mut next = RESYNC;
         // Until the registry is read, the cluster set is unknown, not empty.
@@ -319,6 +373,7 @@ async fn work(ctx: Arc<Ctx>) {
         lock(&ctx.held).retain(|uid, _| alive.contains(uid));
         lock(&ctx.numbered).retain(|uid, _| alive.contains(uid));
         lock(&ctx.checked).retain(|uid, _| alive.contains(uid));
+        lock(&ctx.read_through).retain(|uid| alive.contains(uid));
         // Several objects at once, so one whose home writes are slow holds
         // up only its own slot (review M3); each object still has one round
         // at a time.
@@ -333,7 +388,11 @@ async fn work(ctx: Arc<Ctx>) {
             );
             // One object's defect must not end the task every rollout,
             // and this replica, depend on: a panic is one failed round.
-            let one = round(ctx, &fms, &ctx.cache.revisions, writes, term_started).instrument(span);
+            let one = async {
+                let (fms, revisions) = ctx.read_through(&fms).await?;
+                round(ctx, &fms, &revisions, writes, term_started).await
+            }
+            .instrument(span);
             match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(one)).await {
                 Err(_) => {
                     tracing::error!(flotilla.fleet_microservice = %key, "rollout step panicked");
@@ -389,7 +448,7 @@ type Owned<'a> = [(Revision, &'a ControllerRevision)];
 async fn round(
     ctx: &Arc<Ctx>,
     fms: &FleetMicroservice,
-    revisions: &Store<ControllerRevision>,
+    stored: &Revisions,
     writes: &std::sync::Mutex<tokio::task::JoinSet<()>>,
     term_started: jiff::Timestamp,
 ) -> Result<Option<Duration>> {
@@ -410,7 +469,6 @@ async fn round(
         return Ok(Some(Duration::ZERO));
     }
 
-    let stored = revisions.state();
     let owned = home::revisions_of(fms, stored.iter().map(|r| r.as_ref()));
     let existing: Vec<Revision> = owned.iter().map(|(r, _)| r.clone()).collect();
     let update = match update_revision(ctx, fms, &o, &owned, &existing).await? {

@@ -65,6 +65,26 @@ impl Home {
         Api::namespaced(self.client.clone(), namespace)
     }
 
+    /// The object as the apiserver has it now (a quorum read, #59).
+    pub async fn read(&self, namespace: &str, name: &str) -> Result<FleetMicroservice> {
+        self.api(namespace)
+            .get(name)
+            .await
+            .map_err(|e| RolloutError::home("get", "FleetMicroservice", e))
+    }
+
+    /// The fleet's ControllerRevisions in `namespace` as the apiserver has
+    /// them now (a quorum read: no resourceVersion).
+    pub async fn read_revisions(&self, namespace: &str) -> Result<Vec<ControllerRevision>> {
+        let params = kube::api::ListParams::default().labels(FLEET_LABEL);
+        Ok(self
+            .revisions_api(namespace)
+            .list(&params)
+            .await
+            .map_err(|e| RolloutError::home("list", "ControllerRevision", e))?
+            .items)
+    }
+
     /// Sets or clears the finalizer, conditioned on the resourceVersion read.
     pub async fn set_finalizer(&self, fms: &FleetMicroservice, present: bool) -> Result<()> {
         let mut finalizers: Vec<String> = fms.finalizers().to_vec();
