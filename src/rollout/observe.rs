@@ -16,10 +16,13 @@ pub fn clusters(
     view: Option<&MicroserviceView>,
     owner: &str,
 ) -> Vec<Cluster> {
+    let entries: BTreeMap<&str, _> = view
+        .map(|v| v.entries.iter().map(|e| (e.cluster.as_str(), e)).collect())
+        .unwrap_or_default();
     registered
         .iter()
         .map(|(name, info)| {
-            let entry = view.and_then(|v| v.entries.iter().find(|e| &e.cluster == name));
+            let entry = entries.get(name.as_str()).copied();
             let member = entry.map(|e| {
                 let ours = e.facts.labels.get(FLEET_LABEL).map(String::as_str) == Some(owner);
                 Member {

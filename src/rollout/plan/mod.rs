@@ -15,6 +15,7 @@
 //! a function there), `targets` chooses the revision each cluster is given
 //! and the writes, and `report` says it all in the status.
 
+mod bound;
 mod failures;
 mod gates;
 mod report;
@@ -155,7 +156,7 @@ pub fn plan(i: &Inputs) -> Plan {
     let chosen = targets::choose(&round, &rows, &gates, &failures, &mode, &mut soon);
     let chosen = targets::fail_over(chosen, &round, counted.as_ref(), &mode);
     let writes = targets::writes(&round, &rows, &chosen, &mode, counted.is_some());
-    report::plan(report::Decided {
+    let mut p = report::plan(report::Decided {
         round: &round,
         rows: &rows,
         failures: &failures,
@@ -165,7 +166,9 @@ pub fn plan(i: &Inputs) -> Plan {
         writes,
         counted,
         soon,
-    })
+    });
+    p.status = bound::status(p.status);
+    p
 }
 
 /// [`plan`] behind a catch-panic boundary: a defect that one spec
@@ -217,7 +220,7 @@ fn invalid(i: &Inputs, message: String) -> Plan {
         conditions::transition(&i.previous.conditions, &verdicts, i.generation, &now);
     Plan {
         actions: Vec::new(),
-        status,
+        status: bound::status(status),
         requeue_after: None,
         checks: Vec::new(),
     }

@@ -329,6 +329,11 @@ fn ghost(d: &Decided, g: &str) -> ClusterStatus {
 fn waves(d: &Decided, clusters: &[ClusterStatus]) -> Vec<WaveStatus> {
     let round = d.round;
     let update = round.update;
+    let targeted: std::collections::BTreeSet<&str> = clusters
+        .iter()
+        .filter(|c| c.target.as_deref() == Some(update))
+        .map(|c| c.name.as_str())
+        .collect();
     d.rows
         .waves
         .iter()
@@ -338,12 +343,7 @@ fn waves(d: &Decided, clusters: &[ClusterStatus]) -> Vec<WaveStatus> {
             // A held wave has not started, whatever its clusters hold (one
             // may have come into it holding the release, #59).
             let held = d.chosen.hold.is_some() && d.chosen.current_wave.as_deref() == Some(name);
-            let started_now = !held
-                && members.iter().any(|n| {
-                    clusters
-                        .iter()
-                        .any(|c| &c.name == n && c.target.as_deref() == Some(update))
-                });
+            let started_now = !held && members.iter().any(|n| targeted.contains(n.as_str()));
             let started = before
                 .and_then(|w| w.started.clone())
                 .or_else(|| started_now.then(|| round.now.clone()));
@@ -598,12 +598,15 @@ fn reached(
 ) -> Vec<String> {
     let mut out: std::collections::BTreeSet<String> =
         prev.reached_clusters.iter().cloned().collect();
+    let lately: std::collections::BTreeSet<&str> = prev
+        .clusters
+        .iter()
+        .filter(|p| p.target.is_some() || p.revision.is_some())
+        .map(|p| p.name.as_str())
+        .collect();
     for c in clusters {
         let ours = c.member.as_ref().is_some_and(|m| m.ours);
-        let written_lately = prev
-            .clusters
-            .iter()
-            .any(|p| p.name == c.name && (p.target.is_some() || p.revision.is_some()));
+        let written_lately = lately.contains(c.name.as_str());
         if ours {
             out.insert(c.name.clone());
         } else if c.reachable && c.synced && !written_lately {

@@ -34,6 +34,10 @@ pub struct Round<'a> {
     pub failed_before: bool,
     /// The last round was paused and this one is not.
     pub resumed: bool,
+    /// The last status's clusters and waves by name: each looked up once
+    /// per row or wave, so a round stays near linear in both (#59).
+    prev_clusters: BTreeMap<&'a str, &'a ClusterStatus>,
+    prev_waves: BTreeMap<&'a str, &'a WaveStatus>,
 }
 
 impl<'a> Round<'a> {
@@ -64,6 +68,8 @@ impl<'a> Round<'a> {
                     .iter()
                     .any(|c| c.type_ == PROGRESSING && c.reason == PAUSED),
             revisions,
+            prev_clusters: prev.clusters.iter().map(|c| (c.name.as_str(), c)).collect(),
+            prev_waves: prev.waves.iter().map(|w| (w.name.as_str(), w)).collect(),
         }
     }
 
@@ -77,16 +83,14 @@ impl<'a> Round<'a> {
 
     /// The cluster's entry in the last status.
     pub fn prev_of(&self, name: &str) -> Option<&'a ClusterStatus> {
-        self.i.previous.clusters.iter().find(|c| c.name == name)
+        self.prev_clusters.get(name).copied()
     }
 
     /// The wave's entry in the last status, for this same update revision.
     pub fn prev_wave(&self, name: &str) -> Option<&'a WaveStatus> {
-        self.i
-            .previous
-            .waves
-            .iter()
-            .find(|w| w.name == name)
+        self.prev_waves
+            .get(name)
+            .copied()
             .filter(|_| self.same_update)
     }
 

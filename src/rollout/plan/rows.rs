@@ -2,6 +2,8 @@
 //! outside the placement (ours to delete), replaced but kept for now, of
 //! unknown labels, or gone from the registry while its wave ran (a ghost).
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::Cluster;
@@ -90,15 +92,19 @@ pub struct Rows<'a> {
     pub waves: Vec<(String, Vec<String>)>,
     /// Gone from the registry while their wave ran: they stay in it, not done.
     pub ghosts: Vec<&'a str>,
+    /// Where each placed cluster's row is in `placed`.
+    index: BTreeMap<&'a str, usize>,
+    /// Every cluster of every wave.
+    waved: BTreeSet<String>,
 }
 
 impl Rows<'_> {
     pub fn row(&self, name: &str) -> Option<&Row<'_>> {
-        self.placed.iter().find(|r| r.c.name == name)
+        self.index.get(name).map(|&i| &self.placed[i])
     }
 
     pub fn in_a_wave(&self, name: &str) -> bool {
-        self.waves.iter().any(|(_, m)| m.iter().any(|x| x == name))
+        self.waved.contains(name)
     }
 
     /// A wave's placed rows, in order.
@@ -116,6 +122,8 @@ pub fn classify<'a>(round: &Round<'a>, counted: Option<&Placed>) -> Rows<'a> {
         unknown: Vec::new(),
         waves: Vec::new(),
         ghosts: Vec::new(),
+        index: BTreeMap::new(),
+        waved: BTreeSet::new(),
     };
     for c in i.clusters {
         let Some(labels) = &c.labels else {
@@ -140,10 +148,22 @@ pub fn classify<'a>(round: &Round<'a>, counted: Option<&Placed>) -> Rows<'a> {
         rows.placed.push(row(round, c, labels));
     }
     rows.placed.sort_by(|a, b| a.c.name.cmp(&b.c.name));
+    rows.index = rows
+        .placed
+        .iter()
+        .enumerate()
+        .map(|(at, r)| (r.c.name.as_str(), at))
+        .collect();
     rows.waves = waves(round, &rows.placed, &rows.unknown);
+    let registered: BTreeSet<&str> = i.clusters.iter().map(|c| c.name.as_str()).collect();
     rows.ghosts = hold_members(&mut rows.waves, i.previous, round.same_update, |n| {
-        i.clusters.iter().any(|c| c.name == n)
+        registered.contains(n)
     });
+    rows.waved = rows
+        .waves
+        .iter()
+        .flat_map(|(_, m)| m.iter().cloned())
+        .collect();
     rows
 }
 
@@ -207,6 +227,12 @@ fn hold_members<'a>(
         .waves
         .iter()
         .filter(|w| same_update && w.started.is_some() && w.finished.is_none());
+    // Which wave each cluster is in now, kept as clusters move.
+    let mut membership: BTreeMap<String, usize> = wave_list
+        .iter()
+        .enumerate()
+        .flat_map(|(at, (_, m))| m.iter().map(move |n| (n.clone(), at)))
+        .collect();
     for was in running {
         let at = match wave_list.iter().position(|(n, _)| *n == was.name) {
             Some(at) => at,
@@ -217,7 +243,7 @@ fn hold_members<'a>(
             None => continue,
         };
         for name in &was.clusters {
-            let now_in = wave_list.iter().position(|(_, m)| m.contains(name));
+            let now_in = membership.get(name).copied();
             if now_in == Some(at) {
                 continue;
             }
@@ -230,6 +256,7 @@ fn hold_members<'a>(
             if let Some(from) = now_in {
                 wave_list[from].1.retain(|n| n != name);
             }
+            membership.insert(name.clone(), at);
             wave_list[at].1.push(name.clone());
             if gone {
                 ghosts.push(name.as_str());
