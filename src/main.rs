@@ -544,6 +544,7 @@ async fn run(args: RunArgs, holder: String) -> Result<(), String> {
         WriterIdentity {
             holder,
             epoch: None,
+            lease: None,
         },
     );
     settings.defaults = defaults;

@@ -968,3 +968,72 @@ async fn the_dns_writer_writes_on_after_its_lease_is_deleted_and_every_replica_r
     working_again(&ns, &["member-2"]).await;
     drop(replicas);
 }
+
+/// #59: a member's registry records survive its Lease. After two
+/// handovers of member-1's Lease, its leader rewrites `web`'s records at a
+/// later term (a new port); then the Lease is deleted and every replica
+/// restarted, etcd kept, and the recreated Lease counts from 1 again. The
+/// new leader still keeps member-1's records: `web` deleted there, its
+/// own name goes.
+#[tokio::test]
+async fn a_members_records_follow_it_after_its_lease_is_deleted_and_every_replica_restarts() {
+    use support::replicas::{LEASE_NAMESPACE, holder};
+    let _one = MEMBERS_UP.lock().await;
+    let (mut replicas, ns, ips, _guards) = fleet("reg-relic", FAILING_FAST).await;
+    let members = member_clients().await;
+    let m1 = members["member-1"].clone();
+    let lease = replicas.lease_name();
+    let own = format!("web.{ns}.member-1.cluster.{}", zone());
+    resolves(&own, "A", std::slice::from_ref(&ips["member-1"])).await;
+    for handover in 0..2 {
+        let leader = holder(&m1, &lease).await.expect("member-1's leader");
+        replicas.kill_9(&leader);
+        let (c, l, was) = (&m1, &lease, &leader);
+        eventually(
+            &format!("member-1 handover {handover}"),
+            WAIT,
+            || async move { holder(c, l).await.filter(|h| h != was) },
+        )
+        .await;
+        replicas.start(&leader);
+    }
+    // A later term writes the records again: the Service's port moves.
+    let web = Api::<Microservice>::namespaced(m1.clone(), &ns);
+    web.patch(
+        "web",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"port": 8081}})),
+    )
+    .await
+    .expect("a new port");
+    eventually("member-1's record at the new port", WAIT, || async {
+        let got = dig(&own, "SRV");
+        got.iter().any(|l| l.contains(" 8081 ")).then_some(())
+    })
+    .await;
+    for id in REPLICA_IDS {
+        replicas.kill_9(id);
+    }
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(m1.clone(), LEASE_NAMESPACE)
+        .delete(&lease, &Default::default())
+        .await
+        .expect("delete member-1's Lease");
+    for id in REPLICA_IDS {
+        replicas.start(id);
+    }
+    let (c, l) = (&m1, &lease);
+    eventually(
+        "a leader on member-1's recreated Lease",
+        WAIT,
+        || async move { holder(c, l).await },
+    )
+    .await;
+    web.delete("web", &Default::default())
+        .await
+        .expect("delete web in member-1");
+    eventually("member-1's own name gone", WAIT, || async {
+        dig(&own, "A").is_empty().then_some(())
+    })
+    .await;
+    drop(replicas);
+}

@@ -372,8 +372,9 @@ async fn put(
     let me = Writer {
         cluster: entry.cluster.clone(),
         epoch,
+        lease: String::new(),
     };
-    let desired = entry.desired(registry.zone(), Some(ip), 80, epoch)?;
+    let desired = entry.desired_by(registry.zone(), Some(ip), 80, &me)?;
     let keys: Vec<String> = desired.iter().map(|(k, _)| k.clone()).collect();
     let existing = registry.read(&keys).await?;
     let ops = plan_register(&desired, &existing, &me)?;
@@ -399,8 +400,13 @@ async fn a_deposed_writer_and_a_stale_read_change_nothing_in_etcd() {
         "term 6 is deposed: {refused:?}"
     );
     // A read, then someone else's write, then ours planned on the old read.
+    let seven = Writer {
+        cluster: "member-1".into(),
+        epoch: 7,
+        lease: String::new(),
+    };
     let desired = e
-        .desired(registry.zone(), Some("10.96.0.11"), 80, 7)
+        .desired_by(registry.zone(), Some("10.96.0.11"), 80, &seven)
         .unwrap();
     let keys: Vec<String> = desired.iter().map(|(k, _)| k.clone()).collect();
     let stale: Vec<Existing> = registry.read(&keys).await.unwrap();
@@ -410,6 +416,7 @@ async fn a_deposed_writer_and_a_stale_read_change_nothing_in_etcd() {
     let me = Writer {
         cluster: "member-1".into(),
         epoch: 9,
+        lease: String::new(),
     };
     let ops = plan_register(&desired, &stale, &me).unwrap();
     assert!(matches!(
@@ -430,6 +437,7 @@ async fn a_deposed_writer_and_a_stale_read_change_nothing_in_etcd() {
         &Writer {
             cluster: "member-1".into(),
             epoch: 8,
+            lease: String::new(),
         },
     )
     .unwrap();
@@ -513,6 +521,7 @@ async fn the_sweep_removes_a_departed_clusters_records_and_keeps_members() {
         &Writer {
             cluster: "member-1".into(),
             epoch: 1,
+            lease: String::new(),
         },
     )
     .unwrap();

@@ -22,6 +22,7 @@ fn member(c: &str) -> Writer {
     Writer {
         cluster: c.into(),
         epoch: 1,
+        lease: String::new(),
     }
 }
 

@@ -470,7 +470,8 @@ async fn lead(
     epoch: i32,
     shutdown: &watch::Receiver<bool>,
 ) {
-    let s = controller_settings(name, settings, epoch, &c.leadership);
+    let lease = lease_uid(c, settings, epoch).await;
+    let s = controller_settings(name, settings, (epoch, lease), &c.leadership);
     c.fence.arm(Some(epoch));
     // On shutdown, while still leading, in-flight reconciles may finish for
     // up to a renew deadline. A lost term aborts the controller at once:
@@ -503,11 +504,27 @@ async fn lead(
     tracing::info!(k8s.cluster.name = %name, epoch, "leadership term over; writers stopped");
 }
 
+/// The uid of the member Lease, read as this term begins while it is
+/// still at `epoch`; `None` when it cannot be read then (records are then
+/// written as before #59, comparing epochs alone).
+async fn lease_uid(c: &Connected, settings: &ReplicaSettings, epoch: i32) -> Option<String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let api: Api<Lease> = Api::namespaced(c.lease_client.clone(), &settings.lease_namespace);
+    let name = format!("flotilla-{}", settings.fleet_name);
+    let read = tokio::time::timeout(settings.timings.renew_deadline, api.get(&name)).await;
+    match read {
+        Ok(Ok(l)) if l.spec.as_ref().and_then(|s| s.lease_transitions) == Some(epoch) => {
+            l.metadata.uid
+        }
+        _ => None,
+    }
+}
+
 /// The member controller's settings for one term.
 fn controller_settings(
     name: &str,
     settings: &ReplicaSettings,
-    epoch: i32,
+    (epoch, lease): (i32, Option<String>),
     leadership: &watch::Receiver<Leadership>,
 ) -> Settings {
     let mut s = Settings::new(
@@ -515,6 +532,7 @@ fn controller_settings(
         WriterIdentity {
             holder: settings.replica_id.clone(),
             epoch: Some(epoch),
+            lease,
         },
     );
     s.resync = settings.resync;

@@ -27,6 +27,9 @@ pub struct WriterIdentity {
     pub holder: String,
     /// The leadership epoch (the Lease's `leaseTransitions`), once elected.
     pub epoch: Option<i32>,
+    /// The uid of the Lease that epoch counts on, when it could be read:
+    /// registry records compare terms of the same Lease only (#59).
+    pub lease: Option<String>,
 }
 
 impl WriterIdentity {

@@ -441,6 +441,7 @@ async fn sweeping(ctx: Arc<Context>, microservices: Store<Microservice>) {
     let me = crate::registry::records::Writer {
         cluster: ctx.settings.cluster.clone(),
         epoch: i64::from(ctx.settings.writer.epoch.unwrap_or(0)),
+        lease: ctx.settings.writer.lease.clone().unwrap_or_default(),
     };
     let scope = ctx.settings.namespace.clone();
     loop {

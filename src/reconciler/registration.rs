@@ -40,6 +40,7 @@ fn writer(ctx: &Context) -> Writer {
     Writer {
         cluster: ctx.settings.cluster.clone(),
         epoch: i64::from(ctx.settings.writer.epoch.unwrap_or(0)),
+        lease: ctx.settings.writer.lease.clone().unwrap_or_default(),
     }
 }
 
@@ -133,7 +134,7 @@ async fn try_register(
 ) -> Result<(), RegistryError> {
     let me = writer(ctx);
     let (host, port) = address(service);
-    let mut desired = entry(ctx, ms).desired(registry.zone(), host, port, me.epoch)?;
+    let mut desired = entry(ctx, ms).desired_by(registry.zone(), host, port, &me)?;
     // The fleet-wide name is the fleet DNS writer's, health-aware (#31).
     if ctx.settings.fleet_dns {
         desired.truncate(1);

@@ -95,12 +95,19 @@ impl Zone {
 
 /// Who wrote a record: CoreDNS ignores the field; the sweep and the epoch
 /// check read it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Writer {
     /// A member cluster's name, or `@FLEET` for a fleet's DNS writer.
     pub cluster: String,
-    /// The leader's term (its Lease's transitions) when written.
+    /// The leader's term (its Lease's transitions) when written; for the
+    /// fleet DNS writer, the term etcd numbered.
     pub epoch: i64,
+    /// The uid of the member Lease that term was won on (#59): a Lease
+    /// deleted and recreated counts its terms from 1 again, so a term is
+    /// newer only than the terms of its own Lease. Empty for the fleet DNS
+    /// writer and in records written before #59.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub lease: String,
 }
 
 /// The prefix of a fleet DNS writer's name: no cluster name has it.
@@ -112,7 +119,14 @@ impl Writer {
         Writer {
             cluster: format!("{FLEET_WRITER}{fleet}"),
             epoch,
+            lease: String::new(),
         }
+    }
+
+    /// Whether this writer's term is newer than `me`'s: the same writer, on
+    /// the same Lease, at a later term.
+    pub fn newer_than(&self, me: &Writer) -> bool {
+        self.cluster == me.cluster && self.lease == me.lease && self.epoch > me.epoch
     }
 
     /// A fleet's DNS writer rather than a member's leader.
@@ -177,14 +191,32 @@ impl Entry {
         ])
     }
 
-    /// The records it should have, for a Service at `host:port`: its own
-    /// name's, then its place in the fleet-wide one.
+    /// [`Entry::desired_by`] its own cluster's writer at `epoch`.
+    #[cfg(test)]
     pub fn desired(
         &self,
         zone: &Zone,
         host: Option<&str>,
         port: u16,
         epoch: i64,
+    ) -> Result<Vec<(String, Record)>, RecordError> {
+        let writer = Writer {
+            cluster: self.cluster.clone(),
+            epoch,
+            lease: String::new(),
+        };
+        self.desired_by(zone, host, port, &writer)
+    }
+
+    /// The records it should have, for a Service at `host:port`, as
+    /// `writer` writes them: its own name's, then its place in the
+    /// fleet-wide one.
+    pub fn desired_by(
+        &self,
+        zone: &Zone,
+        host: Option<&str>,
+        port: u16,
+        writer: &Writer,
     ) -> Result<Vec<(String, Record)>, RecordError> {
         let host = host
             .filter(|h| !h.is_empty() && *h != "None")
@@ -194,10 +226,7 @@ impl Entry {
             port,
             ttl: TTL_SECONDS,
             object: format!("{}/{}", self.namespace, self.name),
-            writer: Writer {
-                cluster: self.cluster.clone(),
-                epoch,
-            },
+            writer: writer.clone(),
             fail_open: false,
         };
         Ok(self
@@ -274,7 +303,7 @@ pub enum Refusal {
 
 /// A newer term of our own writer wrote it: we are not its leader any more.
 pub fn newer_term(key: &str, found: &Record, me: &Writer) -> Result<(), Refusal> {
-    if found.writer.cluster == me.cluster && found.writer.epoch > me.epoch {
+    if found.writer.newer_than(me) {
         return Err(Refusal::Deposed {
             key: key.to_string(),
             cluster: found.writer.cluster.clone(),
@@ -375,7 +404,7 @@ pub fn plan_sweep(
         .iter()
         .filter_map(|e| {
             let r = e.record.as_ref()?;
-            if r.writer.cluster != me.cluster || r.writer.epoch > me.epoch {
+            if r.writer.cluster != me.cluster || r.writer.newer_than(me) {
                 return None;
             }
             let (ns, name) = r.object.split_once('/')?;

@@ -16,6 +16,7 @@ fn me(cluster: &str, epoch: i64) -> Writer {
     Writer {
         cluster: cluster.into(),
         epoch,
+        lease: String::new(),
     }
 }
 
@@ -280,4 +281,40 @@ proptest::proptest! {
             proptest::prop_assert!(!kb.contains(key), "{key} shared");
         }
     }
+}
+
+/// #59: a member Lease deleted and recreated counts its terms from 1
+/// again. A record of a higher term of another Lease does not depose the
+/// new leader (it would never write again); one of the same Lease does.
+#[test]
+fn a_newer_term_deposes_only_on_the_same_lease() {
+    let on = |lease: &str, epoch| Writer {
+        lease: lease.into(),
+        ..me("m1", epoch)
+    };
+    let desired = entry("m1")
+        .desired_by(&zone(), Some("10.96.0.7"), 8080, &on("lease-a", 9))
+        .unwrap();
+    let found = existing(&desired, 4);
+    let key = &found[0].key;
+    let record = found[0].record.as_ref().unwrap();
+    assert!(newer_term(key, record, &on("lease-a", 2)).is_err());
+    assert!(newer_term(key, record, &on("lease-b", 1)).is_ok());
+    assert!(newer_term(key, record, &on("lease-a", 9)).is_ok());
+    let again = entry("m1")
+        .desired_by(&zone(), Some("10.96.0.8"), 8080, &on("lease-b", 1))
+        .unwrap();
+    assert_eq!(
+        plan_register(&again, &found, &on("lease-b", 1))
+            .unwrap()
+            .len(),
+        2,
+        "both records rewritten"
+    );
+    let alive = |_: &str, _: &str| false;
+    assert_eq!(
+        plan_sweep(&found, &on("lease-b", 1), &zone(), alive).len(),
+        2
+    );
+    assert!(plan_sweep(&found, &on("lease-a", 2), &zone(), alive).is_empty());
 }

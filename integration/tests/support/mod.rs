@@ -264,6 +264,7 @@ pub fn settings(cluster: &str, namespace: &str) -> flotilla::reconciler::Setting
         flotilla::reconciler::WriterIdentity {
             holder: format!("test-{namespace}"),
             epoch: None,
+            lease: None,
         },
     );
     s.namespace = Some(namespace.to_string());
