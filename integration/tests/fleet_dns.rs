@@ -347,7 +347,7 @@ async fn a_deposed_dns_writers_write_changes_nothing_once_its_successor_claimed_
         .await
         .expect("claim 4");
     assert!(new > old);
-    assert_eq!(new_term, old_term + 1, "etcd numbers the terms");
+    assert!(new_term > old_term, "etcd numbers the terms");
     let late = [
         put(old_term, "10.96.0.3"),
         Op::Check {

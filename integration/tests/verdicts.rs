@@ -238,6 +238,33 @@ async fn only_the_approve_verb_opens_a_manual_wave() {
     for m in ["member-2", "member-3"] {
         assert_eq!(writes_of(m, &ns, &rev), 1, "{m} written once");
     }
+    // Holding approve, ci still cannot rewrite write-token's approval (for
+    // another wave, under the same name): others' approvals stay as written.
+    let f = as_ci.get("api").await.unwrap();
+    let kept = f.metadata.annotations.unwrap()[ANNOTATION].clone();
+    let moved = kept.replacen("\"wave\":\"prod\"", "\"wave\":\"canary\"", 1);
+    assert_ne!(moved, kept);
+    let e = as_ci
+        .patch(
+            "api",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {ANNOTATION: moved}}})),
+        )
+        .await
+        .expect_err("write-token's approval rewritten by ci");
+    assert!(e.to_string().contains("must name its writer"), "{e}");
+    // Its own, added beside the others kept as written: admitted.
+    let mine: serde_json::Value =
+        serde_json::from_str(&approval_json("canary", &rev, number, &ci_name)).unwrap();
+    let raw = format!("{},{}]", kept.trim_end_matches(']'), mine[0]);
+    as_ci
+        .patch(
+            "api",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {ANNOTATION: raw}}})),
+        )
+        .await
+        .expect("ci adds its own approval, the others kept");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -144,28 +144,41 @@ async fn term(opts: &Options, epoch: i32, leadership: watch::Receiver<Leadership
     }
 }
 
-/// The uid of the DNS Lease, read while it is still at `epoch` (else the
-/// term is already over: `None`), retried until read.
+/// The uid of the DNS Lease, read while this replica holds it at `epoch`
+/// (else the term is over: `None`), retried until read.
 async fn lease_uid(opts: &Options, home: &Client, epoch: i32) -> Option<String> {
-    use k8s_openapi::api::coordination::v1::Lease;
-    let api: Api<Lease> = Api::namespaced(home.clone(), &opts.lease.namespace);
-    let name = format!("flotilla-{}-dns", opts.lease.fleet_name);
     loop {
-        match api.get(&name).await {
-            Ok(l) => {
-                let at = l.spec.as_ref().and_then(|s| s.lease_transitions);
-                if at != Some(epoch) {
-                    tracing::info!(epoch, ?at, "the DNS Lease moved on before this term began");
-                    return None;
-                }
-                return l.metadata.uid;
-            }
+        match held_lease(opts, home, epoch).await {
+            Ok(uid) => return uid,
             Err(e) => {
                 tracing::info!(error = %e, "could not read the DNS Lease; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
     }
+}
+
+/// The DNS Lease's uid if this replica holds it at `epoch`.
+async fn held_lease(
+    opts: &Options,
+    home: &Client,
+    epoch: i32,
+) -> Result<Option<String>, kube::Error> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let api: Api<Lease> = Api::namespaced(home.clone(), &opts.lease.namespace);
+    let l = api
+        .get_opt(&format!("flotilla-{}-dns", opts.lease.fleet_name))
+        .await?;
+    let spec = l.as_ref().and_then(|l| l.spec.as_ref());
+    let ours = spec.is_some_and(|s| {
+        s.lease_transitions == Some(epoch)
+            && s.holder_identity.as_deref() == Some(opts.lease.replica_id.as_str())
+    });
+    if !ours {
+        tracing::info!(epoch, "the DNS Lease is not this term's any more");
+        return Ok(None);
+    }
+    Ok(l.and_then(|l| l.metadata.uid))
 }
 
 /// Bumps `changed` for every change under the zone, watching again after
@@ -381,6 +394,15 @@ impl Pass<'_> {
             tokio::time::Instant::now(),
         )
         .map_err(|_| RegistryError::NotLeading)?;
+        // The Lease this term was won on is still the one, and still ours:
+        // a holder of a deleted Lease (which admit cannot see) never claims
+        // over the holder of its successor (#59).
+        let live = held_lease(self.opts, &self.home, self.epoch)
+            .await
+            .map_err(|e| RegistryError::Unavailable(format!("the DNS Lease: {e}")))?;
+        if live.as_deref() != Some(self.claim.lease.as_str()) {
+            return Err(RegistryError::NotLeading);
+        }
         let (r, number) = self
             .opts
             .registry

@@ -80,7 +80,10 @@ impl Rule {
                 port: t.port,
             });
         }
-        // host, [v6], host:port or [v6]:port.
+        // host, [v6], host:port or [v6]:port: a path needs a scheme.
+        if raw.contains(['/', '?', '#', '@']) {
+            return Err(bad("a path needs a scheme: https://host/path"));
+        }
         let uri: Uri = format!("http://{raw}/")
             .parse()
             .map_err(|_| bad("not a host, host:port or URL prefix"))?;
@@ -133,8 +136,15 @@ impl Egress {
     pub fn check(&self, url: &str) -> Result<(), String> {
         let uri: Uri = url.parse().map_err(|_| format!("{url:?} is not a URL"))?;
         let t = target(&uri).ok_or_else(|| format!("{url:?} names no host, or a user"))?;
-        if t.path.split('/').any(|s| s == ".." || s == ".") || t.path.contains('%') {
-            return Err(format!("{url:?}: a path with dot segments or escapes"));
+        // What some servers rewrite (dot segments, escapes, `;` parameters,
+        // backslashes) could walk out of a prefix: refused everywhere.
+        let rewritten = t.path.split('/').any(|s| s == ".." || s == ".")
+            || t.path.contains(['%', ';', '\\'])
+            || !t.path.is_ascii();
+        if rewritten {
+            return Err(format!(
+                "{url:?}: a path with dot segments, escapes, `;` or backslashes"
+            ));
         }
         match self.rules.iter().any(|r| r.allows(&t)) {
             true => Ok(()),
@@ -184,6 +194,7 @@ mod tests {
             "https://gate.example.com:8443/v1/checks",
             "https://gate.example.com/v1/checks/../../admin",
             "https://gate.example.com/v1/checks/%2e%2e/admin",
+            "https://gate.example.com/v1/checks/..;/admin",
             "http://user@hooks.example.com/",
             "http://169.254.169.254/latest",
         ] {
@@ -196,7 +207,13 @@ mod tests {
         let none = Egress::default();
         let e = none.check("http://127.0.0.1/").unwrap_err();
         assert!(e.contains("allows none"), "{e}");
-        for bad in ["ftp://x/", "http://", "https://x/?a=b", "a b"] {
+        for bad in [
+            "ftp://x/",
+            "http://",
+            "https://x/?a=b",
+            "a b",
+            "gate.example.com/v1",
+        ] {
             assert!(Egress::parse(&[bad.to_string()]).is_err(), "{bad:?}");
         }
         assert_eq!(egress(&["a.example,b.example"]).rules.len(), 2);

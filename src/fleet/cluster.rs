@@ -504,19 +504,28 @@ async fn lead(
     tracing::info!(k8s.cluster.name = %name, epoch, "leadership term over; writers stopped");
 }
 
-/// The uid of the member Lease, read as this term begins while it is
-/// still at `epoch`; `None` when it cannot be read then (records are then
-/// written as before #59, comparing epochs alone).
+/// The uid of the member Lease, read as this term begins while this
+/// replica holds it at `epoch`, and read again until it is (its records
+/// name it, #59); `None` once the term is over.
 async fn lease_uid(c: &Connected, settings: &ReplicaSettings, epoch: i32) -> Option<String> {
     use k8s_openapi::api::coordination::v1::Lease;
     let api: Api<Lease> = Api::namespaced(c.lease_client.clone(), &settings.lease_namespace);
     let name = format!("flotilla-{}", settings.fleet_name);
-    let read = tokio::time::timeout(settings.timings.renew_deadline, api.get(&name)).await;
-    match read {
-        Ok(Ok(l)) if l.spec.as_ref().and_then(|s| s.lease_transitions) == Some(epoch) => {
-            l.metadata.uid
+    loop {
+        let read = tokio::time::timeout(settings.timings.renew_deadline, api.get(&name)).await;
+        if let Ok(Ok(l)) = read {
+            let ours = l.spec.as_ref().is_some_and(|s| {
+                s.lease_transitions == Some(epoch)
+                    && s.holder_identity.as_deref() == Some(settings.replica_id.as_str())
+            });
+            return l.metadata.uid.filter(|_| ours);
         }
-        _ => None,
+        let leading =
+            matches!(*c.leadership.borrow(), Leadership::Leading { epoch: e, .. } if e == epoch);
+        if !leading {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

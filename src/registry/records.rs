@@ -124,7 +124,9 @@ impl Writer {
     }
 
     /// Whether this writer's term is newer than `me`'s: the same writer, on
-    /// the same Lease, at a later term.
+    /// the same Lease, at a later term. Records written before #59 carry no
+    /// Lease, and fence only each other: a leader reads its Lease's uid
+    /// before its first write.
     pub fn newer_than(&self, me: &Writer) -> bool {
         self.cluster == me.cluster && self.lease == me.lease && self.epoch > me.epoch
     }

@@ -101,7 +101,7 @@ enum Claimed<'a> {
 /// What a claim finds and does: refused by a later term of the same
 /// Lease, its own already, or the next number. A term of another Lease
 /// (deleted and recreated) never blocks: its holder lost that Lease.
-fn term_after<'a>(found: Option<&'a Term>, claim: &Claim) -> Claimed<'a> {
+fn term_after<'a>(found: Option<&'a Term>, claim: &Claim, revision: i64) -> Claimed<'a> {
     match found {
         Some(t) if t.lease == claim.lease && t.lease_epoch > claim.lease_epoch => {
             Claimed::Deposed(t)
@@ -114,7 +114,7 @@ fn term_after<'a>(found: Option<&'a Term>, claim: &Claim) -> Claimed<'a> {
             Claimed::Ours(t.epoch)
         }
         _ => Claimed::Next(Term {
-            epoch: found.map_or(0, |t| t.epoch) + 1,
+            epoch: found.map_or(0, |t| t.epoch).max(revision) + 1,
             holder: claim.holder.clone(),
             lease: claim.lease.clone(),
             lease_epoch: claim.lease_epoch,
@@ -397,7 +397,10 @@ impl Registry {
                 kv.mod_revision(),
             )
         });
-        let next = match term_after(found.as_ref(), claim) {
+        // etcd's revision only grows: past it, a number is newer than any
+        // claimed before, even with the key lost or unreadable.
+        let now = got.header().map_or(0, |h| h.revision());
+        let next = match term_after(found.as_ref(), claim, now) {
             Claimed::Deposed(t) => {
                 return Err(RegistryError::Refused(Refusal::Deposed {
                     key: key.to_string(),

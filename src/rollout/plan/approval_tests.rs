@@ -354,3 +354,69 @@ fn an_approval_of_a_failed_attempt_opens_nothing_of_its_reapplication() {
     let a = w.status.waves[1].approval.clone().unwrap();
     assert_eq!(a.attempt, Some(number));
 }
+
+/// Review of #59: a wave is recorded as started only when its rules
+/// opened it. The canary, relabelled into a `prod` held by a deny window,
+/// then a pause and a resume: `prod` has still not started, and the window
+/// still holds it.
+#[test]
+fn a_pause_and_resume_do_not_start_a_wave_a_relabelled_cluster_sits_in() {
+    let mut w = gated();
+    w.spec.rollout.waves[1].approval = Approval::Auto;
+    w.spec.rollout.waves[1].cluster_selector = LabelSelector {
+        match_labels: Some([("ring".to_string(), "prod".to_string())].into()),
+        ..LabelSelector::default()
+    };
+    for c in ["m2", "m3"] {
+        w.relabel(c, &[("ring", "prod")]);
+    }
+    let r1 = rev(&w, "app:1");
+    w.step();
+    w.done("m1");
+    w.spec.rollout.windows = vec![crate::rollout::spec::Window {
+        kind: crate::rollout::spec::WindowKind::Deny,
+        schedule: "* * * * *".into(),
+        duration: "1h".into(),
+    }];
+    run(&mut w);
+    assert_eq!(w.written(&r1), ["m1"]);
+    w.relabel("m1", &[("ring", "prod")]);
+    w.step();
+    w.spec.paused = true;
+    w.step();
+    w.spec.paused = false;
+    for _ in 0..3 {
+        let p = w.step();
+        assert!(
+            p.actions.iter().all(|a| !matches!(a, Action::Apply { .. })),
+            "{:?}",
+            p.actions
+        );
+        w.wait(30);
+    }
+    assert_eq!(w.written(&r1), ["m1"]);
+    assert_eq!(w.status.waves[1].started, None, "{:?}", w.status.waves[1]);
+}
+
+/// Review of #59: an approval given before its wave's turn, then taken
+/// back out of the annotation, opens nothing: it is recorded in the status
+/// only once the wave started.
+#[test]
+fn an_approval_taken_back_before_its_wave_starts_opens_nothing() {
+    let mut w = gated();
+    w.spec.rollout.bake = Some("60s".into());
+    let r1 = rev(&w, "app:1");
+    approve(&mut w, "rest", &r1);
+    w.step();
+    w.done("m1");
+    w.step();
+    assert_eq!(
+        w.status.waves[1].approval, None,
+        "not started: not recorded"
+    );
+    w.approvals.given.clear();
+    w.wait(120);
+    run(&mut w);
+    assert_eq!(w.written(&r1), ["m1"]);
+    assert_eq!(w.status.waves[1].state, WaveState::AwaitingApproval);
+}

@@ -340,10 +340,12 @@ fn waves(d: &Decided, clusters: &[ClusterStatus]) -> Vec<WaveStatus> {
         .zip(&d.gates.per_wave)
         .map(|((name, members), g)| {
             let before = round.prev_wave(name);
-            // A held wave has not started, whatever its clusters hold (one
-            // may have come into it holding the release, #59).
-            let held = d.chosen.hold.is_some() && d.chosen.current_wave.as_deref() == Some(name);
-            let started_now = !held && members.iter().any(|n| targeted.contains(n.as_str()));
+            // Only a wave its rules opened, or one that passed, starts:
+            // whatever its clusters hold (one may have come into it holding
+            // the release, #59), in any mode.
+            let opens = d.chosen.opened.as_deref() == Some(name.as_str())
+                || matches!(g, Gate::Done(_) | Gate::Baking(_));
+            let started_now = opens && members.iter().any(|n| targeted.contains(n.as_str()));
             let started = before
                 .and_then(|w| w.started.clone())
                 .or_else(|| started_now.then(|| round.now.clone()));
@@ -358,11 +360,13 @@ fn waves(d: &Decided, clusters: &[ClusterStatus]) -> Vec<WaveStatus> {
                 Gate::Progressing if started.is_some() => WaveState::Progressing,
                 Gate::Progressing => WaveState::Pending,
             };
-            // The approval that opened it, kept once the annotation drops it.
+            // The approval that opened it, kept once the annotation drops
+            // it; recorded only once the wave started, so an approval taken
+            // back before then opens nothing (#59).
             let approval = approval::granted(&round.i.approvals.given, name, round.attempt())
                 .cloned()
                 .or_else(|| before.and_then(|w| w.approval.clone()))
-                .filter(|a| a.opens(round.attempt()));
+                .filter(|a| a.opens(round.attempt()) && started.is_some());
             // This round's checks, or the last ones written for this release.
             let analysis = d
                 .gates

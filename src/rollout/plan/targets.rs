@@ -66,6 +66,9 @@ pub struct Chosen<'a> {
     pub current_wave: Option<String>,
     /// That wave does not start, and why.
     pub hold: Option<Hold>,
+    /// The wave its rules let start this round: only it, or a wave that
+    /// passed, is recorded as started (#59).
+    pub opened: Option<String>,
 }
 
 pub fn choose<'a>(
@@ -80,6 +83,7 @@ pub fn choose<'a>(
         targets: BTreeMap::new(),
         current_wave: None,
         hold: None,
+        opened: None,
     };
     let ours = || rows.placed.iter().filter(|r| !r.foreign);
     match mode {
@@ -149,7 +153,10 @@ fn progress<'a>(
             continue;
         }
         match start(round, wave, &wave_rows, failures, soon) {
-            Ok(started) => chosen.targets.extend(started),
+            Ok(started) => {
+                chosen.targets.extend(started);
+                chosen.opened = Some(wave.clone());
+            }
             Err(hold) => {
                 chosen.hold = Some(hold);
                 keep(&mut chosen.targets, &wave_rows, update);

@@ -198,8 +198,16 @@ pub async fn approve(
         let f = api.get(name).await?;
         approval::check_wave(&f.spec.rollout.waves, wave).map_err(EditError::Approve)?;
         let update = f.status.as_ref().and_then(|s| s.update_revision.as_deref());
-        let (revision, number) = approval::revision_named(revision, update, &cache.history(&f))
+        let (revision, mut number) = approval::revision_named(revision, update, &cache.history(&f))
             .map_err(EditError::Approve)?;
+        // The status names the attempt being released; the cache of
+        // revisions may not show its renumbering yet.
+        let status = f.status.as_ref();
+        if status.and_then(|s| s.update_revision.as_deref()) == Some(revision.as_str())
+            && let Some(n) = status.and_then(|s| s.update_revision_number)
+        {
+            number = number.max(n);
+        }
         let given = approval::read(f.metadata.annotations.as_ref());
         if let Some(e) = given.unreadable {
             return Err(EditError::Approve(format!("{e}; fix or remove it first")));
