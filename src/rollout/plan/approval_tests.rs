@@ -271,20 +271,26 @@ fn an_allow_window_opens_the_release_and_a_bad_schedule_is_an_invalid_spec() {
     assert!(message.contains("rollout.windows[0].schedule"), "{message}");
 }
 
+/// `gated`, with `rest` selecting `ring: prod` (m2 and m3).
+fn gated_prod() -> World {
+    let mut w = gated();
+    w.spec.rollout.waves[1].cluster_selector = LabelSelector {
+        match_labels: Some([("ring".to_string(), "prod".to_string())].into()),
+        ..LabelSelector::default()
+    };
+    for c in ["m2", "m3"] {
+        w.relabel(c, &[("ring", "prod")]);
+    }
+    w
+}
+
 /// Review of #58 (H1): the canary, already on the release, moves into the
 /// Manual wave. Its presence there opens nothing: not the approval, not
 /// a deny window.
 #[test]
 fn a_canary_relabelled_into_a_manual_wave_opens_nothing() {
     for deny in [false, true] {
-        let mut w = gated();
-        w.spec.rollout.waves[1].cluster_selector = LabelSelector {
-            match_labels: Some([("ring".to_string(), "prod".to_string())].into()),
-            ..LabelSelector::default()
-        };
-        for c in ["m2", "m3"] {
-            w.relabel(c, &[("ring", "prod")]);
-        }
+        let mut w = gated_prod();
         let r1 = rev(&w, "app:1");
         run(&mut w);
         assert_eq!(w.written(&r1), ["m1"]);
@@ -361,15 +367,8 @@ fn an_approval_of_a_failed_attempt_opens_nothing_of_its_reapplication() {
 /// still holds it.
 #[test]
 fn a_pause_and_resume_do_not_start_a_wave_a_relabelled_cluster_sits_in() {
-    let mut w = gated();
+    let mut w = gated_prod();
     w.spec.rollout.waves[1].approval = Approval::Auto;
-    w.spec.rollout.waves[1].cluster_selector = LabelSelector {
-        match_labels: Some([("ring".to_string(), "prod".to_string())].into()),
-        ..LabelSelector::default()
-    };
-    for c in ["m2", "m3"] {
-        w.relabel(c, &[("ring", "prod")]);
-    }
     let r1 = rev(&w, "app:1");
     w.step();
     w.done("m1");
