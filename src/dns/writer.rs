@@ -164,21 +164,15 @@ async fn held_lease(
     home: &Client,
     epoch: i32,
 ) -> Result<Option<String>, kube::Error> {
-    use k8s_openapi::api::coordination::v1::Lease;
-    let api: Api<Lease> = Api::namespaced(home.clone(), &opts.lease.namespace);
-    let l = api
-        .get_opt(&format!("flotilla-{}-dns", opts.lease.fleet_name))
+    let uid = opts
+        .lease
+        .store(home.clone(), "dns")
+        .held_uid(&opts.lease.replica_id, epoch)
         .await?;
-    let spec = l.as_ref().and_then(|l| l.spec.as_ref());
-    let ours = spec.is_some_and(|s| {
-        s.lease_transitions == Some(epoch)
-            && s.holder_identity.as_deref() == Some(opts.lease.replica_id.as_str())
-    });
-    if !ours {
+    if uid.is_none() {
         tracing::info!(epoch, "the DNS Lease is not this term's any more");
-        return Ok(None);
     }
-    Ok(l.and_then(|l| l.metadata.uid))
+    Ok(uid)
 }
 
 /// Bumps `changed` for every change under the zone, watching again after

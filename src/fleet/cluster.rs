@@ -343,6 +343,8 @@ struct Connected {
     lease_client: Client,
     /// The member's own client, fenced by the leadership that Lease decides.
     client: Client,
+    /// The Lease itself, for its uid as a term begins.
+    lease: KubeLeaseStore,
     leadership: watch::Receiver<Leadership>,
     fence: Fence,
 }
@@ -369,7 +371,7 @@ async fn connect(
         &settings.lease_namespace,
         &format!("flotilla-{}", settings.fleet_name),
     );
-    let (elector, leadership) = Elector::new(id, settings.timings, store);
+    let (elector, leadership) = Elector::new(id, settings.timings, store.clone());
     let fence = Fence::new(name, leadership.clone());
     let client = client_for(
         name,
@@ -383,6 +385,7 @@ async fn connect(
     let connected = Connected {
         lease_client,
         client,
+        lease: store,
         leadership,
         fence,
     };
@@ -508,17 +511,10 @@ async fn lead(
 /// replica holds it at `epoch`, and read again until it is (its records
 /// name it, #59); `None` once the term is over.
 async fn lease_uid(c: &Connected, settings: &ReplicaSettings, epoch: i32) -> Option<String> {
-    use k8s_openapi::api::coordination::v1::Lease;
-    let api: Api<Lease> = Api::namespaced(c.lease_client.clone(), &settings.lease_namespace);
-    let name = format!("flotilla-{}", settings.fleet_name);
     loop {
-        let read = tokio::time::timeout(settings.timings.renew_deadline, api.get(&name)).await;
-        if let Ok(Ok(l)) = read {
-            let ours = l.spec.as_ref().is_some_and(|s| {
-                s.lease_transitions == Some(epoch)
-                    && s.holder_identity.as_deref() == Some(settings.replica_id.as_str())
-            });
-            return l.metadata.uid.filter(|_| ours);
+        let read = c.lease.held_uid(&settings.replica_id, epoch);
+        if let Ok(Ok(uid)) = tokio::time::timeout(settings.timings.renew_deadline, read).await {
+            return uid;
         }
         let leading =
             matches!(*c.leadership.borrow(), Leadership::Leading { epoch: e, .. } if e == epoch);

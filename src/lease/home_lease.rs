@@ -31,9 +31,17 @@ impl HomeLease {
         client: kube::Client,
         suffix: &str,
     ) -> (Elector<KubeLeaseStore>, watch::Receiver<Leadership>) {
+        Elector::new(
+            self.replica_id.clone(),
+            self.timings,
+            self.store(client, suffix),
+        )
+    }
+
+    /// The Lease `flotilla-<fleet>-<suffix>` itself, through `client`.
+    pub fn store(&self, client: kube::Client, suffix: &str) -> KubeLeaseStore {
         let name = format!("flotilla-{}-{suffix}", self.fleet_name);
-        let store = KubeLeaseStore::new(client, &self.namespace, &name);
-        Elector::new(self.replica_id.clone(), self.timings, store)
+        KubeLeaseStore::new(client, &self.namespace, &name)
     }
 }
 

@@ -108,6 +108,20 @@ impl KubeLeaseStore {
         }
     }
 
+    /// The Lease's uid while `holder` holds it at `epoch` (its
+    /// `leaseTransitions`); `None` once it does not. A Lease deleted and
+    /// recreated is another uid, whose terms count again from 1, so a
+    /// fence that outlives one Lease names its uid (#59).
+    pub async fn held_uid(&self, holder: &str, epoch: i32) -> Result<Option<String>, kube::Error> {
+        let Some(l) = self.api.get_opt(&self.name).await? else {
+            return Ok(None);
+        };
+        let held = l.spec.as_ref().is_some_and(|s| {
+            s.lease_transitions == Some(epoch) && s.holder_identity.as_deref() == Some(holder)
+        });
+        Ok(l.metadata.uid.filter(|_| held))
+    }
+
     fn versioned(lease: Lease) -> Result<Versioned, LeaseError> {
         let spec = lease.spec.clone().unwrap_or_default();
         let resource_version = lease

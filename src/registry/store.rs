@@ -69,7 +69,7 @@ pub type Result<T, E = RegistryError> = std::result::Result<T, E>;
 /// Who holds a fleet DNS writer's term, as stored at its term key.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Term {
-    /// etcd's term number: one past the last claim's.
+    /// The term's number: past the last claim's and etcd's revision then.
     epoch: i64,
     holder: String,
     /// The Lease this term was won on: its uid and `leaseTransitions`.
@@ -384,9 +384,9 @@ impl Registry {
     }
 
     /// Takes the term at `key` for `claim`, unless a newer term of the same
-    /// Lease holds it. The term number is etcd's, one past the stored one,
-    /// so it grows even when the Lease is deleted and recreated (its
-    /// `leaseTransitions` start again, #59). Returns the key's mod revision,
+    /// Lease holds it. The term number is past the stored one and etcd's
+    /// revision, so it grows even when the Lease is deleted and recreated
+    /// (its `leaseTransitions` start again, #59) or the key is lost. Returns the key's mod revision,
     /// which every write of this term checks (once a successor claims the
     /// key nothing of ours lands, #31), and the term number.
     pub async fn claim_term(&self, key: &str, claim: &Claim) -> Result<(i64, i64)> {
