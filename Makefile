@@ -56,10 +56,13 @@ demo-pods: toolchain
 image: deps
 	integration/image
 
-# deploy/member/crd.yaml is generated from the Rust types; a unit test fails on drift.
+# The CRDs and their field references (docs/crd-*.md) are generated from the
+# Rust types; unit tests fail on drift.
 crd:
-	cargo run --quiet -- crd > deploy/member/crd.yaml
-	cargo run --quiet -- crd fleet > deploy/home/fleet-crd.yaml
+	cargo run --quiet -- crd > deploy/crds/member/crd.yaml
+	cargo run --quiet -- crd fleet > deploy/crds/home/crd.yaml
+	cargo run --quiet -- crd --reference > docs/crd-microservice.md
+	cargo run --quiet -- crd fleet --reference > docs/crd-fleetmicroservice.md
 
 # The status API under ghz and tonic load; no fleet needed. ghz is installed
 # from the Go module proxy when missing.

@@ -332,6 +332,7 @@ pods_members_up() {
   for m in "${POD_MEMBERS[@]}"; do
     wait_apiserver "$m"
     # What a platform team applies to each member first: the CRD, RBAC, admission.
+    "$bin/kubectl" --kubeconfig "$kubeconfigs/$m.yaml" apply --server-side -k "$root/deploy/crds/member" >/dev/null
     "$bin/kubectl" --kubeconfig "$kubeconfigs/$m.yaml" apply -k "$root/deploy/member" >/dev/null
   done
 }
@@ -351,6 +352,7 @@ pods_secrets() {
         -extfile tls.ext -out tls.crt 2>/dev/null
       rm -f tls.csr tls.ext
       head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >token
+      head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >write-token
     )
   fi
   "$bin/kubectl" --kubeconfig "$kc" apply -f "$root/deploy/home/namespace.yaml" >/dev/null
@@ -360,6 +362,9 @@ pods_secrets() {
     echo ---
     "$bin/kubectl" -n flotilla-system create secret generic flotilla-grpc-token \
       --from-file "token=$pods_dir/token" --dry-run=client -o yaml
+    echo ---
+    "$bin/kubectl" -n flotilla-system create secret generic flotilla-grpc-write-token \
+      --from-file "token=$pods_dir/write-token" --dry-run=client -o yaml
     for m in "${POD_MEMBERS[@]}"; do
       port="$(apiserver_port "$m")"
       sed "s|server: https://127.0.0.1:$port|server: https://$NODE_GATEWAY:$port|" "$kubeconfigs/$m.yaml" \
@@ -388,6 +393,7 @@ pods_up() {
   node_import "$(node_bin)" "$image"
   pods_members_up "$bin"
   pods_secrets "$bin"
+  "$bin/kubectl" --kubeconfig "$kubeconfigs/home.yaml" apply --server-side -k "$root/deploy/crds/home" >/dev/null
   # Server-side, as a manager of its own: a later server-side apply of
   # deploy/home (deploy.rs) then leaves the fields only this overlay sets.
   "$bin/kubectl" --kubeconfig "$kubeconfigs/home.yaml" apply --server-side --force-conflicts \

@@ -115,7 +115,7 @@ pub struct ManagedResources {
     pub service: Option<String>,
 }
 
-/// The CRD as YAML, exactly as `flotilla crd` prints it and `deploy/member/crd.yaml` holds it.
+/// The CRD as YAML, exactly as `flotilla crd` prints it and `deploy/crds/member/crd.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     serde_yaml::to_string(&Microservice::crd())
 }
@@ -127,10 +127,10 @@ mod tests {
     #[test]
     fn deploy_crd_matches_the_types() {
         let generated = crd_yaml().expect("serialize CRD");
-        let committed = include_str!("../deploy/member/crd.yaml");
+        let committed = include_str!("../deploy/crds/member/crd.yaml");
         assert!(
             generated == committed,
-            "deploy/member/crd.yaml is stale: run `make crd` (cargo run -- crd > deploy/member/crd.yaml)"
+            "deploy/crds/member/crd.yaml is stale: run `make crd` (cargo run -- crd > deploy/crds/member/crd.yaml)"
         );
     }
 

@@ -476,6 +476,28 @@ async fn rollout_command(action: args::RolloutAction) -> Result<u8, String> {
     }
 }
 
+/// `flotilla crd`: a CRD as YAML, or its field reference.
+fn crd_text(kind: args::CrdKind, reference: bool) -> Result<String, String> {
+    use flotilla::crd_reference::{FLEET, MICROSERVICE, markdown};
+    use kube::CustomResourceExt;
+    let to_json = |c| serde_json::to_value(c).map_err(|e: serde_json::Error| e.to_string());
+    match (kind, reference) {
+        (args::CrdKind::Microservice, false) => {
+            flotilla::crd::crd_yaml().map_err(|e| e.to_string())
+        }
+        (args::CrdKind::Fleet, false) => {
+            flotilla::rollout::spec::crd_yaml().map_err(|e| e.to_string())
+        }
+        (args::CrdKind::Microservice, true) => Ok(markdown(
+            &to_json(flotilla::crd::Microservice::crd())?,
+            MICROSERVICE,
+        )),
+        (args::CrdKind::Fleet, true) => {
+            Ok(markdown(&to_json(flotilla::rollout::spec::crd())?, FLEET))
+        }
+    }
+}
+
 /// The status commands; returns the process exit code.
 async fn remote(command: Command) -> u8 {
     let outcome: Result<u8, String> = async {
@@ -578,10 +600,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Crd { kind } => match match kind {
-            args::CrdKind::Microservice => flotilla::crd::crd_yaml(),
-            args::CrdKind::Fleet => flotilla::rollout::spec::crd_yaml(),
-        } {
+        Command::Crd { kind, reference } => match crd_text(kind, reference) {
             Ok(yaml) => {
                 print!("{yaml}");
                 ExitCode::SUCCESS
@@ -606,6 +625,13 @@ fn main() -> ExitCode {
             };
             ExitCode::from(runtime.block_on(remote(command)))
         }
+        Command::Cluster(args) => match tokio::runtime::Runtime::new() {
+            Ok(rt) => ExitCode::from(rt.block_on(flotilla::cli::cluster::run(args))),
+            Err(e) => {
+                eprintln!("error: tokio runtime: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Run(args) => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,

@@ -49,6 +49,14 @@ fn k_with(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
 }
 
 fn apply(cluster: &str, dir: &str) {
+    // The CRDs first, as docs/install.md orders it: they are kept apart so
+    // that deleting the operator's manifests deletes no workload.
+    let crds = deploy_dir("crds").join(dir).display().to_string();
+    let (ok, out) = k(
+        cluster,
+        &["apply", "--server-side", "--force-conflicts", "-k", &crds],
+    );
+    assert!(ok, "CRDs on {cluster}: {out}");
     // A server-side dry-run of namespaced objects needs their namespace.
     let ns = deploy_dir(dir).join("namespace.yaml").display().to_string();
     let (ok, out) = k(cluster, &["apply", "--server-side", "-f", &ns]);

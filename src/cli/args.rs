@@ -18,6 +18,39 @@ fn parse_progress_deadline(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A probe path: absolute, printable ASCII, no spaces, as an HTTP request
+/// line needs it.
+fn parse_probe_path(s: &str) -> Result<String, String> {
+    let ok = s.starts_with('/') && s.len() <= 256 && s.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?}: a probe path starts with '/' and has no spaces or control characters"
+        ))
+    }
+}
+
+/// A resource quantity as requests take it: a decimal number and an
+/// optional suffix (m, k, M, G, T, Ki, Mi, Gi, Ti).
+fn parse_quantity(s: &str) -> Result<String, String> {
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &s[digits.len()..];
+    let number_ok = !digits.is_empty()
+        && digits.split('.').count() <= 2
+        && digits
+            .split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    let suffix_ok = ["", "m", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"].contains(&suffix);
+    if number_ok && suffix_ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not a resource quantity (e.g. 25m, 128Mi)"
+        ))
+    }
+}
+
 /// An address, or none when empty: a server the environment can turn off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OptionalAddr(pub Option<std::net::SocketAddr>);
@@ -73,6 +106,9 @@ pub enum Command {
     Crd {
         #[arg(value_enum, default_value = "microservice")]
         kind: CrdKind,
+        /// A markdown field reference instead (docs/crd-*.md).
+        #[arg(long)]
+        reference: bool,
     },
     /// Run the operator.
     Run(Box<RunArgs>),
@@ -94,6 +130,9 @@ pub enum Command {
     /// cluster's role and why, and the last failovers. Exit codes: 0
     /// shown, 3 could not ask.
     Placement(ObjectArgs),
+    /// Register or deregister a member cluster (`cluster add`, `cluster
+    /// remove`), writing to the member and the home cluster directly.
+    Cluster(super::cluster::ClusterArgs),
 }
 
 /// A command about one object of the fleet.
@@ -340,6 +379,19 @@ pub struct RunArgs {
         default_value = "http://otel-collector.observability.svc:4317"
     )]
     pub workload_otlp_endpoint: String,
+    /// The readiness probe's HTTP path on every workload's port (the
+    /// workload contract, docs/reference.md).
+    #[arg(long, env = "FLOTILLA_WORKLOAD_READINESS_PATH", default_value = "/health/ready", value_parser = parse_probe_path)]
+    pub workload_readiness_path: String,
+    /// The liveness probe's HTTP path on every workload's port.
+    #[arg(long, env = "FLOTILLA_WORKLOAD_LIVENESS_PATH", default_value = "/health/live", value_parser = parse_probe_path)]
+    pub workload_liveness_path: String,
+    /// Every workload container's CPU request.
+    #[arg(long, env = "FLOTILLA_WORKLOAD_CPU_REQUEST", default_value = "25m", value_parser = parse_quantity)]
+    pub workload_cpu_request: String,
+    /// Every workload container's memory request.
+    #[arg(long, env = "FLOTILLA_WORKLOAD_MEMORY_REQUEST", default_value = "128Mi", value_parser = parse_quantity)]
+    pub workload_memory_request: String,
     /// The Deployments' progressDeadlineSeconds: a rollout that makes no
     /// progress for this long is Failed (ProgressDeadlineExceeded).
     #[arg(long, env = "FLOTILLA_PROGRESS_DEADLINE", default_value = "10m", value_parser = parse_progress_deadline)]
@@ -579,8 +631,11 @@ impl RunArgs {
     pub fn platform_defaults(&self) -> crate::domain::desired::PlatformDefaults {
         crate::domain::desired::PlatformDefaults {
             otlp_endpoint: self.workload_otlp_endpoint.clone(),
+            readiness_path: self.workload_readiness_path.clone(),
+            liveness_path: self.workload_liveness_path.clone(),
+            cpu_request: self.workload_cpu_request.clone(),
+            memory_request: self.workload_memory_request.clone(),
             progress_deadline_seconds: self.progress_deadline.as_secs() as i32,
-            ..Default::default()
         }
     }
 
@@ -630,6 +685,50 @@ pub fn replica_id(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_workload_contract_is_configurable_and_checked() {
+        let cli = Cli::try_parse_from([
+            "flotilla",
+            "run",
+            "--workload-readiness-path=/readyz",
+            "--workload-liveness-path=/healthz",
+            "--workload-cpu-request=0.5",
+            "--workload-memory-request=64Mi",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        let d = run.platform_defaults();
+        assert_eq!(
+            (d.readiness_path.as_str(), d.liveness_path.as_str()),
+            ("/readyz", "/healthz")
+        );
+        assert_eq!(
+            (d.cpu_request.as_str(), d.memory_request.as_str()),
+            ("0.5", "64Mi")
+        );
+        let defaults = Cli::try_parse_from(["flotilla", "run"]).unwrap();
+        let Command::Run(run) = defaults.command else {
+            panic!("not run")
+        };
+        let d = run.platform_defaults();
+        // The flags' defaults are the domain's, today's contract.
+        assert_eq!(d, crate::domain::desired::PlatformDefaults::default());
+        for bad in [
+            "--workload-readiness-path=health",
+            "--workload-liveness-path=/a b",
+            "--workload-cpu-request=25x",
+            "--workload-memory-request=Mi",
+            "--workload-memory-request=1.2.3Mi",
+        ] {
+            assert!(
+                Cli::try_parse_from(["flotilla", "run", bad]).is_err(),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn fleet_mode_refuses_to_start_without_an_identity() {

@@ -2,6 +2,7 @@
 //! output (`output`, pure) and calls (`remote`).
 
 pub mod args;
+pub mod cluster;
 #[cfg(test)]
 mod doc_examples;
 pub mod output;

@@ -31,6 +31,10 @@ pub struct PlatformDefaults {
     pub otlp_endpoint: String,
     pub cpu_request: String,
     pub memory_request: String,
+    /// The HTTP paths of the readiness and liveness probes, on the
+    /// Microservice's port.
+    pub readiness_path: String,
+    pub liveness_path: String,
     /// The Deployment's progressDeadlineSeconds.
     pub progress_deadline_seconds: i32,
 }
@@ -41,6 +45,8 @@ impl Default for PlatformDefaults {
             otlp_endpoint: "http://otel-collector.observability.svc:4317".into(),
             cpu_request: "25m".into(),
             memory_request: "128Mi".into(),
+            readiness_path: READINESS_PATH.into(),
+            liveness_path: LIVENESS_PATH.into(),
             progress_deadline_seconds: 600,
         }
     }
@@ -143,8 +149,8 @@ pub fn desired(ms: &Microservice, defaults: &PlatformDefaults) -> Result<Childre
             .chain(spec.env.iter().map(|e| env(&e.name, e.value.clone())))
             .collect(),
         ),
-        readiness_probe: Some(http_probe(READINESS_PATH, spec.port)),
-        liveness_probe: Some(http_probe(LIVENESS_PATH, spec.port)),
+        readiness_probe: Some(http_probe(&defaults.readiness_path, spec.port)),
+        liveness_probe: Some(http_probe(&defaults.liveness_path, spec.port)),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".to_string(), Quantity(defaults.cpu_request.clone())),
@@ -348,6 +354,32 @@ mod tests {
             env_of(&c.deployment)["OTEL_EXPORTER_OTLP_ENDPOINT"],
             "http://collector.platform:4317"
         );
+    }
+
+    #[test]
+    fn probes_and_requests_come_from_configuration() {
+        let defaults = PlatformDefaults {
+            readiness_path: "/readyz".into(),
+            liveness_path: "/healthz".into(),
+            cpu_request: "50m".into(),
+            memory_request: "64Mi".into(),
+            ..PlatformDefaults::default()
+        };
+        let c = desired(&ms("a").build(), &defaults).unwrap();
+        let pod = c.deployment.spec.unwrap().template.spec.unwrap();
+        let container = &pod.containers[0];
+        let path = |p: &Option<Probe>| p.as_ref().unwrap().http_get.as_ref().unwrap().path.clone();
+        assert_eq!(path(&container.readiness_probe).as_deref(), Some("/readyz"));
+        assert_eq!(path(&container.liveness_probe).as_deref(), Some("/healthz"));
+        let requests = container
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap();
+        assert_eq!(requests["cpu"].0, "50m");
+        assert_eq!(requests["memory"].0, "64Mi");
     }
 
     #[test]

@@ -589,7 +589,7 @@ pub fn crd() -> CustomResourceDefinition {
     serde_json::from_value(value).expect("the same CRD, with enums")
 }
 
-/// The CRD as YAML, as `flotilla crd fleet` prints it and `deploy/home/fleet-crd.yaml` holds it.
+/// The CRD as YAML, as `flotilla crd fleet` prints it and `deploy/crds/home/crd.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     serde_yaml::to_string(&crd())
 }
@@ -601,10 +601,10 @@ mod tests {
     #[test]
     fn deploy_crd_matches_the_types() {
         let generated = crd_yaml().expect("serialize CRD");
-        let committed = include_str!("../../deploy/home/fleet-crd.yaml");
+        let committed = include_str!("../../deploy/crds/home/crd.yaml");
         assert!(
             generated == committed,
-            "deploy/home/fleet-crd.yaml is stale: run `make crd`"
+            "deploy/crds/home/crd.yaml is stale: run `make crd`"
         );
     }
 

@@ -171,6 +171,13 @@ fn validity(cert: &[u8]) -> Option<(i64, i64)> {
     Some((x509_time(t1, not_before)?, x509_time(t2, not_after)?))
 }
 
+/// When the material's serving certificate expires (Unix seconds), for the
+/// expiry gauge; None when it does not parse (it then never serves).
+fn expires(m: &Material) -> Option<i64> {
+    let first = CertificateDer::pem_slice_iter(&m.cert).next()?.ok()?;
+    validity(&first).map(|(_, until)| until)
+}
+
 /// Why a certificate cannot serve at `now`, if it cannot: rotated files
 /// that hold an expired or not-yet-valid certificate keep the previous one.
 fn out_of_date(cert: &[u8], now: i64) -> Option<&'static str> {
@@ -199,6 +206,9 @@ impl Rotating {
     pub fn load(files: TlsFiles, alpn: Alpn) -> Result<Self, ServeError> {
         let m = material(&files)?;
         let config = server_config(&m, alpn)?;
+        if let Some(until) = expires(&m) {
+            METRICS.tls_certificate_expiry.set(&[], until as f64);
+        }
         Ok(Rotating {
             files,
             alpn,
@@ -236,6 +246,9 @@ impl Rotating {
         }
         match server_config(&m, self.alpn) {
             Ok(config) => {
+                if let Some(until) = expires(&m) {
+                    METRICS.tls_certificate_expiry.set(&[], until as f64);
+                }
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = (m, config);
                 *refused = None;
                 self.changed.send_modify(|n| *n += 1);
@@ -344,6 +357,13 @@ mod tests {
             (at("2026-12-01T22:34:53Z"), at("2036-11-28T22:34:53Z"))
         );
         assert_eq!(out_of_date(&der, from + 1), None);
+        // The expiry gauge reads the same notAfter from the PEM files.
+        let pem = Material {
+            cert: CERT.as_bytes().to_vec(),
+            key: KEY.as_bytes().to_vec(),
+            client_ca: None,
+        };
+        assert_eq!(expires(&pem), Some(until));
         assert_eq!(out_of_date(&der, until + 1), Some("has expired"));
         assert_eq!(out_of_date(&der, from - 1), Some("is not valid yet"));
         assert_eq!(

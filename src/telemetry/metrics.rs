@@ -212,6 +212,8 @@ metrics! {
         "Writes of the fleet controller to the home cluster, by kind.";
     rollout_member_writes_total: Counter "flotilla_rollout_member_writes_total" ["cluster", "verb"]
         "Member Microservice writes of the fleet controller, by cluster and verb.";
+    tls_certificate_expiry: Gauge "flotilla_tls_certificate_expiry_timestamp_seconds" []
+        "When the serving certificate in use (gRPC and dashboard) expires, in Unix seconds; alert well before it.";
     rollout_clock_ahead: Gauge "flotilla_rollout_clock_ahead_seconds" []
         "On the rollout leader, how far the newest stamp in the FleetMicroservice statuses it planned with in its last pass is ahead of its own clock: another replica's clock running ahead. Bakes and deadlines trust an inherited stamp for at most 30 s.";
     dns_records: Gauge "flotilla_dns_records" ["state"]
