@@ -21,5 +21,5 @@ RUN integration/image --binary-only
 FROM --platform=linux/amd64 gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /src/target/x86_64-unknown-linux-gnu/release/flotilla /usr/local/bin/flotilla
 USER 65532:65532
-EXPOSE 50051 8080
+EXPOSE 50051 8080 8443
 ENTRYPOINT ["/usr/local/bin/flotilla"]

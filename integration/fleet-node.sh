@@ -366,6 +366,8 @@ pods_secrets() {
     "$bin/kubectl" -n flotilla-system create secret generic flotilla-grpc-write-token \
       --from-file "token=$pods_dir/write-token" --dry-run=client -o yaml
     for m in "${POD_MEMBERS[@]}"; do
+      # Full members are registered below by `flotilla cluster add`.
+      [[ $m != pods-* && -n "${FLOTILLA_BIN:-}" ]] && continue
       port="$(apiserver_port "$m")"
       sed "s|server: https://127.0.0.1:$port|server: https://$NODE_GATEWAY:$port|" "$kubeconfigs/$m.yaml" \
         >"$pods_dir/$m.yaml"
@@ -376,6 +378,19 @@ pods_secrets() {
           $([[ $m == "${POD_MEMBERS[0]}" ]] && echo ring=canary) -o yaml
     done
   } | "$bin/kubectl" --kubeconfig "$kc" apply -f - >/dev/null
+  # With FLOTILLA_BIN (make demo-pods), full members are registered as a
+  # platform team would (docs/install.md): the member manifests and a token
+  # of the member's own ServiceAccount, never the admin kubeconfig.
+  # (pods-N members have no token controller: apiservers only.)
+  if [[ -n "${FLOTILLA_BIN:-}" ]]; then
+    for m in "${POD_MEMBERS[@]}"; do
+      [[ $m == pods-* ]] && continue
+      "$FLOTILLA_BIN" cluster add "$m" --member-kubeconfig "$kubeconfigs/$m.yaml" \
+        --member-server "https://$NODE_GATEWAY:$(apiserver_port "$m")" --home-kubeconfig "$kc" \
+        $([[ $m == "${POD_MEMBERS[0]}" ]] && echo --label ring=canary) >/dev/null ||
+        die "flotilla cluster add $m failed"
+    done
+  fi
   # Members of an earlier `pods up` that this one does not name leave.
   local s
   for s in $("$bin/kubectl" --kubeconfig "$kc" -n flotilla-members get secret \

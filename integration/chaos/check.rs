@@ -64,7 +64,7 @@ pub struct Write {
 
 /// Every write was received while its writer held the Lease: the last
 /// Lease write before it names the writer, and the writer renewed within
-/// `limit` (renew deadline plus network slack) before it.
+/// `limit` (the Lease duration: before any successor may acquire) before it.
 pub fn writes_inside_terms(
     invariant: &'static str,
     leases: &[LeaseWrite],

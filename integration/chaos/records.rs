@@ -159,5 +159,13 @@ fn status_write(cluster: &str, e: &serde_json::Value) -> Option<StatusWrite> {
     })
 }
 
-/// The renew deadline the chaos replicas run with, plus network slack.
-pub const TERM_LIMIT: Duration = Duration::from_millis(1500 + 200);
+/// How long after a writer's last renewal reached the apiserver its writes
+/// may still arrive: the Lease duration the chaos replicas run with
+/// (`FAST_ELECTION`, 2 s). No other candidate may acquire before it has
+/// seen the Lease unrenewed that long, so a write that arrives sooner
+/// cannot overlap another writer's term. (The renew deadline plus 200 ms,
+/// the fence's own cut-off, was the bound before: under `make test`'s load
+/// a member apiserver received a renewal 0.5 s after it was sent, and a
+/// write sent inside the renew deadline arrived 0.4 s past it, with the
+/// Lease still the writer's.)
+pub const TERM_LIMIT: Duration = Duration::from_secs(2);

@@ -379,7 +379,10 @@ async fn manifests_apply_grant_least_privilege_and_run_the_operator() {
         (&["delete", "namespaces"][..], false),
         (&["create", "deployments.apps", "-n", "default"][..], true),
         (&["update", "services", "-n", "default"][..], true),
-        (&["delete", "deployments.apps", "-n", "default"][..], false),
+        // An earlier Microservice's leftover children; admission.yaml
+        // admits only deletes of what a Microservice controls.
+        (&["delete", "deployments.apps", "-n", "default"][..], true),
+        (&["delete", "services", "-n", "default"][..], true),
         (&["list", "endpointslices.discovery.k8s.io", "-A"][..], true),
         (
             &["create", "endpointslices.discovery.k8s.io", "-n", "default"][..],
@@ -643,13 +646,158 @@ async fn a_leaked_member_credential_cannot_place_a_workload_that_owns_the_member
         let by_cluster = name == "privileged" && out.contains("disallowed by cluster policy");
         assert!(!ok && (refused(&out) || by_cluster), "{name}: {out}");
     }
+    // A Deployment no Microservice controls: another's, or a stranger's.
+    let (ok, out) = create("unowned", deployment("x", &ns.name, serde_json::json!({})));
+    assert!(
+        !ok && out.contains("a Microservice controls"),
+        "a Deployment without its Microservice admitted: {out}"
+    );
     // What the reconciler and the fleet controller write: admitted.
-    let (ok, out) = create("plain", deployment("x", &ns.name, serde_json::json!({})));
+    let mut plain = deployment("x", &ns.name, serde_json::json!({}));
+    plain["metadata"]["ownerReferences"] = serde_json::json!([{
+        "apiVersion": "platform.example.io/v1alpha1", "kind": "Microservice",
+        "name": "x", "uid": "00000000-0000-4000-8000-000000000001", "controller": true,
+    }]);
+    let (ok, out) = create("plain", plain);
     assert!(ok, "a plain Deployment refused: {out}");
     let (ok, out) = create(
         "namespace",
         serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("{}-placed", ns.name)}}),
     );
     assert!(ok, "an ordinary namespace refused: {out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The operator may delete a Deployment or Service only when a Microservice
+/// controls it: the leftovers of an earlier Microservice of the same name
+/// (reconciler.rs: children_of_an_earlier_microservice_of_the_same_name_are_replaced),
+/// which the shipped RBAC must let it remove. Anyone else's, or anything
+/// in kube-system, is refused by the shipped admission policy. Server-side
+/// dry runs as that ServiceAccount on member-1.
+#[tokio::test]
+async fn a_leaked_member_credential_deletes_only_what_a_microservice_controls() {
+    apply("member-1", "member");
+    let (ns, dir, sa) = as_operator("member-1", "deploy-deletes").await;
+    let owner = serde_json::json!([{
+        "apiVersion": "platform.example.io/v9", "kind": "Microservice",
+        "name": "web", "uid": "00000000-0000-4000-8000-00000000dead", "controller": true,
+    }]);
+    // A version the member does not serve: the garbage collector cannot
+    // resolve the owner and leaves these, as a lagging one does.
+    let mut leftover = deployment("leftover", &ns.name, serde_json::json!({}));
+    leftover["metadata"]["ownerReferences"] = owner.clone();
+    let leftover_service = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "leftover", "namespace": ns.name, "ownerReferences": owner.clone()},
+        "spec": {"selector": {"app": "leftover"}, "ports": [{"port": 8080}]},
+    });
+    let stranger = deployment("stranger", &ns.name, serde_json::json!({}));
+    let stranger_service = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "stranger", "namespace": ns.name},
+        "spec": {"selector": {"app": "stranger"}, "ports": [{"port": 8080}]},
+    });
+    for (name, v) in [
+        ("leftover", leftover),
+        ("leftover-svc", leftover_service),
+        ("stranger", stranger),
+        ("stranger-svc", stranger_service),
+    ] {
+        let (ok, out) = k("member-1", &["create", "-f", &manifest(&dir, name, v)]);
+        assert!(ok, "{name}: {out}");
+    }
+    let delete = |kind: &str, ns: &str, name: &str| {
+        k_with(&sa, &["delete", kind, name, "-n", ns, "--dry-run=server"])
+    };
+    let refused = |out: &str| out.contains("flotilla deletes");
+    support::eventually(
+        "the delete policy in force",
+        Duration::from_secs(30),
+        || {
+            let (ok, out) = delete("deployment", &ns.name, "stranger");
+            async move { (!ok && refused(&out)).then_some(()) }
+        },
+    )
+    .await;
+    let (ok, out) = delete("service", &ns.name, "stranger");
+    assert!(!ok && refused(&out), "another's Service deleted: {out}");
+    // A Microservice's leftover, but in kube-system.
+    let system_name = format!("{}-leftover", ns.name);
+    let mut in_system = deployment(&system_name, "kube-system", serde_json::json!({}));
+    in_system["metadata"]["ownerReferences"] = owner.clone();
+    let (ok, out) = k(
+        "member-1",
+        &["create", "-f", &manifest(&dir, "in-system", in_system)],
+    );
+    assert!(ok, "kube-system leftover: {out}");
+    let (ok, out) = delete("deployment", "kube-system", &system_name);
+    k(
+        "member-1",
+        &["delete", "deployment", &system_name, "-n", "kube-system"],
+    );
+    assert!(
+        !ok && refused(&out),
+        "a Deployment in kube-system deleted: {out}"
+    );
+    // Nor can it take another's over, or hand it to a Microservice.
+    let (ok, out) = k_with(
+        &sa,
+        &[
+            "label",
+            "deployment",
+            "stranger",
+            "-n",
+            &ns.name,
+            "x=y",
+            "--dry-run=server",
+        ],
+    );
+    assert!(
+        !ok && out.contains("a Microservice controls"),
+        "another's Deployment updated: {out}"
+    );
+    let adopt = serde_json::json!({"metadata": {"ownerReferences": [{
+        "apiVersion": "platform.example.io/v1alpha1", "kind": "Microservice",
+        "name": "web", "uid": "00000000-0000-4000-8000-000000000002", "controller": true,
+    }]}})
+    .to_string();
+    let (ok, out) = k_with(
+        &sa,
+        &[
+            "patch",
+            "service",
+            "stranger",
+            "-n",
+            &ns.name,
+            "--type=merge",
+            "-p",
+            &adopt,
+            "--dry-run=server",
+        ],
+    );
+    assert!(
+        !ok && out.contains("a Microservice controls"),
+        "another's Service adopted: {out}"
+    );
+    let (ok, out) = k_with(
+        &sa,
+        &[
+            "label",
+            "deployment",
+            "leftover",
+            "-n",
+            &ns.name,
+            "x=y",
+            "--dry-run=server",
+        ],
+    );
+    assert!(
+        ok,
+        "a Microservice's own Deployment could not be updated: {out}"
+    );
+    for kind in ["deployment", "service"] {
+        let (ok, out) = delete(kind, &ns.name, "leftover");
+        assert!(ok, "a Microservice's leftover {kind} refused: {out}");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -106,16 +106,16 @@ fn settings() -> String {
 
 /// Runs the blocks of `doc` in `dir` with bash, within `limit`; its output.
 fn run_doc(doc: &str, dir: &Path, limit: Duration) -> String {
-    let text =
+    let markdown =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(doc)).expect("doc");
-    let (doc_settings, blocks) = sh_blocks(&text);
+    let (doc_settings, blocks) = sh_blocks(&markdown);
     assert!(!blocks.is_empty(), "{doc}: no sh blocks");
     if doc == "docs/install.md" {
         assert!(doc_settings.is_some(), "{doc}: no settings block");
     }
     // Background jobs (the port-forward) end with the script.
     let script = format!(
-        "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\nset -x\n{}{}",
+        "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\ntrap 'exit 143' TERM INT\nset -x\n{}{}",
         settings(),
         blocks.join("")
     );
@@ -126,50 +126,51 @@ fn run_doc(doc: &str, dir: &Path, limit: Duration) -> String {
         kubectl().parent().expect("kubectl dir").display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let out = Command::new("timeout")
-        .args([
-            "--kill-after=10",
-            &limit.as_secs().to_string(),
-            "bash",
-            "-c",
-            &script,
-        ])
+    let out = timed(limit)
+        .args(["bash", "-c", &script])
         .current_dir(dir)
         .env("PATH", path)
         .env_remove("KUBECONFIG")
         .output()
         .expect("bash");
-    let text = format!(
+    let said = text(&out);
+    assert!(
+        out.status.success(),
+        "{doc}, run as written, failed ({}):\n{said}",
+        out.status
+    );
+    said
+}
+
+/// A command run by coreutils' timeout, which ends it past `limit`.
+fn timed(limit: Duration) -> Command {
+    let mut c = Command::new("timeout");
+    c.args(["--kill-after=10", &limit.as_secs().to_string()]);
+    c
+}
+
+/// Its stdout and stderr, as one text.
+fn text(out: &std::process::Output) -> String {
+    format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "{doc}, run as written, failed ({}):\n{text}",
-        out.status
-    );
-    text
+    )
 }
 
 fn run(program: &Path, args: &[&str], limit: Duration) -> String {
-    let out = Command::new("timeout")
-        .args(["--kill-after=5", &limit.as_secs().to_string()])
+    let out = timed(limit)
         .arg(program)
         .args(args)
         .output()
         .expect("timeout(1)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(
         out.status.success(),
-        "{} {args:?}: {text}",
-        program.display()
+        "{} {args:?}: {}",
+        program.display(),
+        text(&out)
     );
-    text
+    text(&out)
 }
 
 fn k_home(args: &[&str]) -> String {
@@ -227,16 +228,6 @@ impl Drop for RealNodesOnly {
     }
 }
 
-fn image_tarball() -> PathBuf {
-    if let Some(p) = std::env::var_os("FLOTILLA_IMAGE_TAR") {
-        return p.into();
-    }
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-        .join("image/flotilla.tar")
-}
-
 /// A copy of `deploy/`, as a release unpacks it: the docs' commands run
 /// from the directory that holds it.
 fn release_dir() -> PathBuf {
@@ -256,6 +247,16 @@ fn release_dir() -> PathBuf {
     dir
 }
 
+/// Whether a read found nothing, a missing kind (no CRD) included; None
+/// when it could not tell.
+fn absent<K>(read: Result<Option<K>, kube::Error>) -> Option<bool> {
+    match read {
+        Ok(found) => Some(found.is_none()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Some(true),
+        Err(_) => None,
+    }
+}
+
 /// The sample's objects, gone: an earlier run's uninstall left them on
 /// purpose. The FleetMicroservice's finalizer is the operator's, which is
 /// not running, so it is cleared first.
@@ -267,7 +268,7 @@ async fn remove_sample() {
         "default",
         &kube::api::ApiResource::erase::<flotilla::rollout::spec::FleetMicroservice>(&()),
     );
-    if fms.get_opt("whoami").await.expect("read whoami").is_some() {
+    if absent(fms.get_opt("whoami").await) == Some(false) {
         let clear = serde_json::json!({"metadata": {"finalizers": null}});
         fms.patch("whoami", &PatchParams::default(), &Patch::Merge(&clear))
             .await
@@ -285,8 +286,8 @@ async fn remove_sample() {
             || {
                 let (ms, deployments) = (ms.clone(), deployments.clone());
                 async move {
-                    let gone = ms.get_opt("whoami").await.ok()?.is_none()
-                        && deployments.get_opt("whoami").await.ok()?.is_none();
+                    let gone = absent(ms.get_opt("whoami").await)?
+                        && absent(deployments.get_opt("whoami").await)?;
                     gone.then_some(())
                 }
             },
@@ -309,7 +310,7 @@ fn token_only(kubeconfig: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_install_runbook_word_for_word_registers_members_with_their_own_identity_and_uninstalling_keeps_workloads()
  {
-    let image = image_tarball();
+    let image = support::image_tarball();
     assert!(
         image.is_file(),
         "no image at {}: run `make image` (run-tests builds it)",
@@ -319,6 +320,19 @@ async fn the_install_runbook_word_for_word_registers_members_with_their_own_iden
     run(&fleet, &["node", "up"], Duration::from_secs(600));
     // A clean home: the Pod tests' install, and every registration with it, goes.
     run(&fleet, &["pods", "down"], Duration::from_secs(180));
+    let home = client("home").await;
+    for ns in ["flotilla-system", "flotilla-members"] {
+        let api = Api::<Namespace>::all(home.clone());
+        eventually(
+            &format!("home: {ns} gone"),
+            Duration::from_secs(120),
+            || {
+                let api = api.clone();
+                async move { api.get_opt(ns).await.ok()?.is_none().then_some(()) }
+            },
+        )
+        .await;
+    }
     run(
         &fleet,
         &["node", "import", &image.display().to_string()],
@@ -340,7 +354,6 @@ async fn the_install_runbook_word_for_word_registers_members_with_their_own_iden
 
     // Each registration holds a token of the member's own ServiceAccount,
     // and nothing of the admin kubeconfig that ran `cluster add`.
-    let home = client("home").await;
     let secrets = Api::<Secret>::namespaced(home.clone(), "flotilla-members");
     for m in MEMBERS {
         let s = secrets.get(m).await.expect("member Secret");
@@ -404,6 +417,78 @@ async fn the_install_runbook_word_for_word_registers_members_with_their_own_iden
         secrets.get_opt("again").await.unwrap().is_none(),
         "a refused add wrote a Secret"
     );
+    // A purge whose kubeconfig reaches another cluster than the name
+    // registers deletes nothing, in home or in the member.
+    let out = timed(Duration::from_secs(60))
+        .arg(&flotilla)
+        .args([
+            "cluster",
+            "remove",
+            "member-2",
+            "--purge",
+            "--member-kubeconfig",
+            &member_kc,
+        ])
+        .args(["--home-kubeconfig", &home_kc])
+        .output()
+        .expect("flotilla");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("nothing purged"),
+        "{err}"
+    );
+    assert!(
+        secrets.get_opt("member-2").await.unwrap().is_some(),
+        "member-2 deregistered"
+    );
+    let token = Api::<Secret>::namespaced(client("member-1").await, "flotilla-system");
+    assert!(
+        token
+            .get_opt("flotilla-member-token")
+            .await
+            .unwrap()
+            .is_some(),
+        "member-1's token purged"
+    );
+    // The same registration again changes nothing.
+    let again = timed(Duration::from_secs(60))
+        .arg(&flotilla)
+        .args([
+            "cluster",
+            "add",
+            "member-1",
+            "--member-kubeconfig",
+            &member_kc,
+        ])
+        .args([
+            "--member-server",
+            &format!("https://{NODE_GATEWAY}:{}", apiserver_port("member-1")),
+        ])
+        .args([
+            "--home-kubeconfig",
+            &home_kc,
+            "--label",
+            "env=prod",
+            "--label",
+            "ring=canary",
+        ])
+        .output()
+        .expect("flotilla");
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert!(
+        again.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(
+        said.contains("home: Secret flotilla-members/member-1 unchanged (the same member again")
+            && said.contains("member: Secret flotilla-system/flotilla-member-token kept")
+            && said.contains(
+                "CustomResourceDefinition/microservices.platform.example.io present, left as it is"
+            )
+            && !said.contains(" created"),
+        "cluster add again:\n{said}"
+    );
 
     // The FleetMicroservice rolled out (the doc's `rollout wait` passed):
     // its Deployment is in every member, written by the Pods as the
@@ -459,6 +544,18 @@ async fn the_install_runbook_word_for_word_registers_members_with_their_own_iden
     // Uninstalling as docs/lifecycle.md says keeps every workload.
     let out = run_doc("docs/lifecycle.md", &dir, Duration::from_secs(600));
     println!("{out}");
+    // --purge revoked each member's token and deleted its access.
+    for what in [
+        "member: Secret flotilla-system/flotilla-member-token deleted",
+        "member: ClusterRoleBinding/flotilla-member deleted",
+        "member: ServiceAccount/flotilla-system/flotilla deleted",
+    ] {
+        assert_eq!(
+            out.matches(what).count(),
+            3,
+            "{what:?} not once per member:\n{out}"
+        );
+    }
     for m in MEMBERS {
         let member = client(m).await;
         eventually(

@@ -13,11 +13,14 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// promtool, built once per machine (integration/toolchain/promtool.sh).
+/// promtool, built once per machine (integration/toolchain/prometheus.sh).
 fn promtool() -> PathBuf {
-    let out = Command::new(root().join("integration/toolchain/promtool.sh"))
+    let out = Command::new("timeout")
+        .arg("1200")
+        .arg(root().join("integration/toolchain/prometheus.sh"))
+        .arg("promtool")
         .output()
-        .expect("integration/toolchain/promtool.sh");
+        .expect("integration/toolchain/prometheus.sh");
     assert!(
         out.status.success(),
         "building promtool failed: {}",

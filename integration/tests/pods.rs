@@ -49,17 +49,6 @@ const RETRY_PERIOD: Duration = Duration::from_secs(2);
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The image `make image` (or run-tests) wrote.
-fn image_tarball() -> PathBuf {
-    if let Some(p) = std::env::var_os("FLOTILLA_IMAGE_TAR") {
-        return p.into();
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
-    target.join("image/flotilla.tar")
-}
-
 /// Runs a command within `limit` (coreutils' timeout ends it past that):
 /// whether it succeeded, and its output.
 fn run(program: &std::path::Path, args: &[&str], limit: Duration) -> (bool, String) {
@@ -170,7 +159,7 @@ async fn steady(
 
 /// The node and the Pods, as `integration/fleet` starts them (idempotent).
 async fn installed() -> (Client, BTreeMap<&'static str, Client>) {
-    let image = image_tarball();
+    let image = support::image_tarball();
     assert!(
         image.is_file(),
         "no image at {}: run `make image` (run-tests builds it)",
@@ -722,7 +711,10 @@ fn dockerfile(instruction: &str) -> String {
 /// same ports; and packing the same binary again gives the same digest.
 #[test]
 fn the_image_runs_what_the_dockerfile_runs_and_packs_to_the_same_digest() {
-    let out = image_tarball().parent().expect("image dir").to_path_buf();
+    let out = support::image_tarball()
+        .parent()
+        .expect("image dir")
+        .to_path_buf();
     let layout = out.join("oci");
     let index: serde_json::Value = serde_json::from_slice(
         &std::fs::read(layout.join("index.json")).expect("the image's index.json"),

@@ -78,7 +78,7 @@ pub struct ClusterRemoveArgs {
     #[arg(long, requires = "member_kubeconfig")]
     pub purge: bool,
     /// The member, for --purge.
-    #[arg(long)]
+    #[arg(long, requires = "purge")]
     pub member_kubeconfig: Option<PathBuf>,
     /// A context of --member-kubeconfig other than its current one.
     #[arg(long)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::discovery::Scope;
@@ -174,18 +174,23 @@ async fn cluster_id(member: &Client) -> Result<String, JoinError> {
     })
 }
 
-/// The registrations there are, by Secret name.
+/// The registrations there are, by Secret name. The namespace must exist:
+/// a list of a missing one is empty, not an error.
 async fn registrations(
     home: &Client,
     namespace: &str,
 ) -> Result<BTreeMap<String, plan::Existing>, JoinError> {
-    let secrets = Api::<Secret>::namespaced(home.clone(), namespace)
-        .list_metadata(&Default::default())
+    let there = Api::<Namespace>::all(home.clone())
+        .get_opt(namespace)
         .await
-        .map_err(api_err(
-            "home",
-            format!("list Secrets in {namespace} (is deploy/home applied?)"),
-        ))?;
+        .map_err(api_err("home", format!("read namespace {namespace}")))?;
+    if there.is_none() {
+        return Err(JoinError::NoMembersNamespace(namespace.to_string()));
+    }
+    let secrets = Api::<Secret>::namespaced(home.clone(), namespace)
+        .list(&Default::default())
+        .await
+        .map_err(api_err("home", format!("list Secrets in {namespace}")))?;
     Ok(secrets
         .items
         .into_iter()
@@ -200,11 +205,17 @@ async fn registrations(
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(CLUSTER_ID_ANNOTATION).cloned());
+            let server = s
+                .data
+                .as_ref()
+                .and_then(|d| d.get(SECRET_KEY))
+                .and_then(|k| plan::kubeconfig_server(&k.0));
             Some((
                 s.metadata.name?,
                 plan::Existing {
                     labelled,
                     cluster_id,
+                    server,
                 },
             ))
         })
@@ -244,6 +255,13 @@ async fn apply_manifest(member: &Client, m: &Manifest) -> Result<&'static str, J
         .await
         .map_err(api_err("member", format!("read {}", m.describe())))?
         .and_then(|o| o.metadata.resource_version);
+    // A CRD is upgraded on purpose, first (docs/lifecycle.md): an older CLI
+    // adding a member must not take an existing one back.
+    if m.kind == "CustomResourceDefinition" && before.is_some() {
+        return Ok(
+            "present, left as it is (CRD upgrades: kubectl apply --server-side -k deploy/crds/member)",
+        );
+    }
     let after = api
         .patch(
             &m.name,
@@ -259,13 +277,21 @@ async fn apply_manifest(member: &Client, m: &Manifest) -> Result<&'static str, J
 }
 
 /// The token Secret bound to the operator's ServiceAccount, once the
-/// member's token controller has filled it in: (token, ca.crt).
+/// member's token controller has filled it in for the ServiceAccount that
+/// exists now (a Secret of an earlier one holds a dead token, and the
+/// controller deletes it): (token, ca.crt).
 async fn issue_token(member: &Client) -> Result<(String, Option<Vec<u8>>), JoinError> {
+    const TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
     let api = Api::<Secret>::namespaced(member.clone(), SYSTEM_NAMESPACE);
+    let account = Api::<ServiceAccount>::namespaced(member.clone(), SYSTEM_NAMESPACE)
+        .get(plan::SERVICE_ACCOUNT)
+        .await
+        .map_err(api_err("member", "read the ServiceAccount"))?;
+    let account_uid = account.metadata.uid.unwrap_or_default();
     let desired = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Secret",
-        "type": "kubernetes.io/service-account-token",
+        "type": TOKEN_TYPE,
         "metadata": {
             "name": TOKEN_SECRET,
             "namespace": SYSTEM_NAMESPACE,
@@ -273,36 +299,55 @@ async fn issue_token(member: &Client) -> Result<(String, Option<Vec<u8>>), JoinE
             "annotations": {"kubernetes.io/service-account.name": plan::SERVICE_ACCOUNT},
         },
     });
-    let before = api
-        .get_metadata_opt(TOKEN_SECRET)
+    let apply = || async {
+        api.patch(
+            TOKEN_SECRET,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&desired),
+        )
         .await
-        .map_err(api_err("member", "read the token Secret"))?
-        .and_then(|o| o.metadata.resource_version);
-    api.patch(
-        TOKEN_SECRET,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&desired),
-    )
-    .await
-    .map_err(api_err("member", "apply the token Secret"))?;
-    let deadline = tokio::time::Instant::now() + TOKEN_WAIT;
-    loop {
+        .map_err(api_err("member", "apply the token Secret"))
+    };
+    let read = || async {
         let s = api
-            .get(TOKEN_SECRET)
+            .get_opt(TOKEN_SECRET)
             .await
             .map_err(api_err("member", "read the token Secret"))?;
-        let data = s.data.unwrap_or_default();
-        if let Some(token) = data
-            .get("token")
-            .and_then(|t| String::from_utf8(t.0.clone()).ok())
-            .filter(|t| !t.trim().is_empty())
-        {
-            println!(
-                "member: Secret {SYSTEM_NAMESPACE}/{TOKEN_SECRET} {} (a token for ServiceAccount {SYSTEM_NAMESPACE}/{})",
-                if before.is_some() { "kept" } else { "created" },
-                plan::SERVICE_ACCOUNT
-            );
-            return Ok((token, data.get("ca.crt").map(|c| c.0.clone())));
+        match s {
+            Some(s) if s.type_.as_deref() != Some(TOKEN_TYPE) => Err(JoinError::NotAToken),
+            s => Ok(s),
+        }
+    };
+    let created = read().await?.is_none();
+    apply().await?;
+    let deadline = tokio::time::Instant::now() + TOKEN_WAIT;
+    loop {
+        match read().await? {
+            // The controller deleted one of an earlier ServiceAccount.
+            None => {
+                apply().await?;
+            }
+            Some(s) => {
+                let bound = s
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("kubernetes.io/service-account.uid"))
+                    .is_some_and(|uid| *uid == account_uid);
+                let data = s.data.unwrap_or_default();
+                let token = data
+                    .get("token")
+                    .and_then(|t| String::from_utf8(t.0.clone()).ok())
+                    .filter(|t| !t.trim().is_empty());
+                if let (true, Some(token)) = (bound, token) {
+                    println!(
+                        "member: Secret {SYSTEM_NAMESPACE}/{TOKEN_SECRET} {} (a token for ServiceAccount {SYSTEM_NAMESPACE}/{})",
+                        if created { "created" } else { "kept" },
+                        plan::SERVICE_ACCOUNT
+                    );
+                    return Ok((token, data.get("ca.crt").map(|c| c.0.clone())));
+                }
+            }
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(JoinError::TokenNotIssued);
@@ -331,6 +376,7 @@ async fn add_inner(a: &Add) -> Result<(), JoinError> {
     let registering = plan::check_registration(
         &a.name,
         &id,
+        &server,
         &registrations(&home, &a.members_namespace).await?,
     )?;
     println!("member: cluster id {id} (the UID of its kube-system namespace)");
@@ -404,28 +450,25 @@ async fn remove_inner(r: &Remove) -> Result<(), JoinError> {
     plan::check_name(&r.name)?;
     let (_, home) = open(&r.home).await?;
     let secrets = Api::<Secret>::namespaced(home.clone(), &r.members_namespace);
-    let there = registrations(&home, &r.members_namespace).await?;
+    // No namespace, no registrations: the home cluster was uninstalled first.
+    let there = match registrations(&home, &r.members_namespace).await {
+        Err(JoinError::NoMembersNamespace(_)) => BTreeMap::new(),
+        other => other?,
+    };
     let registered = there.get(&r.name);
     if registered.is_some_and(|e| !e.labelled) {
         return Err(JoinError::NotWrittenByAdd {
             name: r.name.clone(),
         });
     }
+    // Everything is checked before anything is deleted.
     let member = match &r.purge {
         None => None,
         Some(m) => {
-            let (_, client) = open(m).await?;
+            let (kc, client) = open(m).await?;
+            let (server, _) = server_and_ca(&kc, m)?;
             let found = cluster_id(&client).await?;
-            if let Some(want) = registered
-                .and_then(|e| e.cluster_id.clone())
-                .filter(|w| *w != found)
-            {
-                return Err(JoinError::WrongCluster {
-                    name: r.name.clone(),
-                    found,
-                    registered: want,
-                });
-            }
+            plan::check_purge(&r.name, &found, &server, &there)?;
             Some(client)
         }
     };

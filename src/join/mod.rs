@@ -59,6 +59,21 @@ pub enum JoinError {
         found: String,
         registered: String,
     },
+    /// `remove --purge` of a registration written by hand: which cluster it
+    /// registers cannot be checked.
+    #[error(
+        "{name:?} was registered by hand, so which cluster it is cannot be checked: remove it without --purge, then purge"
+    )]
+    UncheckedPurge { name: String },
+    /// A Secret in the member's way: not a token of the operator's
+    /// ServiceAccount.
+    #[error(
+        "the member's Secret flotilla-system/flotilla-member-token is not a ServiceAccount token; it is left alone: delete it to let cluster add write it"
+    )]
+    NotAToken,
+    /// The home cluster lacks what the registration goes into.
+    #[error("the home cluster has no namespace {0:?}: apply deploy/home first (docs/install.md)")]
+    NoMembersNamespace(String),
     /// An apiserver refused or failed a call.
     #[error("{cluster}: {action}: {source}")]
     Api {
@@ -86,7 +101,10 @@ impl JoinError {
             JoinError::RegisteredAs { .. }
             | JoinError::NameTaken { .. }
             | JoinError::NotWrittenByAdd { .. }
-            | JoinError::WrongCluster { .. } => "Conflict",
+            | JoinError::WrongCluster { .. }
+            | JoinError::UncheckedPurge { .. }
+            | JoinError::NotAToken => "Conflict",
+            JoinError::NoMembersNamespace(_) => "InvalidInput",
             JoinError::TokenNotIssued | JoinError::Timeout(_) => "Timeout",
             JoinError::Api { .. } => "ApiError",
         }

@@ -32,6 +32,9 @@ pub struct Existing {
     pub labelled: bool,
     /// The cluster it registers, when `cluster add` wrote it.
     pub cluster_id: Option<String>,
+    /// The server its kubeconfig names, when it has one that parses: how
+    /// a registration written by hand is told apart.
+    pub server: Option<String>,
 }
 
 /// What writing the registration `name` for the cluster `cluster_id` does
@@ -50,15 +53,14 @@ pub enum Registering {
 pub fn check_registration(
     name: &str,
     cluster_id: &str,
+    server: &str,
     existing: &BTreeMap<String, Existing>,
 ) -> Result<Registering, JoinError> {
-    for (other, e) in existing {
-        if other != name && e.labelled && e.cluster_id.as_deref() == Some(cluster_id) {
-            return Err(JoinError::RegisteredAs {
-                cluster: name.to_string(),
-                other: other.clone(),
-            });
-        }
+    if let Some(other) = registered_as(cluster_id, server, existing).find(|o| *o != name) {
+        return Err(JoinError::RegisteredAs {
+            cluster: name.to_string(),
+            other: other.to_string(),
+        });
     }
     match existing.get(name) {
         None => Ok(Registering::New),
@@ -73,6 +75,79 @@ pub fn check_registration(
             }),
         },
     }
+}
+
+/// The names that register this cluster: by its ID, or, for a
+/// registration written by hand (no ID), by the server its kubeconfig names.
+fn registered_as<'a>(
+    cluster_id: &'a str,
+    server: &'a str,
+    existing: &'a BTreeMap<String, Existing>,
+) -> impl Iterator<Item = &'a str> + 'a {
+    existing
+        .iter()
+        .filter(|(_, e)| e.labelled)
+        .filter(move |(_, e)| match &e.cluster_id {
+            Some(id) => id == cluster_id,
+            None => e.server.as_deref().map(same_server) == Some(same_server(server)),
+        })
+        .map(|(n, _)| n.as_str())
+}
+
+/// Servers compared as URLs are written: without a trailing slash.
+fn same_server(s: &str) -> &str {
+    s.trim_end_matches('/')
+}
+
+/// `remove NAME --purge` deletes the token and RBAC of the cluster the
+/// member kubeconfig reaches; that must be the cluster NAME registers, or,
+/// once NAME is gone, a cluster no registration uses.
+pub fn check_purge(
+    name: &str,
+    found_id: &str,
+    found_server: &str,
+    existing: &BTreeMap<String, Existing>,
+) -> Result<(), JoinError> {
+    if let Some(e) = existing.get(name) {
+        return match &e.cluster_id {
+            Some(id) if id == found_id => Ok(()),
+            Some(id) => Err(JoinError::WrongCluster {
+                name: name.to_string(),
+                found: found_id.to_string(),
+                registered: id.clone(),
+            }),
+            None => Err(JoinError::UncheckedPurge {
+                name: name.to_string(),
+            }),
+        };
+    }
+    match registered_as(found_id, found_server, existing).next() {
+        Some(other) => Err(JoinError::WrongCluster {
+            name: name.to_string(),
+            found: found_id.to_string(),
+            registered: format!("{other} (registered under that name)"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The server a registration's kubeconfig names (its current context's
+/// cluster, else its only cluster), if it parses.
+pub fn kubeconfig_server(bytes: &[u8]) -> Option<String> {
+    let v: serde_yaml::Value = serde_yaml::from_slice(bytes).ok()?;
+    let clusters = v["clusters"].as_sequence()?;
+    let by_context = v["current-context"].as_str().and_then(|ctx| {
+        let contexts = v["contexts"].as_sequence()?;
+        let c = contexts.iter().find(|c| c["name"].as_str() == Some(ctx))?;
+        let name = c["context"]["cluster"].as_str()?;
+        clusters.iter().find(|c| c["name"].as_str() == Some(name))
+    });
+    let cluster = match by_context {
+        Some(c) => c,
+        None if clusters.len() == 1 => &clusters[0],
+        None => return None,
+    };
+    cluster["cluster"]["server"].as_str().map(str::to_string)
 }
 
 /// A cluster name: a DNS label, as Secret names and label values take it.
@@ -179,8 +254,11 @@ mod tests {
         Existing {
             labelled,
             cluster_id: id.map(str::to_string),
+            server: None,
         }
     }
+
+    const SERVER: &str = "https://10.0.1.10:6443";
 
     fn existing(items: &[(&str, Existing)]) -> BTreeMap<String, Existing> {
         items
@@ -193,7 +271,7 @@ mod tests {
     fn a_new_name_for_a_new_cluster_is_registered() {
         let there = existing(&[("member-2", reg(true, Some("uid-2")))]);
         assert_eq!(
-            check_registration("member-1", "uid-1", &there).unwrap(),
+            check_registration("member-1", "uid-1", SERVER, &there).unwrap(),
             Registering::New
         );
     }
@@ -202,7 +280,7 @@ mod tests {
     fn the_same_cluster_under_the_same_name_is_registered_again() {
         let there = existing(&[("member-1", reg(true, Some("uid-1")))]);
         assert_eq!(
-            check_registration("member-1", "uid-1", &there).unwrap(),
+            check_registration("member-1", "uid-1", SERVER, &there).unwrap(),
             Registering::Again
         );
     }
@@ -210,7 +288,7 @@ mod tests {
     #[test]
     fn a_cluster_registered_under_another_name_is_refused() {
         let there = existing(&[("eu-1", reg(true, Some("uid-1")))]);
-        let err = check_registration("member-1", "uid-1", &there).unwrap_err();
+        let err = check_registration("member-1", "uid-1", SERVER, &there).unwrap_err();
         assert!(matches!(&err, JoinError::RegisteredAs { other, .. } if other == "eu-1"));
         assert!(err.to_string().contains("eu-1"), "{err}");
     }
@@ -218,7 +296,7 @@ mod tests {
     #[test]
     fn a_name_that_registers_another_cluster_is_refused() {
         let there = existing(&[("member-1", reg(true, Some("uid-9")))]);
-        let err = check_registration("member-1", "uid-1", &there).unwrap_err();
+        let err = check_registration("member-1", "uid-1", SERVER, &there).unwrap_err();
         assert!(matches!(err, JoinError::NameTaken { .. }), "{err}");
     }
 
@@ -226,7 +304,7 @@ mod tests {
     fn a_secret_written_by_hand_is_never_overwritten() {
         for e in [reg(true, None), reg(false, None)] {
             let there = existing(&[("member-1", e)]);
-            let err = check_registration("member-1", "uid-1", &there).unwrap_err();
+            let err = check_registration("member-1", "uid-1", SERVER, &there).unwrap_err();
             assert!(matches!(err, JoinError::NotWrittenByAdd { .. }), "{err}");
         }
     }
@@ -236,9 +314,63 @@ mod tests {
         // A leftover that the operator ignores does not make the cluster taken.
         let there = existing(&[("old", reg(false, Some("uid-1")))]);
         assert_eq!(
-            check_registration("member-1", "uid-1", &there).unwrap(),
+            check_registration("member-1", "uid-1", SERVER, &there).unwrap(),
             Registering::New
         );
+    }
+
+    #[test]
+    fn a_cluster_registered_by_hand_under_another_name_is_refused_by_its_server() {
+        let by_hand = Existing {
+            server: Some(format!("{SERVER}/")),
+            ..reg(true, None)
+        };
+        let there = existing(&[("old-name", by_hand)]);
+        let err = check_registration("member-1", "uid-1", SERVER, &there).unwrap_err();
+        assert!(matches!(&err, JoinError::RegisteredAs { other, .. } if other == "old-name"));
+        // Another server is another cluster.
+        assert_eq!(
+            check_registration("member-1", "uid-1", "https://10.0.9.9:6443", &there).unwrap(),
+            Registering::New
+        );
+    }
+
+    #[test]
+    fn a_purge_reaches_only_the_registered_cluster_or_an_unused_one() {
+        let there = existing(&[
+            ("member-1", reg(true, Some("uid-1"))),
+            ("member-2", reg(true, Some("uid-2"))),
+            ("by-hand", reg(true, None)),
+        ]);
+        check_purge("member-1", "uid-1", SERVER, &there).unwrap();
+        // The name registers another cluster than the kubeconfig reaches.
+        let wrong = check_purge("member-1", "uid-2", SERVER, &there).unwrap_err();
+        assert!(matches!(wrong, JoinError::WrongCluster { .. }), "{wrong}");
+        // A misspelt name, with a kubeconfig of a cluster still registered.
+        let typo = check_purge("memebr-1", "uid-2", SERVER, &there).unwrap_err();
+        assert!(typo.to_string().contains("member-2"), "{typo}");
+        // Written by hand: no ID to compare, so no purge.
+        let unchecked = check_purge("by-hand", "uid-3", SERVER, &there).unwrap_err();
+        assert!(
+            matches!(unchecked, JoinError::UncheckedPurge { .. }),
+            "{unchecked}"
+        );
+        // Gone already (a purge run again), and no registration uses it.
+        check_purge("member-3", "uid-3", "https://10.0.3.10:6443", &there).unwrap();
+    }
+
+    #[test]
+    fn a_registrations_server_is_read_from_its_kubeconfig() {
+        let text = member_kubeconfig("m", SERVER, CA, "t").unwrap();
+        assert_eq!(kubeconfig_server(text.as_bytes()).as_deref(), Some(SERVER));
+        let two = "clusters: [{name: a, cluster: {server: 'https://a'}}, {name: b, cluster: {server: 'https://b'}}]\ncontexts: [{name: x, context: {cluster: b}}]\ncurrent-context: x\n";
+        assert_eq!(
+            kubeconfig_server(two.as_bytes()).as_deref(),
+            Some("https://b")
+        );
+        let ambiguous = "clusters: [{name: a, cluster: {server: 'https://a'}}, {name: b, cluster: {server: 'https://b'}}]\n";
+        assert_eq!(kubeconfig_server(ambiguous.as_bytes()), None);
+        assert_eq!(kubeconfig_server(b"\x00 not yaml ["), None);
     }
 
     #[test]

@@ -38,6 +38,17 @@ pub fn kubeconfig_path(cluster: &str) -> PathBuf {
         .join(format!("{cluster}.yaml"))
 }
 
+/// The image `make image` (or run-tests) wrote, for the Pod and install tests.
+pub fn image_tarball() -> PathBuf {
+    if let Some(p) = std::env::var_os("FLOTILLA_IMAGE_TAR") {
+        return p.into();
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .join("image/flotilla.tar")
+}
+
 /// The fleet's own `integration/fleet` script, for tests that stop and start clusters.
 pub fn fleet_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("integration/fleet")
