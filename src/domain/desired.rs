@@ -273,32 +273,37 @@ mod tests {
             env["OTEL_EXPORTER_OTLP_ENDPOINT"],
             PlatformDefaults::default().otlp_endpoint
         );
-        let ready = container
-            .readiness_probe
-            .as_ref()
-            .unwrap()
-            .http_get
-            .as_ref()
-            .unwrap();
-        assert_eq!(ready.path.as_deref(), Some(READINESS_PATH));
-        assert_eq!(ready.port, IntOrString::Int(8080));
-        let live = container
-            .liveness_probe
-            .as_ref()
-            .unwrap()
-            .http_get
-            .as_ref()
-            .unwrap();
-        assert_eq!(live.path.as_deref(), Some(LIVENESS_PATH));
+        let ready = container.readiness_probe.as_ref().unwrap();
+        assert_eq!(
+            ready.http_get.as_ref().unwrap().port,
+            IntOrString::Int(8080)
+        );
+        assert_eq!(
+            contract(container),
+            [READINESS_PATH, LIVENESS_PATH, "25m", "128Mi"]
+        );
+    }
+
+    /// The workload contract a container got: readiness and liveness
+    /// paths, CPU and memory requests.
+    fn contract(container: &Container) -> [&str; 4] {
+        fn path(p: &Option<Probe>) -> &str {
+            p.as_ref()
+                .and_then(|p| p.http_get.as_ref())
+                .and_then(|h| h.path.as_deref())
+                .unwrap_or_default()
+        }
         let requests = container
             .resources
             .as_ref()
-            .unwrap()
-            .requests
-            .as_ref()
+            .and_then(|r| r.requests.as_ref())
             .unwrap();
-        assert_eq!(requests["cpu"].0, "25m");
-        assert_eq!(requests["memory"].0, "128Mi");
+        [
+            path(&container.readiness_probe),
+            path(&container.liveness_probe),
+            requests["cpu"].0.as_str(),
+            requests["memory"].0.as_str(),
+        ]
     }
 
     #[test]
@@ -367,19 +372,10 @@ mod tests {
         };
         let c = desired(&ms("a").build(), &defaults).unwrap();
         let pod = c.deployment.spec.unwrap().template.spec.unwrap();
-        let container = &pod.containers[0];
-        let path = |p: &Option<Probe>| p.as_ref().unwrap().http_get.as_ref().unwrap().path.clone();
-        assert_eq!(path(&container.readiness_probe).as_deref(), Some("/readyz"));
-        assert_eq!(path(&container.liveness_probe).as_deref(), Some("/healthz"));
-        let requests = container
-            .resources
-            .as_ref()
-            .unwrap()
-            .requests
-            .as_ref()
-            .unwrap();
-        assert_eq!(requests["cpu"].0, "50m");
-        assert_eq!(requests["memory"].0, "64Mi");
+        assert_eq!(
+            contract(&pod.containers[0]),
+            ["/readyz", "/healthz", "50m", "64Mi"]
+        );
     }
 
     #[test]
