@@ -356,11 +356,19 @@ async fn issue_token(member: &Client) -> Result<(String, Option<Vec<u8>>), JoinE
     }
 }
 
+/// `work`, ended at `limit`: what is done stays done.
+async fn within(
+    limit: Duration,
+    work: impl Future<Output = Result<(), JoinError>>,
+) -> Result<(), JoinError> {
+    tokio::time::timeout(limit, work)
+        .await
+        .map_err(|_| JoinError::Timeout(limit))?
+}
+
 /// Registers the member; prints each step.
 pub async fn add(a: &Add) -> Result<(), JoinError> {
-    tokio::time::timeout(a.timeout, add_inner(a))
-        .await
-        .map_err(|_| JoinError::Timeout(a.timeout))?
+    within(a.timeout, add_inner(a)).await
 }
 
 async fn add_inner(a: &Add) -> Result<(), JoinError> {
@@ -441,9 +449,7 @@ async fn add_inner(a: &Add) -> Result<(), JoinError> {
 
 /// Deregisters the member, and with `purge` deletes its token and RBAC.
 pub async fn remove(r: &Remove) -> Result<(), JoinError> {
-    tokio::time::timeout(r.timeout, remove_inner(r))
-        .await
-        .map_err(|_| JoinError::Timeout(r.timeout))?
+    within(r.timeout, remove_inner(r)).await
 }
 
 async fn remove_inner(r: &Remove) -> Result<(), JoinError> {
