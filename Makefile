@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 CLUSTERS ?= 3
 
-.PHONY: help deps toolchain build image fleet-up fleet-down fleet-status test unit demo demo-pods lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-authz bench-dashboard bench-scale bench-rollouts bench-dns bench-failover-workload bench-notes bench chaos
+.PHONY: help deps toolchain build image api-clients api-baseline fleet-up fleet-down fleet-status test unit demo demo-pods lint crd bench-reconcile bench-failover bench-fleet bench-latency bench-churn bench-names bench-registry bench-status-api bench-authz bench-dashboard bench-scale bench-rollouts bench-dns bench-failover-workload bench-notes bench chaos
 
 help:
 	@echo "make test        install what is missing, start the local fleet, run every test, stop the fleet"
@@ -55,6 +55,16 @@ demo-pods: toolchain
 # target/image/flotilla.tar; prints the digest.
 image: deps
 	integration/image
+
+# The Go and Python stubs in clients/, generated from proto/ (#61); make
+# test fails when the committed ones drift.
+api-clients:
+	integration/api/check --write
+
+# The breaking-change baseline: proto/ as released. Move it at a release
+# only, never to make a change pass (docs/api.md, "Versioning").
+api-baseline:
+	"$$(integration/toolchain/api-tools.sh buf)" build proto -o proto/baseline/v1.binpb
 
 # The CRDs and their field references (docs/crd-*.md) are generated from the
 # Rust types; unit tests fail on drift.

@@ -280,7 +280,7 @@ async fn a_replica_that_leads_nothing_answers_like_a_leader() {
                     e.observed_generation,
                     e.image,
                     e.replicas,
-                    e.phase,
+                    e.microservice_phase,
                     e.reachability,
                 )
             };

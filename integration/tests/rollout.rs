@@ -1735,7 +1735,10 @@ async fn watch_rollouts_snapshots_streams_changes_and_resumes() {
             pb::WatchEventType::Synced
         ]
     );
-    assert_eq!(first[1].rollout.as_ref().unwrap().phase, "Complete");
+    assert_eq!(
+        first[1].rollout.as_ref().unwrap().rollout_phase(),
+        pb::RolloutPhase::Complete
+    );
     let (synced, index) = (first[2].revision, first[2].index_id.clone());
     // A change arrives as an UPSERT with a later revision.
     fleet.set_image("api", "ghcr.io/acme/api:2").await;

@@ -63,7 +63,11 @@ where
 fn internal(method: &'static str) -> http::Response<tonic::body::Body> {
     METRICS.grpc_panics_total.inc(&[method]);
     tracing::error!(rpc.method = method, "handler panicked; answered INTERNAL");
-    tonic::Status::internal("the server failed to handle this request").into_http()
+    super::errors::status(
+        super::errors::Reason::HandlerPanicked,
+        "the server failed to handle this request",
+    )
+    .into_http()
 }
 
 #[cfg(test)]

@@ -16,6 +16,8 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 use tonic::Status;
 
+use super::errors::{self, Reason};
+
 use crate::rollout::run::cache::RolloutCache;
 use crate::rollout::spec::FleetMicroservice;
 
@@ -61,9 +63,12 @@ pub async fn barrier(
             .await
             .is_err()
         {
-            return Err(Status::unavailable(format!(
-                "this replica's view of the home cluster is more than {limit:?} behind it; ask again"
-            )));
+            return Err(errors::status(
+                Reason::HomeViewStale,
+                format!(
+                    "this replica's view of the home cluster is more than {limit:?} behind it; ask again"
+                ),
+            ));
         }
     }
 }
@@ -90,9 +95,12 @@ async fn live(home: &Client, ns: Option<&str>, name: Option<&str>) -> Result<Flo
 }
 
 fn unreachable_home(why: &str) -> Status {
-    Status::unavailable(format!(
-        "the home cluster did not answer ({why}), so this replica cannot tell whether its view is current; ask again"
-    ))
+    errors::status(
+        Reason::HomeUnreachable,
+        format!(
+            "the home cluster did not answer ({why}), so this replica cannot tell whether its view is current; ask again"
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ pub mod catch_panic;
 pub mod client;
 pub mod convert;
 pub mod deadline;
+pub mod errors;
+pub mod fleet_wait;
 pub mod fresh;
 pub mod replies;
 pub mod request;
@@ -29,16 +31,10 @@ pub mod pb {
 /// Errors of the API layer.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// A call refused with a stable reason, answered with its code and
+    /// details (`errors`).
     #[error("{0}")]
-    InvalidArgument(String),
-    #[error("{0}")]
-    NotFound(String),
-    /// Not answerable yet (the registry is not read): retry.
-    #[error("{0}")]
-    Unavailable(String),
-    /// A bounded resource is full: retry later.
-    #[error("{0}")]
-    ResourceExhausted(String),
+    Refused(errors::Refusal),
     #[error("server configuration: {0}")]
     Config(String),
     #[error("serving: {0}")]
@@ -49,13 +45,27 @@ impl ApiError {
     /// A bounded label for metrics.
     pub fn category(&self) -> &'static str {
         match self {
-            ApiError::InvalidArgument(_) => "InvalidArgument",
-            ApiError::NotFound(_) => "NotFound",
-            ApiError::Unavailable(_) => "Unavailable",
-            ApiError::ResourceExhausted(_) => "ResourceExhausted",
+            ApiError::Refused(r) => r.reason.as_str(),
             ApiError::Config(_) => "Config",
             ApiError::Transport(_) => "Transport",
         }
+    }
+}
+
+impl ApiError {
+    /// A malformed request: `field` is wrong.
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        ApiError::Refused(errors::Refusal::invalid(field, message))
+    }
+
+    pub fn refused(reason: errors::Reason, message: impl Into<String>) -> Self {
+        ApiError::Refused(errors::Refusal::new(reason, message))
+    }
+}
+
+impl From<errors::Refusal> for ApiError {
+    fn from(r: errors::Refusal) -> Self {
+        ApiError::Refused(r)
     }
 }
 
@@ -70,13 +80,15 @@ impl From<crate::serve::ServeError> for ApiError {
 /// A refusal of the authorization layer, as gRPC says it.
 impl From<crate::authz::AuthzError> for tonic::Status {
     fn from(e: crate::authz::AuthzError) -> Self {
+        use crate::authz::AuthzError as E;
+        use errors::{Reason, Refusal};
         match e {
-            crate::authz::AuthzError::Unauthenticated(m) => tonic::Status::unauthenticated(m),
-            crate::authz::AuthzError::Denied(m) => tonic::Status::permission_denied(m),
-            e @ crate::authz::AuthzError::Unavailable(_) => {
-                tonic::Status::unavailable(e.to_string())
-            }
-            crate::authz::AuthzError::Throttled(m) => tonic::Status::resource_exhausted(m),
+            E::Unauthenticated(m) => errors::status(Reason::Unauthenticated, m),
+            E::Denied(m) => errors::status(Reason::PermissionDenied, m),
+            e @ E::Unavailable(_) => errors::status(Reason::ReviewUnavailable, e.to_string()),
+            E::Throttled { message, retry } => Refusal::new(Reason::TokensThrottled, message)
+                .retry(retry)
+                .into_status(),
         }
     }
 }
@@ -84,10 +96,7 @@ impl From<crate::authz::AuthzError> for tonic::Status {
 impl From<ApiError> for tonic::Status {
     fn from(e: ApiError) -> Self {
         match e {
-            ApiError::InvalidArgument(m) => tonic::Status::invalid_argument(m),
-            ApiError::NotFound(m) => tonic::Status::not_found(m),
-            ApiError::Unavailable(m) => tonic::Status::unavailable(m),
-            ApiError::ResourceExhausted(m) => tonic::Status::resource_exhausted(m),
+            ApiError::Refused(r) => r.into_status(),
             other => tonic::Status::internal(other.to_string()),
         }
     }

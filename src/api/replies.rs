@@ -23,6 +23,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::ApiError;
+use super::errors::Reason;
 
 /// How long a List call waits for room before it is refused.
 pub const WAIT: Duration = Duration::from_secs(5);
@@ -85,7 +86,7 @@ impl ReplyBudget {
             Some(peer) => {
                 let acquire = self.share_of(peer).acquire_many_owned(want);
                 Some(Self::within(deadline, acquire).await.map_err(|e| {
-                    e.unwrap_or_else(|| ApiError::ResourceExhausted(format!(
+                    e.unwrap_or_else(|| ApiError::refused(Reason::ConnectionRoomFull, format!(
                         "this connection's List replies not yet read hold its share of this replica's room ({} KiB) for {WAIT:?}; read them, or retry",
                         self.share
                     )))
@@ -94,7 +95,7 @@ impl ReplyBudget {
         };
         let room = self.room.clone().acquire_many_owned(want);
         let room = Self::within(deadline, room).await.map_err(|e| {
-            e.unwrap_or_else(|| ApiError::ResourceExhausted(format!(
+            e.unwrap_or_else(|| ApiError::refused(Reason::ListRoomFull, format!(
                 "List replies not yet read by their clients hold this replica's room ({} KiB) for {WAIT:?}; retry",
                 self.units
             )))
@@ -112,7 +113,10 @@ impl ReplyBudget {
     ) -> Result<OwnedSemaphorePermit, Option<ApiError>> {
         match tokio::time::timeout_at(deadline, acquire).await {
             Ok(Ok(permit)) => Ok(permit),
-            Ok(Err(_closed)) => Err(Some(ApiError::Unavailable("the server is stopping".into()))),
+            Ok(Err(_closed)) => Err(Some(ApiError::refused(
+                Reason::ShuttingDown,
+                "the server is stopping",
+            ))),
             Err(_) => Err(None),
         }
     }
@@ -277,7 +281,7 @@ mod tests {
             .expect("the whole room");
         assert_eq!(budget.free_bytes(), 0);
         let refused = budget.reserve(1, None).await.err().expect("no room");
-        assert_eq!(refused.category(), "ResourceExhausted");
+        assert_eq!(refused.category(), "LIST_ROOM_FULL");
         drop(all);
         assert!(budget.reserve(1, None).await.is_ok());
     }
@@ -293,7 +297,7 @@ mod tests {
         let a1 = budget.reserve(3 * UNIT, a).await.expect("a's first");
         let a2 = budget.reserve(UNIT, a).await.expect("a's share is 4 units");
         let refused = budget.reserve(1, a).await.err().expect("a's share is held");
-        assert_eq!(refused.category(), "ResourceExhausted");
+        assert_eq!(refused.category(), "CONNECTION_ROOM_FULL");
         assert!(
             refused.to_string().contains("this connection's"),
             "{refused}"

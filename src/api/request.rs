@@ -15,7 +15,7 @@ const DEFAULT_PAGE: usize = 100;
 /// A DNS-1123 label, as namespaces, names and cluster names are.
 fn dns_label(what: &str, s: &str) -> Result<(), ApiError> {
     if s.is_empty() {
-        return Err(ApiError::InvalidArgument(format!("{what} is required")));
+        return Err(ApiError::invalid(what, format!("{what} is required")));
     }
     let ok = s.len() <= 63
         && s.chars()
@@ -25,9 +25,12 @@ fn dns_label(what: &str, s: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::InvalidArgument(format!(
-            "{what} {s:?} is not a valid name (lowercase letters, digits and '-', at most 63)"
-        )))
+        Err(ApiError::invalid(
+            what,
+            format!(
+                "{what} {s:?} is not a valid name (lowercase letters, digits and '-', at most 63)"
+            ),
+        ))
     }
 }
 
@@ -46,7 +49,7 @@ pub fn filter(namespace: &str, selector: &str, cluster: &str) -> Result<Filter, 
     }
     Ok(Filter {
         namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
-        selector: Selector::parse(selector).map_err(ApiError::InvalidArgument)?,
+        selector: Selector::parse(selector).map_err(|m| ApiError::invalid("label_selector", m))?,
         cluster: (!cluster.is_empty()).then(|| cluster.to_string()),
         visible: None,
     })
@@ -94,9 +97,10 @@ pub fn basic_view(view: i32) -> Result<bool, ApiError> {
     match pb::MicroserviceView::try_from(view) {
         Ok(pb::MicroserviceView::Basic) => Ok(true),
         Ok(pb::MicroserviceView::Unspecified | pb::MicroserviceView::Full) => Ok(false),
-        Err(_) => Err(ApiError::InvalidArgument(format!(
-            "view {view} is not a MicroserviceView this server knows"
-        ))),
+        Err(_) => Err(ApiError::invalid(
+            "view",
+            format!("view {view} is not a MicroserviceView this server knows"),
+        )),
     }
 }
 
@@ -134,7 +138,7 @@ pub fn after(token: &str) -> Result<Option<Key>, ApiError> {
     if token.is_empty() {
         return Ok(None);
     }
-    let bad = || ApiError::InvalidArgument("page_token is not one this server issued".into());
+    let bad = || ApiError::invalid("page_token", "page_token is not one this server issued");
     if !token.len().is_multiple_of(2) || token.len() > 512 {
         return Err(bad());
     }
@@ -154,34 +158,41 @@ pub fn after(token: &str) -> Result<Option<Key>, ApiError> {
 pub fn target(t: Option<&pb::wait_for_rollout_request::Target>) -> Result<Target, ApiError> {
     use pb::wait_for_rollout_request::Target as T;
     match t {
-        None => Err(ApiError::InvalidArgument(
-            "a target is required: image or generation".into(),
+        None => Err(ApiError::invalid(
+            "target",
+            "a target is required: image or generation",
         )),
         Some(T::Image(i))
             if i.trim().is_empty() || i.len() > 512 || i.contains(char::is_whitespace) =>
         {
-            Err(ApiError::InvalidArgument(format!(
-                "image {i:?} is not an image reference"
-            )))
+            Err(ApiError::invalid(
+                "image",
+                format!("image {i:?} is not an image reference"),
+            ))
         }
         Some(T::Image(i)) => Ok(Target::Image(i.clone())),
-        Some(T::Generation(g)) if *g < 1 => Err(ApiError::InvalidArgument(format!(
-            "generation must be at least 1, got {g}"
-        ))),
+        Some(T::Generation(g)) if *g < 1 => Err(ApiError::invalid(
+            "generation",
+            format!("generation must be at least 1, got {g}"),
+        )),
         Some(T::Generation(g)) => Ok(Target::Generation(*g)),
         Some(T::Generations(g)) => {
             if g.otherwise < 1 {
-                return Err(ApiError::InvalidArgument(format!(
-                    "generations.otherwise must be at least 1, got {}",
-                    g.otherwise
-                )));
+                return Err(ApiError::invalid(
+                    "generations.otherwise",
+                    format!(
+                        "generations.otherwise must be at least 1, got {}",
+                        g.otherwise
+                    ),
+                ));
             }
             for (cluster, n) in &g.at_least {
                 dns_label("cluster", cluster)?;
                 if *n < 1 {
-                    return Err(ApiError::InvalidArgument(format!(
-                        "the generation for {cluster} must be at least 1, got {n}"
-                    )));
+                    return Err(ApiError::invalid(
+                        "generations.at_least",
+                        format!("the generation for {cluster} must be at least 1, got {n}"),
+                    ));
                 }
             }
             Ok(Target::Generations {
@@ -201,10 +212,11 @@ pub fn timeout(t: Option<&prost_types::Duration>) -> Result<Option<Duration>, Ap
     match t {
         None => Ok(None),
         Some(d) if d.seconds < 0 || d.nanos < 0 || (d.seconds == 0 && d.nanos == 0) => {
-            Err(ApiError::InvalidArgument("timeout must be positive".into()))
+            Err(ApiError::invalid("timeout", "timeout must be positive"))
         }
-        Some(d) if d.nanos >= 1_000_000_000 => Err(ApiError::InvalidArgument(
-            "timeout nanos must be below one second".into(),
+        Some(d) if d.nanos >= 1_000_000_000 => Err(ApiError::invalid(
+            "timeout",
+            "timeout nanos must be below one second",
         )),
         Some(d) => Ok(Some(
             Duration::from_secs(d.seconds as u64) + Duration::from_nanos(d.nanos as u64),
@@ -228,7 +240,11 @@ mod tests {
 
     fn invalid(r: Result<impl std::fmt::Debug, ApiError>) -> String {
         match r {
-            Err(ApiError::InvalidArgument(m)) => m,
+            Err(ApiError::Refused(r))
+                if r.reason == super::super::errors::Reason::InvalidRequest =>
+            {
+                r.message
+            }
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
     }
@@ -354,7 +370,7 @@ mod tests {
         use proptest::prelude::*;
 
         fn refused_cleanly<T>(r: Result<T, ApiError>) -> bool {
-            matches!(r, Ok(_) | Err(ApiError::InvalidArgument(_)))
+            matches!(r, Ok(_) | Err(ApiError::Refused(_)))
         }
 
         /// Text that stresses byte/char boundaries: ASCII around the

@@ -11,6 +11,8 @@ use kube::Client;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use super::errors::{self, Reason, Refusal};
+use super::fleet_wait;
 use super::fresh;
 use super::pb;
 use super::pb::fleet_rollouts_server::FleetRollouts;
@@ -32,6 +34,8 @@ pub struct FleetRolloutsService {
     pub gate: Gate,
     pub streams: Arc<Streams>,
     pub stall: Duration,
+    /// The longest WaitForFleetRollout (--grpc-max-wait).
+    pub max_wait: Duration,
     pub watch: WatchLimits,
     pub shutdown: watch::Receiver<bool>,
     /// The tokens and TLS files in force: a watch ends when one changes.
@@ -43,19 +47,31 @@ pub struct FleetRolloutsService {
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::RolloutEvent, Status>> + Send>>;
+type WaitStream =
+    Pin<Box<dyn Stream<Item = Result<pb::WaitForFleetRolloutResponse, Status>> + Send>>;
 
 fn kube_status(e: kube::Error) -> Status {
     match &e {
-        kube::Error::Api(s) if s.code == 404 => Status::not_found(s.message.clone()),
-        kube::Error::Api(s) if s.code == 409 => Status::aborted(format!(
-            "the FleetMicroservice changed meanwhile; retry ({})",
-            s.message
-        )),
-        kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
-            Status::invalid_argument(s.message.clone())
+        kube::Error::Api(s) if s.code == 404 => {
+            errors::status(Reason::FleetMicroserviceNotFound, s.message.clone())
         }
-        kube::Error::Api(s) if s.code == 403 => Status::permission_denied(s.message.clone()),
-        _ => Status::unavailable(format!("the home cluster did not answer: {e}")),
+        kube::Error::Api(s) if s.code == 409 => errors::status(
+            Reason::Conflict,
+            format!(
+                "the FleetMicroservice changed meanwhile; retry ({})",
+                s.message
+            ),
+        ),
+        kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
+            errors::status(Reason::SpecRejected, s.message.clone())
+        }
+        kube::Error::Api(s) if s.code == 403 => {
+            errors::status(Reason::PermissionDenied, s.message.clone())
+        }
+        _ => errors::status(
+            Reason::HomeUnreachable,
+            format!("the home cluster did not answer: {e}"),
+        ),
     }
 }
 
@@ -69,7 +85,8 @@ impl FleetRolloutsService {
         {
             Ok(())
         } else {
-            Err(Status::unavailable(
+            Err(errors::status(
+                Reason::HomeNotListed,
                 "this replica has not listed the home cluster's FleetMicroservices yet; retry",
             ))
         }
@@ -77,10 +94,12 @@ impl FleetRolloutsService {
 
     fn one(&self, namespace: &str, name: &str) -> Result<pb::Rollout, Status> {
         self.ready()?;
-        let f = self
-            .cache
-            .get(namespace, name)
-            .ok_or_else(|| Status::not_found(format!("no FleetMicroservice {namespace}/{name}")))?;
+        let f = self.cache.get(namespace, name).ok_or_else(|| {
+            errors::status(
+                Reason::FleetMicroserviceNotFound,
+                format!("no FleetMicroservice {namespace}/{name}"),
+            )
+        })?;
         Ok(rollout(&f, &self.cache.history(&f), true))
     }
 
@@ -122,7 +141,8 @@ impl FleetRolloutsService {
 fn edit_status(e: EditError) -> Status {
     match e {
         EditError::Kube(e) => kube_status(e),
-        EditError::Undo(m) | EditError::Approve(m) => Status::invalid_argument(m),
+        EditError::Undo(m) => errors::status(Reason::UndoRefused, m),
+        EditError::Approve(m) => errors::status(Reason::ApprovalRefused, m),
     }
 }
 
@@ -260,6 +280,59 @@ impl FleetRollouts for FleetRolloutsService {
         Ok(Response::new(Box::pin(inbox)))
     }
 
+    type WaitForFleetRolloutStream = WaitStream;
+
+    async fn wait_for_fleet_rollout(
+        &self,
+        r: Request<pb::WaitForFleetRolloutRequest>,
+    ) -> Result<Response<Self::WaitForFleetRolloutStream>, Status> {
+        const METHOD: &str = "WaitForFleetRollout";
+        let standing = self.gate.standing(&r, METHOD).await?;
+        let header = super::service::grpc_timeout(&r);
+        let req = r.into_inner();
+        let (ns, name) = request::key(&req.namespace, &req.name)?;
+        let access = Access::new("get", Resource::FleetMicroservices)
+            .in_namespace(&ns)
+            .named(&name);
+        self.gate.require(&standing.caller, &access, METHOD).await?;
+        // The wait ends once its caller loses the right, or its credentials change.
+        let revoked = streams::Revocation::new(self.credentials.clone())
+            .with_rights(standing, access, METHOD);
+        let wait = super::deadline::effective(
+            request::timeout(req.timeout.as_ref())?,
+            header,
+            self.max_wait,
+        );
+        self.ready()?;
+        // No older than the home cluster when asked: `current` is the
+        // generation the caller's own edit made, or a later one.
+        fresh::barrier(
+            &self.home,
+            &self.cache,
+            Some(&ns),
+            Some(&name),
+            fresh::LIMIT,
+        )
+        .await?;
+        let f = self.cache.get(&ns, &name).ok_or_else(|| {
+            errors::status(
+                Reason::FleetMicroserviceNotFound,
+                format!("no FleetMicroservice {ns}/{name}"),
+            )
+        })?;
+        let goal = fleet_wait::goal(req.target.as_ref(), &f, &self.cache.history(&f))?;
+        let (out, inbox) = streams::channel(self.streams.open()?, self.stall);
+        let wait = fleet_wait::Wait {
+            cache: self.cache.clone(),
+            key: (ns, name),
+            goal,
+            until: tokio::time::Instant::now() + wait,
+            wait,
+        };
+        tokio::spawn(wait.run(out, self.shutdown.clone(), revoked));
+        Ok(Response::new(Box::pin(inbox)))
+    }
+
     async fn pause_rollout(
         &self,
         r: Request<pb::RolloutRef>,
@@ -309,7 +382,7 @@ impl FleetRollouts for FleetRolloutsService {
             .await?;
         let req = r.get_ref();
         if req.wave.is_empty() {
-            return Err(Status::invalid_argument("wave is required"));
+            return Err(Refusal::invalid("wave", "wave is required").into());
         }
         self.ready()?;
         let edit = edits::approve(

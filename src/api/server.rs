@@ -300,6 +300,7 @@ pub async fn serve(
             gate,
             streams: streams.clone(),
             stall: opts.stream_stall,
+            max_wait: opts.max_wait,
             watch: watch_limits,
             shutdown: stopping.clone(),
             credentials,

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::deadline;
+use super::errors::{self, Reason, Refusal};
 use super::request;
 use super::wait::{self, Floors};
 use super::watch::{self as watch_stream, WatchLimits};
@@ -59,8 +60,9 @@ impl FleetStatusService {
         if self.hub.read(|ix| ix.registry_was_read()) {
             Ok(())
         } else {
-            Err(ApiError::Unavailable(
-                "this replica has not read its cluster registry yet; retry".into(),
+            Err(ApiError::refused(
+                Reason::RegistryNotRead,
+                "this replica has not read its cluster registry yet; retry",
             )
             .into())
         }
@@ -96,7 +98,7 @@ impl FleetStatusService {
     }
 }
 
-fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
+pub(super) fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
     req.metadata()
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
@@ -156,18 +158,22 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
             .map(|(n, _)| n.as_str())
             .collect();
         if unlisted.is_empty() {
-            Err(ApiError::NotFound(format!(
-                "Microservice {}/{} is in no registered cluster",
-                key.0, key.1
-            ))
+            Err(ApiError::refused(
+                Reason::MicroserviceNotFound,
+                format!(
+                    "Microservice {}/{} is in no registered cluster",
+                    key.0, key.1
+                ),
+            )
             .into())
         } else {
-            Err(ApiError::Unavailable(format!(
+            Err(Refusal::new(Reason::ClustersNotListed, format!(
                 "Microservice {}/{} is in no cluster this replica has listed, and it has not listed {}; retry",
                 key.0,
                 key.1,
                 unlisted.join(", ")
             ))
+            .meta("clusters", unlisted.join(","))
             .into())
         }
     }
@@ -285,16 +291,15 @@ impl pb::fleet_status_server::FleetStatus for FleetStatusService {
         let current = request::wants_current(r.target.as_ref());
         self.registry_read()?;
         let hub = self.hub.clone();
-        hub.read(|ix| wait::unregistered(&named, &target, ix.clusters()))
-            .map_err(ApiError::InvalidArgument)?;
+        hub.read(|ix| wait::unregistered(&named, &target, ix.clusters()))?;
         let live = self.live.clone();
         let mut floors = match &live {
             Some(_) => Floors::new(&target, current).following(named.is_empty()),
             None if current => {
-                return Err(ApiError::InvalidArgument(
-                    "this server cannot read its members' live generations".into(),
-                )
-                .into());
+                return Err(errors::status(
+                    Reason::LiveReadsOff,
+                    "this server cannot read its members' live generations",
+                ));
             }
             None => Floors::none(),
         };
@@ -423,7 +428,8 @@ async fn own_change(
 /// client asks another.
 fn shut_down(span: &tracing::Span, out: &mut streams::Outbox<pb::RolloutProgress>) {
     span.record("result", "UNAVAILABLE");
-    out.end(Status::unavailable(
+    out.end(errors::status(
+        Reason::ShuttingDown,
         "the replica is shutting down; ask another replica",
     ));
 }

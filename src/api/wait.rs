@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::errors::{Reason, Refusal};
 use super::{convert, pb};
 use crate::status::index::{Key, MicroserviceView, Snapshot};
 use crate::status::live::Live;
@@ -278,7 +279,7 @@ pub fn unregistered(
     named: &BTreeSet<String>,
     target: &Target,
     registered: &BTreeMap<String, view::ClusterInfo>,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     let own = match target {
         Target::Generations { at_least, .. } => at_least.keys().collect(),
         _ => Vec::new(),
@@ -295,7 +296,7 @@ pub fn unregistered(
         return Ok(());
     }
     let known: Vec<&str> = registered.keys().map(String::as_str).collect();
-    Err(format!(
+    let message = format!(
         "not registered: {}; registered clusters: {}",
         unknown.join(", "),
         if known.is_empty() {
@@ -303,7 +304,11 @@ pub fn unregistered(
         } else {
             known.join(", ")
         }
-    ))
+    );
+    Err(Refusal::new(Reason::ClusterNotRegistered, message)
+        .field("clusters")
+        .meta("cluster", unknown.join(","))
+        .meta("registered", known.join(",")))
 }
 
 /// The target's clusters with a generation of their own.
@@ -538,13 +543,19 @@ mod tests {
         };
         let err = unregistered(&BTreeSet::new(), &target, snap.clusters()).unwrap_err();
         assert_eq!(
-            err,
+            err.message,
             "not registered: memebr-2; registered clusters: member-1, member-2, member-3"
+        );
+        assert_eq!(err.reason, Reason::ClusterNotRegistered);
+        assert!(
+            err.metadata
+                .contains(&("cluster".into(), "memebr-2".into()))
         );
         let named = BTreeSet::from(["nope".to_string(), "member-1".to_string()]);
         assert!(
             unregistered(&named, &Target::Generation(1), snap.clusters())
                 .unwrap_err()
+                .message
                 .starts_with("not registered: nope;")
         );
         assert!(unregistered(&BTreeSet::new(), &Target::Generation(1), snap.clusters()).is_ok());

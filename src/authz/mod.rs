@@ -27,8 +27,12 @@ pub enum AuthzError {
     Unavailable(String),
     /// This client sent too many tokens the home cluster refused; its
     /// unknown tokens wait out the window.
-    #[error("{0}")]
-    Throttled(String),
+    #[error("{message}")]
+    Throttled {
+        message: String,
+        /// When this address's refused tokens leave the window.
+        retry: std::time::Duration,
+    },
 }
 
 impl AuthzError {
@@ -38,7 +42,7 @@ impl AuthzError {
             AuthzError::Unauthenticated(_) => "Unauthenticated",
             AuthzError::Denied(_) => "Denied",
             AuthzError::Unavailable(_) => "Unavailable",
-            AuthzError::Throttled(_) => "Throttled",
+            AuthzError::Throttled { .. } => "Throttled",
         }
     }
 }

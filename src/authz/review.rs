@@ -161,10 +161,13 @@ impl Reviews {
             None => {
                 let now = tokio::time::Instant::now().into_std();
                 if let Some(wait) = peer.and_then(|p| lock(&self.refused).wait(p, now)) {
-                    return Err(AuthzError::Throttled(format!(
-                        "too many refused tokens from this address; retry in {} s",
-                        wait.as_secs().max(1)
-                    )));
+                    return Err(AuthzError::Throttled {
+                        message: format!(
+                            "too many refused tokens from this address; retry in {} s",
+                            wait.as_secs().max(1)
+                        ),
+                        retry: wait,
+                    });
                 }
                 let ask = self.review_token(token, key, peer);
                 self.token_flights.share(key, ask).await?

@@ -292,10 +292,17 @@ pub fn cluster_json(c: &pb::Cluster) -> Value {
     })
 }
 
+/// The entry's phase, from its enum or (a server one release older) text.
+#[allow(deprecated)]
+fn entry_phase(e: &pb::ClusterEntry) -> String {
+    let p = pb::MicroservicePhase::try_from(e.microservice_phase).ok();
+    super::rollout_output::named(p.map(|p| p.as_str_name()), "MICROSERVICE_PHASE_", &e.phase)
+}
+
 fn entry_json(e: &pb::ClusterEntry) -> Value {
     json!({
         "cluster": e.cluster, "state": state(e.state), "generation": e.generation,
-        "observedGeneration": e.observed_generation, "image": e.image, "phase": e.phase,
+        "observedGeneration": e.observed_generation, "image": e.image, "phase": entry_phase(e),
         "replicas": e.replicas.as_ref().map(|r| json!({
             "desired": r.desired, "updated": r.updated, "ready": r.ready, "available": r.available,
         })),

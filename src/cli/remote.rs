@@ -7,7 +7,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use super::output;
-use super::wait::{GenerationArg, Generations, retryable, servers};
+use super::wait::{GenerationArg, Generations, retry_after, servers};
 use crate::api::client::{Client, ClientOptions, connect};
 use crate::api::pb;
 
@@ -295,24 +295,26 @@ pub async fn wait(o: &ClientOptions, format: Format, w: WaitFor) -> Result<u8, S
                 Ok(outcome) => outcome,
                 Err(_) => return timed_out(answered),
             };
-        let why = match outcome {
+        let (why, pause) = match outcome {
             Ok(Attempt::Verdict(code)) => return Ok(code),
-            Ok(Attempt::Lost(why)) => why,
-            Err(Lost::Connect(e)) => e,
-            Err(Lost::Status(s)) if retryable(s.code()) => status_error(s),
-            // A question that cannot be asked as put: an unknown cluster.
-            Err(Lost::Status(s)) if s.code() == tonic::Code::InvalidArgument => {
-                eprintln!("error: {}", s.message());
-                return Ok(exit::USAGE);
-            }
-            Err(Lost::Status(s)) => return Err(status_error(s)),
+            Ok(Attempt::Lost(why)) => (why, backoff),
+            Err(Lost::Connect(e)) => (e, backoff),
+            Err(Lost::Status(s)) => match retry_after(&s, backoff) {
+                Some(pause) => (status_error(s), pause),
+                // A question that cannot be asked as put: an unknown cluster.
+                None if s.code() == tonic::Code::InvalidArgument => {
+                    eprintln!("error: {}", s.message());
+                    return Ok(exit::USAGE);
+                }
+                None => return Err(status_error(s)),
+            },
         };
         if Instant::now() >= deadline {
             return timed_out(answered);
         }
         eprintln!("lost {server}: {why}; retrying");
         lost_at.get_or_insert_with(Instant::now);
-        tokio::time::sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
+        tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
     unreachable!("the attempts loop ends only by returning")

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::remote::{Format, exit, first_of};
 use super::rollout_output as out;
-use super::wait::retryable;
+use super::wait::retry_after;
 use crate::api::client::{ClientOptions, RolloutsClient, connect_rollouts};
 use crate::api::pb::{self, WatchEventType};
 
@@ -110,9 +110,19 @@ pub async fn change(
 /// Why one attempt ended.
 enum Ended {
     Verdict(u8),
-    /// Worth another attempt (the replica went away, the stream ended).
-    Retry(String),
+    /// Worth another attempt (the replica went away, the stream ended),
+    /// after the server's RetryInfo when it sent one.
+    Retry(String, Option<Duration>),
     Fatal(String),
+}
+
+/// A failed call as an attempt's end: retried when the server's details
+/// (or, without them, the code) say a retry can help.
+fn ended(s: tonic::Status, backoff: Duration) -> Ended {
+    match retry_after(&s, backoff) {
+        Some(pause) => Ended::Retry(status_error(s), Some(pause)),
+        None => Ended::Fatal(status_error(s)),
+    }
 }
 
 pub async fn wait(
@@ -132,7 +142,7 @@ pub async fn wait(
         let attempt = async {
             let mut c = match connect_first(o).await {
                 Ok(c) => c,
-                Err(e) => return Ended::Retry(e),
+                Err(e) => return Ended::Retry(e, None),
             };
             let stream = c
                 .watch_rollouts(pb::WatchRolloutsRequest {
@@ -143,8 +153,7 @@ pub async fn wait(
                 .await;
             let mut stream = match stream {
                 Ok(s) => s.into_inner(),
-                Err(s) if retryable(s.code()) => return Ended::Retry(status_error(s)),
-                Err(s) => return Ended::Fatal(status_error(s)),
+                Err(s) => return ended(s, delay),
             };
             answered = true;
             let mut in_snapshot = false;
@@ -152,9 +161,8 @@ pub async fn wait(
             loop {
                 let event = match stream.message().await {
                     Ok(Some(e)) => e,
-                    Ok(None) => return Ended::Retry("the stream ended".into()),
-                    Err(s) if retryable(s.code()) => return Ended::Retry(status_error(s)),
-                    Err(s) => return Ended::Fatal(status_error(s)),
+                    Ok(None) => return Ended::Retry("the stream ended".into(), None),
+                    Err(s) => return ended(s, delay),
                 };
                 let kind = WatchEventType::try_from(event.r#type).unwrap_or_default();
                 if event.revision > 0 {
@@ -205,12 +213,13 @@ pub async fn wait(
         match tokio::time::timeout_at(limit, attempt).await {
             Ok(Ended::Verdict(code)) => return Ok(code),
             Ok(Ended::Fatal(e)) => return Err(e),
-            Ok(Ended::Retry(e)) => {
+            Ok(Ended::Retry(e, pause)) => {
                 if Instant::now() >= deadline {
                     break;
                 }
                 eprintln!("reconnecting: {e}");
-                tokio::time::sleep(delay.min(deadline - Instant::now())).await;
+                let pause = pause.unwrap_or(delay);
+                tokio::time::sleep(pause.min(deadline - Instant::now())).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
             Err(_) => break,

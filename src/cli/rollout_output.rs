@@ -29,13 +29,81 @@ fn or_dash(s: &str) -> String {
     }
 }
 
+/// "ROLLOUT_PHASE_ROLLED_BACK" less `prefix` as "RolledBack": an enum
+/// value as the status text spells it.
+fn camel(value: &str, prefix: &str) -> String {
+    value
+        .strip_prefix(prefix)
+        .unwrap_or(value)
+        .split('_')
+        .map(|w| {
+            let mut cs = w.chars();
+            cs.next().map_or(String::new(), |c| {
+                c.to_string() + &cs.as_str().to_ascii_lowercase()
+            })
+        })
+        .collect()
+}
+
+/// A state as text: the enum's, or the deprecated text field's from a
+/// server that sets no enum (one release older).
+pub fn named(value: Option<&str>, prefix: &str, text: &str) -> String {
+    match value {
+        Some(v) if !v.ends_with("_UNSPECIFIED") => camel(v, prefix),
+        _ => text.to_string(),
+    }
+}
+
+#[allow(deprecated)]
+pub fn phase(r: &pb::Rollout) -> String {
+    let p = pb::RolloutPhase::try_from(r.rollout_phase).ok();
+    named(p.map(|p| p.as_str_name()), "ROLLOUT_PHASE_", &r.phase)
+}
+
+#[allow(deprecated)]
+fn wave_state(w: &pb::Wave) -> String {
+    let s = pb::WaveState::try_from(w.wave_state).ok();
+    named(s.map(|s| s.as_str_name()), "WAVE_STATE_", &w.state)
+}
+
+#[allow(deprecated)]
+fn check_state(c: &pb::AnalysisCheck) -> String {
+    let s = pb::AnalysisCheckState::try_from(c.check_state).ok();
+    named(
+        s.map(|s| s.as_str_name()),
+        "ANALYSIS_CHECK_STATE_",
+        &c.state,
+    )
+}
+
+#[allow(deprecated)]
+fn cluster_state(c: &pb::ClusterRollout) -> String {
+    let s = pb::ClusterRolloutState::try_from(c.cluster_state).ok();
+    named(
+        s.map(|s| s.as_str_name()),
+        "CLUSTER_ROLLOUT_STATE_",
+        &c.state,
+    )
+}
+
+/// "updated" and "available" as "2/3", from the counts, or the deprecated
+/// text from a server that sets no counts.
+#[allow(deprecated)]
+fn counts(r: &pb::Rollout) -> (String, String) {
+    if r.clusters_placed == 0 && r.rollout_phase == 0 {
+        return (r.updated.clone(), r.available.clone());
+    }
+    let of = |n: u32| format!("{n}/{}", r.clusters_placed);
+    (of(r.clusters_updated), of(r.clusters_available))
+}
+
 /// The verdict on the spec as it is now: `None` while it is still rolling
 /// out (or not yet planned for the current generation).
 pub fn verdict(r: &pb::Rollout) -> Option<u8> {
     if r.observed_generation != r.generation {
         return None;
     }
-    match r.phase.as_str() {
+    match phase(r).as_str() {
         "Complete" => Some(exit::DONE),
         "RolledBack" | "Failed" | "Degraded" => Some(exit::FAILED),
         _ => None,
@@ -43,19 +111,20 @@ pub fn verdict(r: &pb::Rollout) -> Option<u8> {
 }
 
 pub fn status_text(r: &pb::Rollout) -> String {
+    let (updated, available) = counts(r);
     let mut out = format!(
         "{}/{}  phase {}{}  revision {}  updated {}  available {}\n",
         r.namespace,
         r.name,
-        or_dash(&r.phase),
+        or_dash(&phase(r)),
         if r.wave.is_empty() {
             String::new()
         } else {
             format!(" (wave {})", r.wave)
         },
         revision(&r.update_revision),
-        or_dash(&r.updated),
-        or_dash(&r.available),
+        or_dash(&updated),
+        or_dash(&available),
     );
     out.push_str(&format!(
         "image {}  last good {}{}{}\n",
@@ -80,7 +149,7 @@ pub fn status_text(r: &pb::Rollout) -> String {
         .map(|w| {
             vec![
                 w.name.clone(),
-                w.state.clone(),
+                wave_state(w),
                 w.clusters.join(","),
                 time(&w.started),
                 time(&w.finished),
@@ -101,7 +170,7 @@ pub fn status_text(r: &pb::Rollout) -> String {
         .map(|c| {
             vec![
                 c.cluster.clone(),
-                c.state.clone(),
+                cluster_state(c),
                 or_dash(&c.revision),
                 or_dash(&c.target),
                 or_dash(&c.reason),
@@ -123,7 +192,7 @@ pub fn status_text(r: &pb::Rollout) -> String {
                 vec![
                     w.name.clone(),
                     c.name.clone(),
-                    c.state.clone(),
+                    check_state(c),
                     failures,
                     or_dash(&c.answer),
                 ]
@@ -253,41 +322,43 @@ pub fn progress_line(r: &pb::Rollout) -> String {
     let clusters: Vec<String> = r
         .clusters
         .iter()
-        .map(|c| format!("{}={}", c.cluster, c.state))
+        .map(|c| format!("{}={}", c.cluster, cluster_state(c)))
         .collect();
+    let (updated, available) = counts(r);
     format!(
         "{} {}: {} wave {} updated {} available {} [{}]",
         r.namespace,
         r.name,
-        or_dash(&r.phase),
+        or_dash(&phase(r)),
         or_dash(&r.wave),
-        or_dash(&r.updated),
-        or_dash(&r.available),
+        or_dash(&updated),
+        or_dash(&available),
         clusters.join(" ")
     )
 }
 
 pub fn json(r: &pb::Rollout) -> Value {
+    let (updated, available) = counts(r);
     json!({
         "namespace": r.namespace,
         "name": r.name,
         "generation": r.generation,
         "observedGeneration": r.observed_generation,
-        "phase": r.phase,
+        "phase": phase(r),
         "wave": r.wave,
         "image": r.image,
         "paused": r.paused,
         "updateRevision": r.update_revision.as_ref().map(|x| json!({"name": x.name, "number": x.number})),
         "lastGoodRevision": r.last_good_revision.as_ref().map(|x| json!({"name": x.name, "number": x.number})),
-        "updated": r.updated,
-        "available": r.available,
+        "updated": updated,
+        "available": available,
         "waves": r.waves.iter().map(|w| json!({
-            "name": w.name, "state": w.state, "clusters": w.clusters, "manual": w.manual,
-            "analysis": w.analysis.iter().map(|c| json!({"name": c.name, "state": c.state, "failures": c.failures, "answer": c.answer})).collect::<Vec<_>>(),
+            "name": w.name, "state": wave_state(w), "clusters": w.clusters, "manual": w.manual,
+            "analysis": w.analysis.iter().map(|c| json!({"name": c.name, "state": check_state(c), "failures": c.failures, "answer": c.answer})).collect::<Vec<_>>(),
             "approval": w.approval.as_ref().map(|a| json!({"revision": a.revision, "by": a.by, "at": time(&a.at)})),
         })).collect::<Vec<_>>(),
         "clusters": r.clusters.iter().map(|c| json!({
-            "cluster": c.cluster, "state": c.state, "revision": c.revision,
+            "cluster": c.cluster, "state": cluster_state(c), "revision": c.revision,
             "target": c.target, "reason": c.reason, "message": c.message,
         })).collect::<Vec<_>>(),
         "conditions": r.conditions.iter().map(|c| json!({
@@ -315,14 +386,49 @@ mod tests {
     use super::*;
 
     fn rollout(phase: &str, generation: i64, observed: i64) -> pb::Rollout {
+        let screaming: String = phase
+            .chars()
+            .enumerate()
+            .flat_map(|(i, c)| {
+                let gap = (i > 0 && c.is_ascii_uppercase()).then_some('_');
+                gap.into_iter().chain([c.to_ascii_uppercase()])
+            })
+            .collect();
+        let value = pb::RolloutPhase::from_str_name(&format!("ROLLOUT_PHASE_{screaming}"))
+            .expect("a phase");
         pb::Rollout {
             namespace: "shop".into(),
             name: "api".into(),
-            phase: phase.into(),
+            rollout_phase: value as i32,
             generation,
             observed_generation: observed,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn enums_read_as_the_status_spells_them_and_an_older_servers_text_still_counts() {
+        assert_eq!(phase(&rollout("RolledBack", 1, 1)), "RolledBack");
+        assert_eq!(
+            camel("WAVE_STATE_AWAITING_APPROVAL", "WAVE_STATE_"),
+            "AwaitingApproval"
+        );
+        // One release older: no enum, no counts, only the text.
+        #[allow(deprecated)]
+        let old = pb::Rollout {
+            phase: "Complete".into(),
+            updated: "2/3".into(),
+            available: "1/3".into(),
+            generation: 4,
+            observed_generation: 4,
+            ..Default::default()
+        };
+        assert_eq!(verdict(&old), Some(exit::DONE));
+        assert_eq!(counts(&old), ("2/3".to_string(), "1/3".to_string()));
+        let mut new = rollout("Progressing", 4, 4);
+        new.clusters_placed = 3;
+        new.clusters_updated = 2;
+        assert_eq!(counts(&new), ("2/3".to_string(), "0/3".to_string()));
     }
 
     #[test]
@@ -389,12 +495,12 @@ mod tests {
         r.waves.push(pb::Wave {
             name: "canary".into(),
             clusters: vec!["member-1".into()],
-            state: "Progressing".into(),
+            wave_state: pb::WaveState::Progressing as i32,
             ..Default::default()
         });
         r.clusters.push(pb::ClusterRollout {
             cluster: "member-1".into(),
-            state: "Updating".into(),
+            cluster_state: pb::ClusterRolloutState::Updating as i32,
             reason: "GenerationNotObserved".into(),
             ..Default::default()
         });

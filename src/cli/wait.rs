@@ -2,6 +2,7 @@
 //! reach, which servers to ask, and which failures a reconnect can cure.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// One `--generation` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +90,18 @@ pub fn servers(s: &str) -> Result<Vec<String>, String> {
     Ok(list)
 }
 
+/// Whether to ask again, and after how long. A status with Flotilla's
+/// details says so itself: its `RetryInfo` (never less than `backoff`, so
+/// "at once" still backs off), and none means a retry cannot help. A
+/// status without them (a proxy's, a transport's, an older server's) is
+/// judged by its code, after `backoff`.
+pub fn retry_after(s: &tonic::Status, backoff: Duration) -> Option<Duration> {
+    match crate::api::errors::read(s) {
+        (Some(_), retry) => retry.map(|after| after.max(backoff)),
+        (None, _) => retryable(s.code()).then_some(backoff),
+    }
+}
+
 /// Failures another attempt, on this replica or another, may get past.
 /// The rest are answers: a bad request, a refused token, an unknown cluster.
 pub fn retryable(code: tonic::Code) -> bool {
@@ -108,6 +121,35 @@ pub fn retryable(code: tonic::Code) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_info_decides_over_the_code_when_the_server_sent_it() {
+        use crate::api::errors::{Reason, Refusal, status};
+        let backoff = Duration::from_millis(200);
+        // Throttled: the server's window, not the client's backoff.
+        let throttled = Refusal::new(Reason::TokensThrottled, "too many refused tokens")
+            .retry(Duration::from_secs(7))
+            .into_status();
+        assert_eq!(
+            retry_after(&throttled, backoff),
+            Some(Duration::from_secs(7))
+        );
+        // "At once" still waits the backoff.
+        let shutting = status(Reason::ShuttingDown, "bye");
+        assert_eq!(retry_after(&shutting, backoff), Some(backoff));
+        // A reason without RetryInfo is final, whatever its code.
+        let not_found = status(Reason::FleetMicroserviceNotFound, "no such");
+        assert_eq!(retry_after(&not_found, backoff), None);
+        // Without details, the code decides.
+        assert_eq!(
+            retry_after(&tonic::Status::unavailable("proxy"), backoff),
+            Some(backoff)
+        );
+        assert_eq!(
+            retry_after(&tonic::Status::not_found("proxy"), backoff),
+            None
+        );
+    }
 
     #[test]
     fn generation_values_parse_or_say_why_not() {

@@ -13,6 +13,8 @@ use futures::Stream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
+use crate::api::errors::{self, Reason};
+
 use crate::authz::access::Access;
 use crate::authz::gate::Standing;
 
@@ -52,9 +54,12 @@ impl Streams {
             });
         match taken {
             Ok(_) => Ok(Slot(self.clone())),
-            Err(n) => Err(Status::resource_exhausted(format!(
-                "{n} streams are open on this replica, its limit; retry later or on another replica"
-            ))),
+            Err(n) => Err(errors::status(
+                Reason::StreamLimit,
+                format!(
+                    "{n} streams are open on this replica, its limit; retry later or on another replica"
+                ),
+            )),
         }
     }
 
@@ -149,7 +154,8 @@ impl Revocation {
                 })
             });
             futures::future::select_all(each).await;
-            Status::unavailable(
+            errors::status(
+                Reason::CredentialsChanged,
                 "the credentials this stream was opened with changed; reconnect with the ones in force",
             )
         };
@@ -174,7 +180,8 @@ impl Revocation {
                     Ok(asked) => asked,
                     Err(e) => {
                         tracing::warn!(error = %e, "a stream's rights check failed");
-                        Err(Status::unavailable(
+                        Err(errors::status(
+                            Reason::RightsUnchecked,
                             "this stream's rights could not be checked again; reconnect",
                         ))
                     }
@@ -206,12 +213,14 @@ pub async fn must_end<T>(
     tokio::select! {
         _ = out.closed() => None,
         status = revoked.changed() => Some(status),
-        _ = shutting_down(shutdown) => Some(Status::unavailable(
+        _ = shutting_down(shutdown) => Some(errors::status(
+            Reason::ShuttingDown,
             "the replica is shutting down; resume from the last revision on another replica",
         )),
-        _ = tokio::time::sleep_until(ends_at) => Some(Status::unavailable(format!(
-            "the stream reached its maximum age of {max_age:?}; resume from the last revision"
-        ))),
+        _ = tokio::time::sleep_until(ends_at) => Some(errors::status(
+            Reason::StreamMaxAge,
+            format!("the stream reached its maximum age of {max_age:?}; resume from the last revision"),
+        )),
     }
 }
 
@@ -266,10 +275,13 @@ impl<T> Outbox<T> {
             Ok(()) => Ok(()),
             Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(Ended::Closed),
             Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
-                self.end(Status::resource_exhausted(format!(
-                    "the client read nothing for {:?} with {BUFFER} events queued; resume from the last revision received",
-                    self.stall
-                )));
+                self.end(errors::status(
+                    Reason::ReaderStalled,
+                    format!(
+                        "the client read nothing for {:?} with {BUFFER} events queued; resume from the last revision received",
+                        self.stall
+                    ),
+                ));
                 Err(Ended::Stalled)
             }
         }
