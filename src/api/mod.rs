@@ -6,7 +6,6 @@ pub mod catch_panic;
 pub mod client;
 pub mod convert;
 pub mod deadline;
-pub mod errors;
 pub mod fleet_wait;
 pub mod fresh;
 pub mod replies;
@@ -18,6 +17,10 @@ pub mod server;
 pub mod service;
 pub mod wait;
 pub mod watch;
+
+/// The refusals every gRPC service answers; kept with `serve`, which ends
+/// streams with them too.
+pub use crate::serve::errors;
 
 /// Generated from `proto/flotilla/v1/fleet.proto`.
 pub mod pb {

@@ -92,15 +92,21 @@ impl FleetRolloutsService {
         }
     }
 
-    fn one(&self, namespace: &str, name: &str) -> Result<pb::Rollout, Status> {
+    /// The FleetMicroservice, no older than the home cluster has it now.
+    async fn current(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Arc<crate::rollout::spec::FleetMicroservice>, Status> {
         self.ready()?;
-        let f = self.cache.get(namespace, name).ok_or_else(|| {
+        let (ns, n) = (Some(namespace), Some(name));
+        fresh::barrier(&self.home, &self.cache, ns, n, fresh::LIMIT).await?;
+        self.cache.get(namespace, name).ok_or_else(|| {
             errors::status(
                 Reason::FleetMicroserviceNotFound,
                 format!("no FleetMicroservice {namespace}/{name}"),
             )
-        })?;
-        Ok(rollout(&f, &self.cache.history(&f), true))
+        })
     }
 
     /// The caller, once they hold `verb` on the named FleetMicroservice.
@@ -155,16 +161,8 @@ impl FleetRollouts for FleetRolloutsService {
         let (ns, name) = request::key(&r.get_ref().namespace, &r.get_ref().name)?;
         self.permitted(&r, "get", (&ns, &name), "GetRollout")
             .await?;
-        self.ready()?;
-        fresh::barrier(
-            &self.home,
-            &self.cache,
-            Some(&ns),
-            Some(&name),
-            fresh::LIMIT,
-        )
-        .await?;
-        self.one(&ns, &name).map(Response::new)
+        let f = self.current(&ns, &name).await?;
+        Ok(Response::new(rollout(&f, &self.cache.history(&f), true)))
     }
 
     async fn list_rollouts(
@@ -303,23 +301,9 @@ impl FleetRollouts for FleetRolloutsService {
             header,
             self.max_wait,
         );
-        self.ready()?;
         // No older than the home cluster when asked: `current` is the
         // generation the caller's own edit made, or a later one.
-        fresh::barrier(
-            &self.home,
-            &self.cache,
-            Some(&ns),
-            Some(&name),
-            fresh::LIMIT,
-        )
-        .await?;
-        let f = self.cache.get(&ns, &name).ok_or_else(|| {
-            errors::status(
-                Reason::FleetMicroserviceNotFound,
-                format!("no FleetMicroservice {ns}/{name}"),
-            )
-        })?;
+        let f = self.current(&ns, &name).await?;
         let goal = fleet_wait::goal(req.target.as_ref(), &f, &self.cache.history(&f))?;
         let (out, inbox) = streams::channel(self.streams.open()?, self.stall);
         let wait = fleet_wait::Wait {

@@ -292,11 +292,36 @@ pub fn cluster_json(c: &pb::Cluster) -> Value {
     })
 }
 
+/// "ROLLOUT_PHASE_ROLLED_BACK" less `prefix` as "RolledBack": an enum
+/// value as the status text spells it.
+pub fn camel(value: &str, prefix: &str) -> String {
+    value
+        .strip_prefix(prefix)
+        .unwrap_or(value)
+        .split('_')
+        .map(|w| {
+            let mut cs = w.chars();
+            cs.next().map_or(String::new(), |c| {
+                c.to_string() + &cs.as_str().to_ascii_lowercase()
+            })
+        })
+        .collect()
+}
+
+/// A state as text: the enum's, or the deprecated text field's from a
+/// server that sets no enum (one release older).
+pub fn named(value: Option<&str>, prefix: &str, text: &str) -> String {
+    match value {
+        Some(v) if !v.ends_with("_UNSPECIFIED") => camel(v, prefix),
+        _ => text.to_string(),
+    }
+}
+
 /// The entry's phase, from its enum or (a server one release older) text.
 #[allow(deprecated)]
 fn entry_phase(e: &pb::ClusterEntry) -> String {
     let p = pb::MicroservicePhase::try_from(e.microservice_phase).ok();
-    super::rollout_output::named(p.map(|p| p.as_str_name()), "MICROSERVICE_PHASE_", &e.phase)
+    named(p.map(|p| p.as_str_name()), "MICROSERVICE_PHASE_", &e.phase)
 }
 
 fn entry_json(e: &pb::ClusterEntry) -> Value {

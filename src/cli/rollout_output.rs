@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::output::table;
+use super::output::{named, table};
 use super::remote::exit;
 use crate::api::pb;
 
@@ -26,31 +26,6 @@ fn or_dash(s: &str) -> String {
         "-".into()
     } else {
         s.to_string()
-    }
-}
-
-/// "ROLLOUT_PHASE_ROLLED_BACK" less `prefix` as "RolledBack": an enum
-/// value as the status text spells it.
-fn camel(value: &str, prefix: &str) -> String {
-    value
-        .strip_prefix(prefix)
-        .unwrap_or(value)
-        .split('_')
-        .map(|w| {
-            let mut cs = w.chars();
-            cs.next().map_or(String::new(), |c| {
-                c.to_string() + &cs.as_str().to_ascii_lowercase()
-            })
-        })
-        .collect()
-}
-
-/// A state as text: the enum's, or the deprecated text field's from a
-/// server that sets no enum (one release older).
-pub fn named(value: Option<&str>, prefix: &str, text: &str) -> String {
-    match value {
-        Some(v) if !v.ends_with("_UNSPECIFIED") => camel(v, prefix),
-        _ => text.to_string(),
     }
 }
 
@@ -410,7 +385,7 @@ mod tests {
     fn enums_read_as_the_status_spells_them_and_an_older_servers_text_still_counts() {
         assert_eq!(phase(&rollout("RolledBack", 1, 1)), "RolledBack");
         assert_eq!(
-            camel("WAVE_STATE_AWAITING_APPROVAL", "WAVE_STATE_"),
+            super::super::output::camel("WAVE_STATE_AWAITING_APPROVAL", "WAVE_STATE_"),
             "AwaitingApproval"
         );
         // One release older: no enum, no counts, only the text.

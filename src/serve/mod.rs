@@ -3,6 +3,7 @@
 //! end on revocation (`streams`) and the static bearer tokens (`tokens`).
 
 pub mod conns;
+pub mod errors;
 pub mod streams;
 pub mod tls;
 pub mod tokens;

@@ -13,7 +13,7 @@ use futures::Stream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
-use crate::api::errors::{self, Reason};
+use super::errors::{self, Reason};
 
 use crate::authz::access::Access;
 use crate::authz::gate::Standing;

@@ -1,4 +1,5 @@
-//! Every refusal the gRPC API answers, as a stable reason (#61). A status
+//! Every refusal the gRPC API answers, as a stable reason (#61), here
+//! with the streams that end with them (`api::errors` re-exports it). A status
 //! carries `google.rpc.Status` details: `ErrorInfo` with the reason, the
 //! domain and metadata; `RetryInfo` where a retry can help; `BadRequest`
 //! field violations for a malformed request. Clients branch on the
