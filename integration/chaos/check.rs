@@ -31,9 +31,10 @@ pub const WAVE_ORDER: &str = "wave order and bake";
 pub const CONVERGED: &str = "convergence after the quiet period";
 pub const NOTHING_LEFT: &str = "no lost objects, orphans or stale DNS";
 pub const NO_EXIT: &str = "no replica exited unasked";
+pub const NO_ORPHAN_RECORD: &str = "registry-no-orphan-record";
 
 /// Every invariant, in the order the table prints them.
-pub const INVARIANTS: [&str; 8] = [
+pub const INVARIANTS: [&str; 9] = [
     ONE_WRITER,
     FLEET_WRITER,
     DNS_WRITER,
@@ -42,6 +43,7 @@ pub const INVARIANTS: [&str; 8] = [
     CONVERGED,
     NOTHING_LEFT,
     NO_EXIT,
+    NO_ORPHAN_RECORD,
 ];
 
 /// One successful write of a Lease: who sent it and whom it names.
@@ -383,4 +385,77 @@ pub fn no_exit(exits: &[Exit]) -> Vec<Violation> {
             )
         })
         .collect()
+}
+
+/// A Microservice the workload deleted and saw gone from its member, with
+/// etcd's revision read after that (#67).
+#[derive(Debug, Clone)]
+pub struct Gone {
+    pub uid: String,
+    pub object: String,
+    pub revision: i64,
+    /// Whether a registry stop overlapped the deletion.
+    pub during_registry_stop: bool,
+}
+
+/// One record write in etcd's history (or a record there now): its key,
+/// the object uid it carries, and its revision.
+#[derive(Debug, Clone)]
+pub struct RecordPut {
+    pub key: String,
+    pub uid: String,
+    /// Whether the value parsed as one of our records.
+    pub parsed: bool,
+    pub revision: i64,
+}
+
+/// No record of a deleted object is written after its deletion was seen,
+/// and none is left at the end (#67). Judged per deletion whose object was
+/// registered at some point (a real case): how many were, and the
+/// violations. A value that does not parse is unverifiable, not passed.
+pub fn no_orphan_record(
+    gone: &[Gone],
+    history: &[RecordPut],
+    now: &[RecordPut],
+) -> (usize, Vec<Violation>) {
+    let mut violations = Vec::new();
+    for p in history.iter().chain(now).filter(|p| !p.parsed) {
+        violations.push(violation(
+            NO_ORPHAN_RECORD,
+            None,
+            format!(
+                "unverifiable: {} at revision {} is not a record",
+                p.key, p.revision
+            ),
+        ));
+    }
+    let mut checked = 0;
+    for g in gone.iter().filter(|g| !g.uid.is_empty()) {
+        let ours = |p: &&RecordPut| p.uid == g.uid;
+        if history.iter().any(|p| ours(&p)) {
+            checked += 1;
+        }
+        for p in history
+            .iter()
+            .filter(ours)
+            .filter(|p| p.revision > g.revision)
+        {
+            violations.push(violation(
+                NO_ORPHAN_RECORD,
+                None,
+                format!(
+                    "{} ({}) written at revision {}, after its deletion was seen at {}",
+                    p.key, g.object, p.revision, g.revision
+                ),
+            ));
+        }
+        for p in now.iter().filter(ours) {
+            violations.push(violation(
+                NO_ORPHAN_RECORD,
+                None,
+                format!("{} ({}, deleted) is still in etcd", p.key, g.object),
+            ));
+        }
+    }
+    (checked, violations)
 }

@@ -326,3 +326,49 @@ fn a_write_answered_504_may_have_been_stored() {
         assert!(!may_be_stored(refused), "{refused}");
     }
 }
+
+#[test]
+fn a_record_written_after_its_objects_deletion_or_left_behind_is_an_orphan() {
+    use crate::check::{Gone, RecordPut, no_orphan_record};
+    let gone = vec![
+        Gone {
+            uid: "u1".into(),
+            object: "ns/a".into(),
+            revision: 100,
+            during_registry_stop: true,
+        },
+        Gone {
+            uid: "u2".into(),
+            object: "ns/b".into(),
+            revision: 200,
+            during_registry_stop: false,
+        },
+    ];
+    let put = |key: &str, uid: &str, revision: i64| RecordPut {
+        key: key.into(),
+        uid: uid.into(),
+        parsed: true,
+        revision,
+    };
+    // Registered before the deletion, nothing after: both checked, clean.
+    let history = vec![put("/z/a", "u1", 90), put("/z/b", "u2", 150)];
+    assert_eq!(no_orphan_record(&gone, &history, &[]), (2, vec![]));
+    // A late write of a, and b still there at the end.
+    let late = vec![put("/z/a", "u1", 90), put("/z/a", "u1", 101)];
+    let (checked, v) = no_orphan_record(&gone, &late, &[put("/z/b", "u2", 150)]);
+    assert_eq!(checked, 1);
+    assert_eq!(v.len(), 2, "{v:#?}");
+    assert!(v[0].detail.contains("after its deletion"));
+    assert!(v[1].detail.contains("still in etcd"));
+    // A new object of the same name (another uid) is not an orphan.
+    let reborn = vec![put("/z/a", "u1", 90), put("/z/a", "u3", 300)];
+    assert_eq!(
+        no_orphan_record(&gone, &reborn, &[put("/z/a", "u3", 300)]).1,
+        vec![]
+    );
+    // A value that is not a record cannot be judged: unverifiable, a failure.
+    let mut odd = put("/z/x", "", 5);
+    odd.parsed = false;
+    let (_, v) = no_orphan_record(&gone, &[odd], &[]);
+    assert!(v[0].detail.starts_with("unverifiable"), "{v:?}");
+}

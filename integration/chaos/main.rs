@@ -15,6 +15,7 @@ mod check_tests;
 mod nemesis;
 mod proxy;
 mod records;
+mod registry_history;
 mod run;
 mod schedule;
 mod schedule_tests;

@@ -36,6 +36,8 @@ pub struct Bed {
     pub rec: Arc<Record>,
     /// The member Leases' name.
     pub member_lease: String,
+    /// When the registry's etcd was down: (stopped, started again).
+    pub registry_down: Mutex<Vec<(tokio::time::Instant, tokio::time::Instant)>>,
 }
 
 impl Bed {
@@ -172,9 +174,12 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
         }
         Fault::StopRegistry => {
             bed.stopped.lock().unwrap().push("registry".into());
+            let stopped = tokio::time::Instant::now();
             blocking(|| crate::support::registry::registry_etcd("stop")).await;
             tokio::time::sleep(down).await;
             blocking(|| crate::support::registry::registry_etcd("start")).await;
+            let started = tokio::time::Instant::now();
+            bed.registry_down.lock().unwrap().push((stopped, started));
             bed.stopped.lock().unwrap().retain(|m| m != "registry");
         }
         Fault::MoveCanary { member } => bed.move_canary(member),

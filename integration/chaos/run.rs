@@ -16,6 +16,7 @@ use crate::check::{self, Expected, Observed, Seen, Violation};
 use crate::nemesis::{self, Bed};
 use crate::proxy::Proxy;
 use crate::records;
+use crate::registry_history;
 use crate::schedule::{self, MEMBERS};
 use crate::support::rollout::{RolloutFleet, done, rollout_fleet_prepared};
 use crate::support::{fleet_dir, kubeconfig_via};
@@ -113,6 +114,7 @@ pub async fn chaos(seed: u64, length: Duration) {
         target: target.clone(),
         rec: rec.clone(),
         member_lease: member_lease.clone(),
+        registry_down: Default::default(),
     });
     bed.move_canary("member-1");
     bed.reap_unasked();
@@ -140,6 +142,13 @@ pub async fn chaos(seed: u64, length: Duration) {
         settled.as_secs_f64()
     );
 
+    // The registry's history is judged from here on (#67).
+    let registry_prefix = registry_history::prefix()
+        .await
+        .expect("the registry's zone");
+    let registry_from = registry_history::revision_retrying(30)
+        .await
+        .expect("etcd's revision before the chaos");
     let start = Instant::now();
     let until = start + length;
     let mut workers = Vec::new();
@@ -230,6 +239,14 @@ pub async fn chaos(seed: u64, length: Duration) {
         LABEL_GRACE,
     ));
     violations.extend(check::no_exit(&bed.exits.lock().unwrap()));
+    let (orphan_cases, overlapped) = orphan_records(
+        &bed,
+        &registry_prefix,
+        registry_from,
+        &mut violations,
+        &mut harness_errors,
+    )
+    .await;
 
     // The report: a table per invariant, then the one-line summary.
     let kinds: BTreeSet<&str> = plan.iter().map(|p| p.fault.kind()).collect();
@@ -240,6 +257,14 @@ pub async fn chaos(seed: u64, length: Duration) {
             violations.iter().filter(|v| v.invariant == inv).count()
         );
     }
+    println!(
+        "invariant {}: {orphan_cases} checked, {} violated ({overlapped} deletions overlapped a registry stop)",
+        check::NO_ORPHAN_RECORD,
+        violations
+            .iter()
+            .filter(|v| v.invariant == check::NO_ORPHAN_RECORD)
+            .count()
+    );
     let by_kind = kinds
         .iter()
         .map(|k| {
@@ -276,6 +301,45 @@ pub async fn chaos(seed: u64, length: Duration) {
         );
     }
     drop(guards);
+}
+
+/// #67: no record of a deleted Microservice written after its deletion was
+/// seen, or left at the end, judged from etcd's own history. Returns the
+/// deletions judged on real records, and how many overlapped a registry
+/// stop. A read that fails is a harness error: the run cannot pass on it.
+async fn orphan_records(
+    bed: &Bed,
+    prefix: &str,
+    from: i64,
+    violations: &mut Vec<Violation>,
+    harness_errors: &mut Vec<String>,
+) -> (usize, usize) {
+    let down = bed.registry_down.lock().unwrap().clone();
+    let mut gone = Vec::new();
+    for g in bed.rec.gone.lock().unwrap().iter() {
+        match g {
+            Ok((g, began, ended)) => {
+                let mut g = g.clone();
+                g.during_registry_stop = down.iter().any(|(s, e)| s < ended && e > began);
+                gone.push(g);
+            }
+            Err(e) => harness_errors.push(format!("unverifiable deletion: {e}")),
+        }
+    }
+    let history = registry_history::puts_since(prefix, from).await;
+    let now = registry_history::present(prefix).await;
+    let (history, now) = match (history, now) {
+        (Ok(h), Ok(n)) => (h, n),
+        (h, n) => {
+            let why = [h.err(), n.err()].into_iter().flatten().collect::<Vec<_>>();
+            harness_errors.push(format!("unverifiable: the registry's history: {why:?}"));
+            return (0, 0);
+        }
+    };
+    let (checked, v) = check::no_orphan_record(&gone, &history, &now);
+    violations.extend(v);
+    let overlapped = gone.iter().filter(|g| g.during_registry_stop).count();
+    (checked, overlapped)
 }
 
 /// Polls until the fleet matches the workload's record (convergence, no

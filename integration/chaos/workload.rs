@@ -43,7 +43,14 @@ pub struct Record {
     /// The dashboard event stream's view, the same way.
     pub dashboard: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
     pub dashboard_resumes: Mutex<usize>,
+    /// Each deletion seen complete in a member, with when it began and
+    /// ended (#67's orphan-record check); `Err` when etcd's revision could
+    /// not be read after it (unverifiable).
+    pub gone: Mutex<Vec<Result<Deleted, String>>>,
 }
+
+/// A deletion seen complete, and when it began and ended.
+pub type Deleted = (crate::check::Gone, Instant, Instant);
 
 #[derive(Debug, Clone)]
 pub struct Release {
@@ -151,9 +158,16 @@ pub async fn burst_in(t: &Target, member: &str, image: &str) {
 /// Deletes `name` in every member and waits until it is gone: a
 /// Microservice whose registry cleanup is held stays while its finalizer
 /// does, and an apply to it then would not create it again.
-async fn delete_everywhere(t: &Target, name: &str) {
+async fn delete_everywhere(t: &Target, rec: &Record, name: &str) {
+    let began = Instant::now();
+    let mut uids = Vec::new();
     for m in MEMBERS {
         let api: Api<Microservice> = Api::namespaced(t.members[m].clone(), &t.namespace);
+        if let Ok(Some(ms)) = api.get_opt(name).await
+            && let Some(uid) = ms.metadata.uid
+        {
+            uids.push((m, uid));
+        }
         retry(|| async {
             match api.delete(name, &DeleteParams::default()).await {
                 Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
@@ -172,6 +186,22 @@ async fn delete_everywhere(t: &Target, name: &str) {
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+    // Every write of these objects' records in etcd is before this
+    // revision, or after their deletion was seen.
+    let revision = crate::registry_history::revision_retrying(60).await;
+    let ended = Instant::now();
+    let mut gone = rec.gone.lock().unwrap();
+    for (m, uid) in uids {
+        gone.push(revision.clone().map(|revision| {
+            let g = crate::check::Gone {
+                uid,
+                object: format!("{m} {}/{name}", t.namespace),
+                revision,
+                during_registry_stop: false,
+            };
+            (g, began, ended)
+        }));
     }
 }
 
@@ -263,7 +293,7 @@ pub async fn plain_worker(t: Target, rec: Arc<Record>, seed: u64, worker: usize,
             .is_some();
         if exists && rng.random_bool(0.4) {
             rec.op(format!("delete {name} everywhere"));
-            delete_everywhere(&t, &name).await;
+            delete_everywhere(&t, &rec, &name).await;
             rec.plain.lock().unwrap().insert(name.clone(), None);
             rec.op(format!("deleted {name} everywhere"));
         } else {

@@ -328,6 +328,7 @@ async fn a_deposed_dns_writers_write_changes_nothing_once_its_successor_claimed_
             object: format!("{ns}/web"),
             writer: Writer::fleet(&fleet, epoch),
             fail_open: false,
+            uid: String::new(),
         },
         mod_revision: 0,
     };

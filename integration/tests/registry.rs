@@ -16,7 +16,7 @@ use flotilla::api::pb;
 use flotilla::crd::Microservice;
 use flotilla::domain::conditions::find;
 use flotilla::reconciler::Hooks;
-use flotilla::registry::records::{Entry, Existing, Writer, plan_register};
+use flotilla::registry::records::{Entry, Existing, Writer, plan_register, plan_remove};
 use flotilla::registry::{FINALIZER, Registration, Registry, RegistryConfig, RegistryError};
 use support::registry::{StoppedEtcd, dig, rcode, registration, resolves, zone};
 use support::{
@@ -255,16 +255,23 @@ async fn names_resolve_and_a_blocked_deletion_cleans_up_in_order_once_etcd_retur
     .unwrap();
     let start = Instant::now();
     let (mut last_seen, mut object_gone, mut nxdomain) = (None, None, false);
+    // What saw the record last (#67: a failure must say whether etcd held
+    // it, and whose write it was, or only CoreDNS answered).
+    let mut seen_by = String::new();
     while object_gone.is_none() || !nxdomain {
         // CoreDNS may take a while to reconnect (gRPC's backoff).
         assert!(start.elapsed() < 2 * WAIT, "cleanup did not complete");
-        let in_etcd = registry
-            .read(&keys)
-            .await
-            .is_ok_and(|found| !found.is_empty());
+        let found = registry.read(&keys).await.unwrap_or_default();
         let dns = rcode(&own("member-1"), "A");
-        if in_etcd || dns == "NOERROR" {
+        if !found.is_empty() || dns == "NOERROR" {
             last_seen = Some(start.elapsed());
+            seen_by = format!(
+                "etcd: {:?}; CoreDNS: {dns}",
+                found
+                    .iter()
+                    .map(|e| (&e.key, e.mod_revision, e.record.as_ref().map(|r| &r.writer)))
+                    .collect::<Vec<_>>()
+            );
         }
         nxdomain |= dns == "NXDOMAIN";
         if object_gone.is_none() && api1.get_opt("todo-api").await.unwrap().is_none() {
@@ -278,7 +285,7 @@ async fn names_resolve_and_a_blocked_deletion_cleans_up_in_order_once_etcd_retur
     );
     assert!(
         last_seen.is_none_or(|t| t < object_gone),
-        "the record outlived the object: seen at {last_seen:?}, object gone at {object_gone:?}"
+        "the record outlived the object: seen at {last_seen:?} ({seen_by}), object gone at {object_gone:?}"
     );
     drop(stopped);
     // member-2's record is untouched.
@@ -431,7 +438,7 @@ async fn a_deposed_writer_and_a_stale_read_change_nothing_in_etcd() {
     let name = format!("api.{ns}.member-1.cluster.{}", zone());
     resolves(&name, "A", &["10.96.0.12".to_string()]).await;
     // Clean up.
-    let ops = flotilla::registry::records::plan_remove(
+    let ops = plan_remove(
         &keys,
         &now,
         &Writer {
@@ -442,6 +449,70 @@ async fn a_deposed_writer_and_a_stale_read_change_nothing_in_etcd() {
     )
     .unwrap();
     registry.apply(&ops).await.unwrap();
+}
+
+/// #67, seed 001's order under a late write: a registration planned before
+/// its object's deletion (a deposed leader's, or one held in transit while
+/// etcd restarted) and delivered after it is refused by etcd itself, so no
+/// record outlives its object; also for an object deleted before it was
+/// ever registered.
+#[tokio::test]
+async fn a_registration_delivered_after_its_objects_deletion_is_refused_by_etcd() {
+    let _up = ETCD_UP.read().await;
+    let Registration::Ready(registry) = registration().await else {
+        panic!("the test bed's registry config is valid");
+    };
+    let ns = format!("tomb-{:08x}", rand::random::<u32>());
+    let writer = |epoch| Writer {
+        cluster: "member-1".into(),
+        epoch,
+        lease: String::new(),
+    };
+    for (name, registered_first) in [("api", true), ("web", false)] {
+        let e = entry("member-1", &ns, name);
+        let uid = format!("uid-{:08x}", rand::random::<u32>());
+        let desired = e
+            .desired_by(registry.zone(), Some("10.96.0.10"), 80, &writer(7))
+            .unwrap();
+        let keys: Vec<String> = desired.iter().map(|(k, _)| k.clone()).collect();
+        // The late writer read (nothing there yet) and planned its create.
+        let read = registry.read(&keys).await.unwrap();
+        let late = plan_register(&desired, &read, &writer(7)).unwrap();
+        assert!(!late.is_empty());
+        // Meanwhile the object was registered by its leader, then deleted.
+        let cluster_name = format!("{name}.{ns}.member-1.cluster.{}", zone());
+        if registered_first {
+            let now = e
+                .desired_by(registry.zone(), Some("10.96.0.11"), 80, &writer(8))
+                .unwrap();
+            let ops = plan_register(&now, &read, &writer(8)).unwrap();
+            registry.register(&ops, &uid).await.expect("registered");
+            resolves(&cluster_name, "A", &["10.96.0.11".to_string()]).await;
+        }
+        let found = registry.read(&keys).await.unwrap();
+        let remove = plan_remove(&keys, &found, &writer(8)).unwrap();
+        registry.retire(&remove, &uid).await.expect("retired");
+        assert!(registry.read(&keys).await.unwrap().is_empty());
+        // The late create arrives: etcd refuses it.
+        let landed = registry.register(&late, &uid).await;
+        assert!(
+            matches!(landed, Err(RegistryError::Conflict)),
+            "{name}: a registration after the deletion: {landed:?}"
+        );
+        assert!(
+            registry.read(&keys).await.unwrap().is_empty(),
+            "{name}: a record outlived its object"
+        );
+        assert_eq!(rcode(&cluster_name, "A"), "NXDOMAIN", "{name}");
+        // A new object of the same name (another uid) registers as ever.
+        let again = registry.read(&keys).await.unwrap();
+        let ops = plan_register(&desired, &again, &writer(9)).unwrap();
+        let other = format!("uid-{:08x}", rand::random::<u32>());
+        registry.register(&ops, &other).await.expect("a new object");
+        let found = registry.read(&keys).await.unwrap();
+        let remove = plan_remove(&keys, &found, &writer(9)).unwrap();
+        registry.retire(&remove, &other).await.unwrap();
+    }
 }
 
 /// Test 6 of #15, the sweep of a cluster that left the fleet: its records
@@ -515,7 +586,7 @@ async fn the_sweep_removes_a_departed_clusters_records_and_keeps_members() {
     op.stop().await;
     let keys = kept.keys(registry.zone()).unwrap();
     let now = registry.read(&keys).await.unwrap();
-    let ops = flotilla::registry::records::plan_remove(
+    let ops = plan_remove(
         &keys,
         &now,
         &Writer {

@@ -184,6 +184,7 @@ pub fn plan(
                 object: format!("{}/{}", object.0, object.1),
                 writer: me.clone(),
                 fail_open: degraded,
+                uid: from.uid.clone(),
             };
             let key = format!("{}/{}/{}/{cluster}", zone.prefix, object.0, object.1);
             let mod_revision = match listed_now.get(*cluster) {
@@ -249,6 +250,7 @@ fn same_answer(a: &Record, b: &Record) -> bool {
         && a.ttl == b.ttl
         && a.object == b.object
         && a.fail_open == b.fail_open
+        && a.uid == b.uid
 }
 
 #[cfg(test)]

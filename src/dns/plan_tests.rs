@@ -15,6 +15,7 @@ fn record(host: &str, writer: Writer) -> Record {
         object: "ns/web".into(),
         writer,
         fail_open: false,
+        uid: String::new(),
     }
 }
 

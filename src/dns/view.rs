@@ -156,6 +156,7 @@ mod tests {
             object: "ns/web".into(),
             writer: Writer::fleet("prod", 1),
             fail_open,
+            uid: String::new(),
         }
     }
 

@@ -135,6 +135,9 @@ async fn try_register(
     let me = writer(ctx);
     let (host, port) = address(service);
     let mut desired = entry(ctx, ms).desired_by(registry.zone(), host, port, &me)?;
+    for (_, record) in &mut desired {
+        record.uid = uid_of(ms);
+    }
     // The fleet-wide name is the fleet DNS writer's, health-aware (#31).
     if ctx.settings.fleet_dns {
         desired.truncate(1);
@@ -153,7 +156,7 @@ async fn try_register(
     })?;
     if !ops.is_empty() {
         fenced(ctx)?;
-        let applied = observed(ctx, registry.apply(&ops).await);
+        let applied = observed(ctx, registry.register(&ops, &uid_of(ms)).await);
         let result = match &applied {
             Ok(()) => "applied",
             Err(RegistryError::Conflict) => "conflict",
@@ -218,11 +221,16 @@ async fn remove_records(
     let keys = entry(ctx, ms).keys(registry.zone())?;
     let existing = observed(ctx, registry.read(&keys).await)?;
     let ops = plan_remove(&keys, &existing, &me)?;
-    if ops.is_empty() {
-        return Ok(());
-    }
+    // Written even with no record left: a registration planned before the
+    // deletion may still be on its way (#67).
     fenced(ctx)?;
-    observed(ctx, registry.apply(&ops).await)
+    observed(ctx, registry.retire(&ops, &uid_of(ms)).await)
+}
+
+/// The object's uid, which its tombstone is keyed by; an object the
+/// apiserver gave none (never, for a stored one) shares the empty key.
+fn uid_of(ms: &Microservice) -> String {
+    ms.metadata.uid.clone().unwrap_or_default()
 }
 
 /// Seed 001's contract for a Microservice being deleted: records first,

@@ -156,6 +156,16 @@ pub struct Record {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub fail_open: bool,
+    /// The Microservice's uid (#67): which object, not just which name, a
+    /// record stands for, so a record left by a deleted object can be told
+    /// from a new object's of the same name. Empty in records written
+    /// before it existed.
+    #[serde(
+        rename = "flotillaUid",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub uid: String,
 }
 
 impl Record {
@@ -166,6 +176,7 @@ impl Record {
             && self.ttl == other.ttl
             && self.object == other.object
             && self.writer.cluster == other.writer.cluster
+            && self.uid == other.uid
     }
 }
 
@@ -230,6 +241,7 @@ impl Entry {
             object: format!("{}/{}", self.namespace, self.name),
             writer: writer.clone(),
             fail_open: false,
+            uid: String::new(),
         };
         Ok(self
             .keys(zone)?
@@ -355,9 +367,22 @@ pub fn plan_register(
     Ok(ops)
 }
 
+/// `ops` that write a Microservice's records, refused by etcd once its
+/// tombstone (`tombstone`, a key only its deletion writes) exists (#67).
+pub fn guarded(ops: &[Op], tombstone: &str) -> Vec<Op> {
+    let mut out = ops.to_vec();
+    if !out.is_empty() {
+        out.push(Op::Check {
+            key: tombstone.to_string(),
+            mod_revision: 0,
+        });
+    }
+    out
+}
+
 /// The deletes that remove `keys` (those of one Microservice) from
 /// `existing`; a key already gone needs nothing, and a record another
-/// cluster wrote is never removed.
+/// cluster wrote (or one that does not parse) is never removed.
 pub fn plan_remove(
     keys: &[String],
     existing: &[Existing],
@@ -386,7 +411,10 @@ pub fn plan_remove(
                     mod_revision: found.mod_revision,
                 });
             }
-            _ => return Err(Refusal::Foreign { key: key.clone() }),
+            // Another's, or unreadable: left untouched, while our own
+            // record under the other key still goes (#67: aborting the
+            // whole plan let the finalizer go with our record in place).
+            _ => continue,
         }
     }
     Ok(ops)

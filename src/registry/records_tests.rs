@@ -201,6 +201,54 @@ fn removal_deletes_only_what_exists_on_the_revision_read() {
 }
 
 #[test]
+fn a_foreign_or_unreadable_record_at_one_key_leaves_it_and_still_removes_ours() {
+    let d = entry("member-1")
+        .desired(&zone(), Some("10.96.0.7"), 8080, 3)
+        .unwrap();
+    let keys: Vec<String> = d.iter().map(|(k, _)| k.clone()).collect();
+    let mut found = existing(&d, 7);
+    // The fleet-wide key holds what nobody of ours wrote, or nothing readable.
+    for foreign in [
+        Some(
+            entry("member-2")
+                .desired(&zone(), Some("10.96.0.9"), 80, 1)
+                .unwrap()[1]
+                .1
+                .clone(),
+        ),
+        None,
+    ] {
+        found[1].record = foreign;
+        let ops = plan_remove(&keys, &found, &me("member-1", 3)).unwrap();
+        assert_eq!(
+            ops,
+            vec![Op::Delete {
+                key: keys[0].clone(),
+                mod_revision: 7
+            }]
+        );
+    }
+}
+
+#[test]
+fn every_registration_checks_the_tombstone_and_nothing_adds_a_write() {
+    let d = entry("member-1")
+        .desired(&zone(), Some("10.96.0.7"), 8080, 3)
+        .unwrap();
+    let ops = plan_register(&d, &[], &me("member-1", 3)).unwrap();
+    let fenced = guarded(&ops, "/skydns/_flotilla/tombstones/z/uid-1");
+    assert_eq!(fenced.len(), ops.len() + 1);
+    assert_eq!(
+        fenced.last(),
+        Some(&Op::Check {
+            key: "/skydns/_flotilla/tombstones/z/uid-1".into(),
+            mod_revision: 0
+        })
+    );
+    assert!(guarded(&[], "t").is_empty(), "no write, no transaction");
+}
+
+#[test]
 fn the_sweep_removes_only_our_dead_objects_records() {
     let z = zone();
     let mut all = Vec::new();

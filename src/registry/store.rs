@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
-    TxnOp, TxnOpResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
+    TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
 
-use super::records::{Existing, Op, RecordError, Refusal, Zone};
+use super::records::{self, Existing, Op, RecordError, Refusal, Zone};
 
 /// How the registry is reached (`--registry-*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -433,47 +433,56 @@ impl Registry {
         Ok((revision, epoch))
     }
 
+    /// The key that marks Microservice `uid` deleted (#67): under the
+    /// registry's path, outside the zone's tree, so CoreDNS never serves it.
+    pub fn tombstone_key(&self, uid: &str) -> String {
+        format!(
+            "{}/_flotilla/tombstones/{}/{uid}",
+            self.inner.config.path.trim_end_matches('/'),
+            self.zone.name
+        )
+    }
+
     /// Applies `ops` at once, each conditional on its key's mod revision
     /// (0: absent). `Conflict` when any key moved since it was read.
     pub async fn apply(&self, ops: &[Op]) -> Result<()> {
         if ops.is_empty() {
             return Ok(());
         }
-        let mut compares = Vec::new();
-        let mut writes = Vec::new();
-        for op in ops {
-            match op {
-                Op::Put {
-                    key,
-                    record,
-                    mod_revision,
-                } => {
-                    compares.push(Compare::mod_revision(
-                        key.as_str(),
-                        CompareOp::Equal,
-                        *mod_revision,
-                    ));
-                    let value = serde_json::to_vec(record)
-                        .map_err(|e| RegistryError::Config(e.to_string()))?;
-                    writes.push(TxnOp::put(key.as_str(), value, None));
-                }
-                Op::Delete { key, mod_revision } => {
-                    compares.push(Compare::mod_revision(
-                        key.as_str(),
-                        CompareOp::Equal,
-                        *mod_revision,
-                    ));
-                    writes.push(TxnOp::delete(key.as_str(), None));
-                }
-                Op::Check { key, mod_revision } => {
-                    compares.push(Compare::mod_revision(
-                        key.as_str(),
-                        CompareOp::Equal,
-                        *mod_revision,
-                    ));
-                }
-            }
-        }
+        let (compares, writes) = txn_of(ops)?;
+        self.commit(compares, writes).await
+    }
+
+    /// Writes Microservice `uid`'s records: `ops`, refused by etcd itself
+    /// once the object's tombstone exists, so a write planned before its
+    /// deletion (a deposed leader's, one held in transit) never brings a
+    /// record back after it (#67).
+    pub async fn register(&self, ops: &[Op], uid: &str) -> Result<()> {
+        self.apply(&records::guarded(ops, &self.tombstone_key(uid)))
+            .await
+    }
+
+    /// Removes Microservice `uid`'s records (`ops`, maybe none) and writes
+    /// its tombstone in the same transaction: once this returns, no
+    /// registration of `uid` lands (`register`). The tombstone lives
+    /// `TOMBSTONE_TTL` under an etcd lease, so deletions leave no litter.
+    pub async fn retire(&self, ops: &[Op], uid: &str) -> Result<()> {
+        let (compares, mut writes) = txn_of(ops)?;
+        let lease = self
+            .client()
+            .lease_grant(TOMBSTONE_TTL.as_secs() as i64, None)
+            .await
+            .map_err(unavailable)?
+            .id();
+        writes.push(TxnOp::put(
+            self.tombstone_key(uid),
+            "deleted",
+            Some(PutOptions::new().with_lease(lease)),
+        ));
+        self.commit(compares, writes).await
+    }
+
+    async fn commit(&self, compares: Vec<Compare>, writes: Vec<TxnOp>) -> Result<()> {
         let response = self
             .client()
             .txn(Txn::new().when(compares).and_then(writes))
@@ -485,6 +494,41 @@ impl Registry {
             Err(RegistryError::Conflict)
         }
     }
+}
+
+/// How long a deleted Microservice's tombstone refuses its records: far
+/// longer than any write can be held in transit or a deposed leader stall.
+pub const TOMBSTONE_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// `ops` as one transaction's compares (each key at its mod revision, 0:
+/// absent) and writes.
+fn txn_of(ops: &[Op]) -> Result<(Vec<Compare>, Vec<TxnOp>)> {
+    let mut compares = Vec::new();
+    let mut writes = Vec::new();
+    for op in ops {
+        let (key, mod_revision) = match op {
+            Op::Put {
+                key, mod_revision, ..
+            }
+            | Op::Delete { key, mod_revision }
+            | Op::Check { key, mod_revision } => (key, *mod_revision),
+        };
+        compares.push(Compare::mod_revision(
+            key.as_str(),
+            CompareOp::Equal,
+            mod_revision,
+        ));
+        match op {
+            Op::Put { key, record, .. } => {
+                let value =
+                    serde_json::to_vec(record).map_err(|e| RegistryError::Config(e.to_string()))?;
+                writes.push(TxnOp::put(key.as_str(), value, None));
+            }
+            Op::Delete { key, .. } => writes.push(TxnOp::delete(key.as_str(), None)),
+            Op::Check { .. } => {}
+        }
+    }
+    Ok((compares, writes))
 }
 
 #[cfg(test)]

@@ -1,0 +1,117 @@
+//! The registry's own record (#67): etcd's revision now, and every write
+//! of the zone's records since a revision, read back by a watch from that
+//! revision (the test bed's etcd never compacts), with the records each
+//! wrote. What `check::no_orphan_record` judges.
+
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+
+use crate::check::RecordPut;
+
+async fn connect() -> Result<Client, String> {
+    let endpoint = crate::support::registry::config().endpoints[0].clone();
+    tokio::time::timeout(Duration::from_secs(5), Client::connect([endpoint], None))
+        .await
+        .map_err(|_| "connecting to the registry's etcd timed out".to_string())?
+        .map_err(|e| format!("connecting to the registry's etcd: {e}"))
+}
+
+/// The zone's key prefix, as the product writes it.
+pub async fn prefix() -> Result<String, String> {
+    match crate::support::registry::registration().await {
+        flotilla::registry::Registration::Ready(r) => Ok(format!("{}/", r.zone().prefix)),
+        other => Err(format!("the registry config: {other:?}")),
+    }
+}
+
+/// etcd's revision now.
+pub async fn revision() -> Result<i64, String> {
+    let mut c = connect().await?;
+    let got = tokio::time::timeout(Duration::from_secs(5), c.get("/", None))
+        .await
+        .map_err(|_| "reading etcd's revision timed out".to_string())?
+        .map_err(|e| format!("reading etcd's revision: {e}"))?;
+    got.header()
+        .map(|h| h.revision())
+        .ok_or_else(|| "etcd sent no header".into())
+}
+
+/// etcd's revision now, asked up to `tries` times a second apart (etcd may
+/// be stopped by the nemesis).
+pub async fn revision_retrying(tries: usize) -> Result<i64, String> {
+    let mut last = String::new();
+    for _ in 0..tries {
+        match revision().await {
+            Ok(r) => return Ok(r),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(last)
+}
+
+fn put(key: &[u8], value: &[u8], revision: i64) -> RecordPut {
+    let record: Option<flotilla::registry::records::Record> = serde_json::from_slice(value).ok();
+    RecordPut {
+        key: String::from_utf8_lossy(key).into_owned(),
+        uid: record.as_ref().map(|r| r.uid.clone()).unwrap_or_default(),
+        parsed: record.is_some(),
+        revision,
+    }
+}
+
+/// Every put under `prefix` after `since`, up to the revision now: the
+/// watch replays them at once, so a pause of 5 s with none is the end
+/// (the revision now may be another key's, outside the prefix).
+pub async fn puts_since(prefix: &str, since: i64) -> Result<Vec<RecordPut>, String> {
+    let now = revision().await?;
+    let mut c = connect().await?;
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(since + 1);
+    let mut stream = c
+        .watch(prefix, Some(options))
+        .await
+        .map_err(|e| format!("watching the registry's history: {e}"))?;
+    let mut out = Vec::new();
+    let mut seen = since;
+    while seen < now {
+        let message = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;
+        let response = match message {
+            Ok(Ok(Some(r))) => r,
+            Ok(Ok(None)) => return Err("the history watch ended early".into()),
+            Ok(Err(e)) => return Err(format!("the history watch failed: {e}")),
+            // Nothing more under the prefix up to now: every event is in.
+            Err(_) => break,
+        };
+        if response.compact_revision() > 0 {
+            return Err(format!(
+                "etcd compacted the history to {}",
+                response.compact_revision()
+            ));
+        }
+        for e in response.events() {
+            let Some(kv) = e.kv() else { continue };
+            seen = seen.max(kv.mod_revision());
+            if e.event_type() == EventType::Put {
+                out.push(put(kv.key(), kv.value(), kv.mod_revision()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every record under `prefix` now.
+pub async fn present(prefix: &str) -> Result<Vec<RecordPut>, String> {
+    let mut c = connect().await?;
+    let got = c
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| format!("reading the registry: {e}"))?;
+    Ok(got
+        .kvs()
+        .iter()
+        .map(|kv| put(kv.key(), kv.value(), kv.mod_revision()))
+        .collect())
+}
