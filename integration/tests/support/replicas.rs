@@ -411,6 +411,38 @@ pub async fn balanced(
     .await
 }
 
+/// Waits until every member is held by the replica the assignment gives
+/// it (`fleet::shard::assign` over `replicas`): settled past the hand-overs
+/// to replicas that started after the first, which `balanced` may not be
+/// (four replicas over three members are "balanced" before the last
+/// hand-over too).
+pub async fn assigned(
+    clients: &BTreeMap<&str, Client>,
+    lease: &str,
+    replicas: &[&str],
+) -> BTreeMap<String, String> {
+    let clusters: std::collections::BTreeSet<String> =
+        clients.keys().map(|m| m.to_string()).collect();
+    let live: std::collections::BTreeSet<String> = replicas.iter().map(|r| r.to_string()).collect();
+    let want: BTreeMap<String, String> = flotilla::fleet::shard::assign(&clusters, &live)
+        .into_iter()
+        .map(|(c, r)| (c, r.to_string()))
+        .collect();
+    eventually(
+        "every member held by its assigned replica",
+        Duration::from_secs(60),
+        || async {
+            let held: BTreeMap<String, String> = holders(clients, lease)
+                .await
+                .into_iter()
+                .filter_map(|(m, h)| h.map(|h| (m, h)))
+                .collect();
+            (held == want).then_some(held)
+        },
+    )
+    .await
+}
+
 pub const REPLICA_IDS: [&str; 3] = ["r1", "r2", "r3"];
 
 /// A fourth replica id that the assignment gives exactly one of the three
