@@ -222,9 +222,24 @@ async fn sigterm_releases_leases_for_a_fast_handoff() {
 /// wait on the heartbeat until the client's own timeout, minutes later.
 #[tokio::test]
 async fn a_sigterm_with_home_silent_still_releases_the_member_leases_and_exits() {
+    // Within a retry period the next beat is in flight and hangs. The
+    // heartbeat's TTL (2 s) has not run out when the SIGTERM comes.
+    sigterm_with_home_silent_for("fleet-home-silent", RETRY_PERIOD * 3).await;
+}
+
+/// Home silent for longer than the registry's rescan (2 s): a list of the
+/// member Secrets is surely in flight when the SIGTERM comes. The loop
+/// waited for that list and saw the SIGTERM only once it failed; in CI,
+/// the member Lease stayed held past 20 s.
+#[tokio::test]
+async fn a_sigterm_while_a_registry_read_hangs_on_a_silent_home_still_exits() {
+    sigterm_with_home_silent_for("fleet-home-read", Duration::from_millis(3000)).await;
+}
+
+async fn sigterm_with_home_silent_for(prefix: &str, silent: Duration) {
     use support::gate::Gate;
     let clients = member_clients().await;
-    let (ns, _guards) = namespaces(&clients, "fleet-home-silent").await;
+    let (ns, _guards) = namespaces(&clients, prefix).await;
     let mut replicas = Replicas::new(&ns, &MEMBERS);
     let gate = Gate::start(support::kubeconfig_via("home", 0).1).await;
     // In a directory of its own (the member scan reads no subdirectory):
@@ -248,11 +263,9 @@ async fn a_sigterm_with_home_silent_still_releases_the_member_leases_and_exits()
         .filter(|m| held[*m] == leaving)
         .collect();
     assert!(!mine.is_empty(), "{leaving} leads nothing: {held:?}");
-    // Home goes silent (connections open, nothing answered); within a
-    // retry period the next beat is in flight and hangs. The heartbeat's
-    // TTL (2 s) has not run out when the SIGTERM comes.
+    // Home goes silent: connections open, nothing answered.
     gate.silence();
-    tokio::time::sleep(RETRY_PERIOD * 3).await;
+    tokio::time::sleep(silent).await;
     let started = Instant::now();
     // Killed if the test fails before it exits, so that no replica outlives it.
     struct Reaped(std::process::Child);

@@ -116,6 +116,10 @@ async fn stop_clusters(stops: Vec<(String, Running)>) {
         .await;
 }
 
+/// How long one list of the member Secrets may take: a home that holds it
+/// must not hold the registry loop, which also follows the live replicas.
+const SECRETS_READ_LIMIT: Duration = Duration::from_secs(10);
+
 /// Runs until `shutdown` resolves; then removes this replica's heartbeat,
 /// stops every cluster's writers and releases their Leases. Returns an
 /// error if the heartbeat ends before that: a replica that no longer
@@ -140,7 +144,15 @@ pub async fn run(
     let mut heartbeat_fault = std::pin::pin!(crate::supervise::injected("heartbeat"));
     let mut registry_fault = std::pin::pin!(crate::supervise::injected("registry"));
     loop {
-        let valid = clusters.scan(&opts).await;
+        // The read races the shutdown: a home that has gone silent holds
+        // the Secrets list, and a SIGTERM must still release the Leases.
+        // Only the read: stopping and starting tasks runs to its end.
+        let read = tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            read = clusters.read(&opts) => read,
+        };
+        let valid = clusters.scan(&opts, read).await;
         // The assignment follows the live replicas and the valid clusters.
         let live = live_rx.borrow_and_update().clone();
         if !joined && live.contains(&me) {
@@ -270,10 +282,14 @@ impl Clusters {
         }
     }
 
-    /// One pass of the registry: start new and changed clusters, stop
-    /// removed ones, publish the credentials; returns the valid clusters.
-    async fn scan(&mut self, opts: &FleetOptions) -> BTreeSet<String> {
-        let (found, whole) = self.read(opts).await;
+    /// One pass of the registry over what `read` found: start new and
+    /// changed clusters, stop removed ones, publish the credentials;
+    /// returns the valid clusters.
+    async fn scan(
+        &mut self,
+        opts: &FleetOptions,
+        (found, whole): (BTreeMap<String, registry::Found>, bool),
+    ) -> BTreeSet<String> {
         let hub = &opts.hub;
         hub.update(|ix| {
             for (name, f) in found.iter() {
@@ -324,11 +340,18 @@ impl Clusters {
             }),
         };
         self.from_files = files.clone();
-        let secrets = match self
-            .secrets_api
-            .list(&ListParams::default().labels(&format!("{}=true", registry::SECRET_LABEL)))
-            .await
-        {
+        let listed = tokio::time::timeout(
+            SECRETS_READ_LIMIT,
+            self.secrets_api
+                .list(&ListParams::default().labels(&format!("{}=true", registry::SECRET_LABEL))),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(kube::Error::Service(
+                "the list did not answer in time".into(),
+            ))
+        });
+        let secrets = match listed {
             Ok(list) => registry::from_secrets(&list.items),
             Err(e) => {
                 // Keep what runs: a home-cluster hiccup must not drop members.
