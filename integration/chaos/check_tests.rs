@@ -41,23 +41,28 @@ fn writes_inside_their_terms_pass() {
         lease(t(5), "r2", "r2"),
     ];
     let writes = [write(ms(1, 500), "r1"), write(ms(5, 100), "r2")];
-    assert!(writes_inside_terms(ONE_WRITER, &leases, &writes, LIMIT).is_empty());
+    let j = writes_inside_terms(ONE_WRITER, &leases, &writes, LIMIT);
+    assert!(j.violations.is_empty());
+    assert_eq!(j.checked, 2, "every write is a case");
 }
 
 #[test]
 fn a_deposed_writer_and_a_writer_past_its_renewal_are_caught() {
     let leases = [lease(t(0), "r1", "r1"), lease(t(5), "r2", "r2")];
     // r1 writes after r2 took the Lease: split brain.
-    let late = writes_inside_terms(ONE_WRITER, &leases, &[write(ms(5, 200), "r1")], LIMIT);
+    let late =
+        writes_inside_terms(ONE_WRITER, &leases, &[write(ms(5, 200), "r1")], LIMIT).violations;
     assert_eq!(late.len(), 1, "{late:?}");
     assert!(late[0].detail.contains("r1 wrote"), "{late:?}");
     // r1 still named holder, but 3 s after its last renewal: past the deadline.
-    let stale = writes_inside_terms(ONE_WRITER, &leases, &[write(t(3), "r1")], LIMIT);
+    let stale = writes_inside_terms(ONE_WRITER, &leases, &[write(t(3), "r1")], LIMIT).violations;
     assert_eq!(stale.len(), 1, "{stale:?}");
     // Before any Lease write at all.
     let early = [lease(t(2), "r1", "r1")];
     assert_eq!(
-        writes_inside_terms(ONE_WRITER, &early, &[write(t(1), "r1")], LIMIT).len(),
+        writes_inside_terms(ONE_WRITER, &early, &[write(t(1), "r1")], LIMIT)
+            .violations
+            .len(),
         1
     );
 }
@@ -93,9 +98,11 @@ fn a_success_matched_by_every_cluster_passes() {
         status("member-1", t(2), "a:2", true),
         status("member-2", t(3), "a:2", true),
     ];
-    assert!(no_false_success(&[answer(t(4), "a:2", 0)], &s).is_empty());
+    let j = no_false_success(&[answer(t(4), "a:2", 0)], &s);
+    assert!(j.violations.is_empty());
+    assert_eq!(j.checked, 2, "one case per cluster the answer names");
     // A failure or a timeout claims nothing.
-    assert!(no_false_success(&[answer(t(1), "a:2", 1)], &s).is_empty());
+    assert_eq!(no_false_success(&[answer(t(1), "a:2", 1)], &s).checked, 0);
 }
 
 #[test]
@@ -106,7 +113,7 @@ fn a_success_before_a_cluster_was_available_is_caught() {
         status("member-2", t(5), "a:2", true),
     ];
     // At 4, member-2 still ran a:1.
-    let v = no_false_success(&[answer(t(4), "a:2", 0)], &s);
+    let v = no_false_success(&[answer(t(4), "a:2", 0)], &s).violations;
     assert_eq!(v.len(), 1, "{v:?}");
     assert!(v[0].detail.contains("member-2"), "{v:?}");
     // A cluster that went unavailable again before the answer.
@@ -115,10 +122,20 @@ fn a_success_before_a_cluster_was_available_is_caught() {
         status("member-2", t(1), "a:2", true),
         status("member-2", t(3), "a:2", false),
     ];
-    assert_eq!(no_false_success(&[answer(t(4), "a:2", 0)], &s).len(), 1);
+    assert_eq!(
+        no_false_success(&[answer(t(4), "a:2", 0)], &s)
+            .violations
+            .len(),
+        1
+    );
     // A cluster never heard from.
     let s = [status("member-1", t(1), "a:2", true)];
-    assert_eq!(no_false_success(&[answer(t(4), "a:2", 0)], &s).len(), 1);
+    assert_eq!(
+        no_false_success(&[answer(t(4), "a:2", 0)], &s)
+            .violations
+            .len(),
+        1
+    );
 }
 
 fn fw(cluster: &str, at: Timestamp, image: &str) -> FleetWrite {
@@ -154,7 +171,10 @@ fn a_release_through_its_canary_and_bake_passes() {
         status("member-1", t(11), "a:2", true),
     ];
     let c = [canary(t(0), "member-1")];
-    assert!(wave_order(&writes, &s, &c, BAKE, GRACE).is_empty());
+    let (order, held) = wave_order(&writes, &s, &c, BAKE, GRACE);
+    assert!(order.violations.is_empty() && held.violations.is_empty());
+    assert_eq!(order.checked, 2, "both writes outside the canary");
+    assert_eq!(held.checked, 2);
 }
 
 #[test]
@@ -168,20 +188,28 @@ fn a_wave_opened_without_evidence_or_before_the_bake_is_caught() {
         &c,
         BAKE,
         GRACE,
-    );
+    )
+    .0
+    .violations;
     assert_eq!(v.len(), 1, "{v:?}");
     assert!(v[0].detail.contains("member-2"), "{v:?}");
     // Available, but the next wave opened 1 s later with a 3 s bake.
     let writes = [fw("member-1", t(10), "a:2"), fw("member-2", t(12), "a:2")];
     let s = [status("member-1", t(11), "a:2", true)];
-    assert_eq!(wave_order(&writes, &s, &c, BAKE, GRACE).len(), 1);
+    assert_eq!(
+        wave_order(&writes, &s, &c, BAKE, GRACE).0.violations.len(),
+        1
+    );
     // Every cluster at once, no canary at all.
     let writes = [
         fw("member-1", t(10), "a:3"),
         fw("member-2", t(10), "a:3"),
         fw("member-3", t(10), "a:3"),
     ];
-    assert_eq!(wave_order(&writes, &[], &c, BAKE, GRACE).len(), 2);
+    assert_eq!(
+        wave_order(&writes, &[], &c, BAKE, GRACE).0.violations.len(),
+        2
+    );
 }
 
 #[test]
@@ -189,13 +217,26 @@ fn the_canary_may_move_within_the_grace() {
     // member-2 became the canary at 8; written at 10 as the new canary.
     let c = [canary(t(0), "member-1"), canary(t(8), "member-2")];
     let writes = [fw("member-2", t(10), "a:2")];
-    assert!(wave_order(&writes, &[], &c, BAKE, GRACE).is_empty());
+    assert!(
+        wave_order(&writes, &[], &c, BAKE, GRACE)
+            .0
+            .violations
+            .is_empty()
+    );
     // member-1 stopped being the canary at 8; still read as one at 10.
     let writes = [fw("member-1", t(10), "a:3")];
-    assert!(wave_order(&writes, &[], &c, BAKE, GRACE).is_empty());
+    assert!(
+        wave_order(&writes, &[], &c, BAKE, GRACE)
+            .0
+            .violations
+            .is_empty()
+    );
     // ...but not at 20.
     let writes = [fw("member-1", t(20), "a:4")];
-    assert_eq!(wave_order(&writes, &[], &c, BAKE, GRACE).len(), 1);
+    assert_eq!(
+        wave_order(&writes, &[], &c, BAKE, GRACE).0.violations.len(),
+        1
+    );
 }
 
 fn seen(image: &str, done: bool) -> Seen {
@@ -241,7 +282,7 @@ fn expected() -> Expected {
 
 #[test]
 fn a_converged_fleet_passes() {
-    assert_eq!(converged(&expected(), &observed()), vec![]);
+    assert_eq!(converged(&expected(), &observed()).violations, vec![]);
 }
 
 #[test]
@@ -255,32 +296,32 @@ fn each_way_of_not_converging_is_caught() {
             .unwrap()
             .insert("member-2".into(), "s:2".into());
     }
-    assert_eq!(converged(&expected(), &o).len(), 1);
+    assert_eq!(converged(&expected(), &o).violations.len(), 1);
     // Not Available.
     let mut o = observed();
     o.microservices
         .insert(("member-1".into(), "svc".into()), seen("s:3", false));
-    assert_eq!(converged(&expected(), &o).len(), 1);
+    assert_eq!(converged(&expected(), &o).violations.len(), 1);
     // A deletion that did not happen.
     let mut o = observed();
     o.microservices
         .insert(("member-1".into(), "gone".into()), seen("g:1", true));
     assert_eq!(
-        converged(&expected(), &o).len(),
+        converged(&expected(), &o).violations.len(),
         3,
         "the watch and the dashboard stream lack it too"
     );
     // A FleetMicroservice in the wrong phase.
     let mut o = observed();
     o.phases.insert("fleet".into(), "Progressing".into());
-    assert_eq!(converged(&expected(), &o).len(), 1);
+    assert_eq!(converged(&expected(), &o).violations.len(), 1);
     // A watch client that missed a change.
     let mut o = observed();
     o.watch
         .get_mut("svc")
         .unwrap()
         .insert("member-1".into(), "s:1".into());
-    let v = converged(&expected(), &o);
+    let v = converged(&expected(), &o).violations;
     assert_eq!(v.len(), 1, "{v:?}");
     assert!(v[0].detail.contains("watch"), "{v:?}");
     // A dashboard stream that missed a deletion.
@@ -289,19 +330,21 @@ fn each_way_of_not_converging_is_caught() {
         "gone".into(),
         BTreeMap::from([("member-1".into(), "g:1".into())]),
     );
-    let v = converged(&expected(), &o);
+    let v = converged(&expected(), &o).violations;
     assert_eq!(v.len(), 1, "{v:?}");
     assert!(v[0].detail.contains("dashboard stream"), "{v:?}");
 }
 
 #[test]
 fn orphans_stale_names_and_exits_are_violations() {
-    assert!(nothing_left(&[], &[]).is_empty());
+    assert!(nothing_left(&[], &[], 4).violations.is_empty());
     assert_eq!(
         nothing_left(
             &["member-1 deployments/web".into()],
-            &["web.ns.zone".into()]
+            &["web.ns.zone".into()],
+            4
         )
+        .violations
         .len(),
         2
     );
@@ -310,8 +353,8 @@ fn orphans_stale_names_and_exits_are_violations() {
         at: t(1),
         status: "exit status: 101".into(),
     };
-    assert_eq!(no_exit(&[exit]).len(), 1);
-    assert!(no_exit(&[]).is_empty());
+    assert_eq!(no_exit(&[exit], 3).violations.len(), 1);
+    assert!(no_exit(&[], 3).violations.is_empty());
 }
 
 #[test]
@@ -352,10 +395,15 @@ fn a_record_written_after_its_objects_deletion_or_left_behind_is_an_orphan() {
     };
     // Registered before the deletion, nothing after: both checked, clean.
     let history = vec![put("/z/a", "u1", 90), put("/z/b", "u2", 150)];
-    assert_eq!(no_orphan_record(&gone, &history, &[]), (2, vec![]));
+    let j = no_orphan_record(&gone, &history, &[]);
+    assert_eq!((j.checked, j.violations), (2, vec![]));
     // A late write of a, and b still there at the end.
     let late = vec![put("/z/a", "u1", 90), put("/z/a", "u1", 101)];
-    let (checked, v) = no_orphan_record(&gone, &late, &[put("/z/b", "u2", 150)]);
+    let Judged {
+        checked,
+        violations: v,
+        ..
+    } = no_orphan_record(&gone, &late, &[put("/z/b", "u2", 150)]);
     assert_eq!(checked, 1);
     assert_eq!(v.len(), 2, "{v:#?}");
     assert!(v[0].detail.contains("after its deletion"));
@@ -363,12 +411,57 @@ fn a_record_written_after_its_objects_deletion_or_left_behind_is_an_orphan() {
     // A new object of the same name (another uid) is not an orphan.
     let reborn = vec![put("/z/a", "u1", 90), put("/z/a", "u3", 300)];
     assert_eq!(
-        no_orphan_record(&gone, &reborn, &[put("/z/a", "u3", 300)]).1,
+        no_orphan_record(&gone, &reborn, &[put("/z/a", "u3", 300)]).violations,
         vec![]
     );
     // A value that is not a record cannot be judged: unverifiable, a failure.
     let mut odd = put("/z/x", "", 5);
     odd.parsed = false;
-    let (_, v) = no_orphan_record(&gone, &[odd], &[]);
-    assert!(v[0].detail.starts_with("unverifiable"), "{v:?}");
+    let j = no_orphan_record(&gone, &[odd], &[]);
+    assert_eq!(j.unverifiable.len(), 1, "{j:?}");
+    assert!(j.unverifiable[0].contains("/z/x"), "{j:?}");
+}
+
+#[test]
+fn every_write_is_judged_not_only_the_first() {
+    let c = [canary(t(0), "member-1")];
+    let s = [status("member-1", t(11), "a:2", true)];
+    // member-2's first write waited for the bake; its second did not need
+    // to, but a write the day the canary was never Available is caught.
+    let writes = [fw("member-1", t(10), "a:2"), fw("member-2", t(15), "a:2")];
+    let (order, _) = wave_order(&writes, &s, &c, BAKE, GRACE);
+    assert_eq!((order.checked, order.violations.len()), (1, 0));
+    let writes = [
+        fw("member-1", t(10), "a:2"),
+        fw("member-2", t(12), "a:2"),
+        fw("member-2", t(15), "a:2"),
+    ];
+    let (order, _) = wave_order(&writes, &s, &c, BAKE, GRACE);
+    assert_eq!(order.checked, 2, "both writes to member-2 judged");
+    assert_eq!(order.violations.len(), 1, "{:?}", order.violations);
+}
+
+#[test]
+fn a_canary_that_stopped_being_available_during_the_bake_is_caught() {
+    let c = [canary(t(0), "member-1")];
+    let writes = [fw("member-1", t(10), "a:2"), fw("member-2", t(16), "a:2")];
+    // Available at 11, down at 14, back at 15: Available 3 s before the
+    // write, but not through the bake.
+    let flapped = [
+        status("member-1", t(11), "a:2", true),
+        status("member-1", t(14), "a:2", false),
+        status("member-1", t(15), "a:2", true),
+    ];
+    let (order, held) = wave_order(&writes, &flapped, &c, BAKE, GRACE);
+    assert!(order.violations.is_empty(), "{:?}", order.violations);
+    assert_eq!(held.checked, 1);
+    assert_eq!(held.violations.len(), 1, "{:?}", held.violations);
+    assert_eq!(held.violations[0].invariant, BAKE_HELD);
+    // A flip inside the read lag before the write is not held against it.
+    let late = [
+        status("member-1", t(11), "a:2", true),
+        status("member-1", ms(15, 500), "a:2", false),
+    ];
+    let (_, held) = wave_order(&writes, &late, &c, BAKE, GRACE);
+    assert!(held.violations.is_empty(), "{:?}", held.violations);
 }

@@ -16,6 +16,8 @@ mod nemesis;
 mod proxy;
 mod records;
 mod registry_history;
+mod report;
+mod report_tests;
 mod run;
 mod schedule;
 mod schedule_tests;

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::check::{CanaryMove, Exit};
 use crate::proxy::Proxy;
-use crate::schedule::{Fault, MEMBERS, Planned, REPLICAS};
+use crate::schedule::{Fault, LeaseKind, MEMBERS, Planned, REPLICAS, RESOURCES};
 use crate::support::replicas::{Replicas, holder};
 use crate::workload::{self, Record, Target};
 
@@ -30,7 +30,7 @@ pub struct Bed {
     pub stopped: Mutex<Vec<String>>,
     /// One fault per resource at a time, even when stopping or starting a
     /// process takes longer than the plan allowed for.
-    pub turns: [tokio::sync::Mutex<()>; 3],
+    pub turns: [tokio::sync::Mutex<()>; RESOURCES],
     /// For the bursts of edits: where the workload writes and what it expects.
     pub target: Target,
     pub rec: Arc<Record>,
@@ -125,6 +125,13 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
         p.fault,
         down.as_secs_f64()
     ));
+    println!(
+        "fault {} {:?} at {:.1} s for {:.1} s",
+        p.fault.kind(),
+        p.fault,
+        p.at.as_secs_f64(),
+        down.as_secs_f64()
+    );
     match p.fault.clone() {
         Fault::KillReplica { replica } => {
             bed.reap_unasked();
@@ -182,10 +189,55 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
             bed.registry_down.lock().unwrap().push((stopped, started));
             bed.stopped.lock().unwrap().retain(|m| m != "registry");
         }
+        Fault::StopHome => {
+            bed.stopped.lock().unwrap().push("home".into());
+            blocking(|| crate::support::fleet_cmd(&["stop", "home"])).await;
+            tokio::time::sleep(down).await;
+            blocking(|| crate::support::fleet_cmd(&["start", "home"])).await;
+            bed.stopped.lock().unwrap().retain(|m| m != "home");
+        }
+        Fault::DeleteLease { lease } => delete_lease(bed, lease).await,
         Fault::MoveCanary { member } => bed.move_canary(member),
         Fault::PauseLeader { member, after } => pause_leader(bed, member, after, down, p).await,
     }
     bed.note(format!("healed: {:?}", p.fault));
+}
+
+/// Deletes a Lease under whoever holds it; what it was (or why not) goes
+/// to the log. A Lease that is not there (between terms) is no fault.
+async fn delete_lease(bed: &Bed, which: LeaseKind) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::DeleteParams;
+    let home_ns = bed.target.namespace.as_str();
+    let (client, namespace, name) = match which {
+        LeaseKind::Member(m) => (
+            bed.target.members[m].clone(),
+            crate::support::replicas::LEASE_NAMESPACE,
+            bed.member_lease.clone(),
+        ),
+        LeaseKind::Rollout => (
+            bed.target.home.clone(),
+            home_ns,
+            format!("{}-rollouts", bed.member_lease),
+        ),
+        LeaseKind::Dns => (
+            bed.target.home.clone(),
+            home_ns,
+            format!("{}-dns", bed.member_lease),
+        ),
+    };
+    let api = kube::Api::<Lease>::namespaced(client, namespace);
+    let deleted = tokio::time::timeout(
+        Duration::from_secs(10),
+        api.delete(&name, &DeleteParams::default()),
+    )
+    .await;
+    let outcome = match deleted {
+        Ok(Ok(_)) => "deleted".to_string(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "no answer within 10 s".to_string(),
+    };
+    bed.note(format!("{which:?} Lease {name}: {outcome}"));
 }
 
 /// Waits up to 15 s for a replica's metrics port to accept a connection.

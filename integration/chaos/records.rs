@@ -25,21 +25,63 @@ fn first_word(s: &str) -> String {
 }
 
 /// A member's Lease history and the member leaders' writes to `namespace`
-/// there (children and status).
-pub fn member_terms(member: &str, namespace: &str, lease: &str) -> (Vec<LeaseWrite>, Vec<Write>) {
-    let writes = audited_writes(member, namespace)
-        .into_iter()
-        .filter_map(|w| {
-            let writer = w.user_agent.strip_prefix("flotilla/")?;
-            Some(Write {
+/// there (children and status), with the writes whose time cannot be read
+/// (unverifiable, not dropped).
+pub fn member_terms(
+    member: &str,
+    namespace: &str,
+    lease: &str,
+) -> (Vec<LeaseWrite>, Vec<Write>, Vec<String>) {
+    let (mut writes, mut unreadable) = (Vec::new(), Vec::new());
+    for w in audited_writes(member, namespace) {
+        let Some(writer) = w.user_agent.strip_prefix("flotilla/") else {
+            continue;
+        };
+        let what = format!("{} {} {}", w.verb, w.resource, w.name);
+        match w.received.parse() {
+            Ok(at) => writes.push(Write {
                 cluster: member.to_string(),
                 writer: first_word(writer),
-                at: w.received.parse().ok()?,
-                what: format!("{} {} {}", w.verb, w.resource, w.name),
-            })
+                at,
+                what,
+            }),
+            Err(e) => unreadable.push(format!(
+                "{member}: {what} by {writer} received {:?}: {e}",
+                w.received
+            )),
+        }
+    }
+    (leases(member, LEASE_NAMESPACE, lease), writes, unreadable)
+}
+
+/// Every complete line of `cluster`'s audit log that is not a JSON event,
+/// named. The last line may be one the apiserver is still writing: one
+/// without its newline is read again a moment later before it counts.
+pub fn unparsed(cluster: &str) -> Vec<String> {
+    let path = fleet_dir()
+        .join("logs")
+        .join(format!("{cluster}-audit.log"));
+    let mut text = String::new();
+    for attempt in 0..3 {
+        if attempt > 0 {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        match std::fs::read_to_string(&path) {
+            Ok(t) => text = t,
+            Err(e) => return vec![format!("{}: {e}", path.display())],
+        }
+        if text.is_empty() || text.ends_with('\n') {
+            break;
+        }
+    }
+    text.split_inclusive('\n')
+        .enumerate()
+        .filter(|(_, l)| serde_json::from_str::<serde_json::Value>(l.trim_end()).is_err())
+        .map(|(i, l)| {
+            let head: String = l.chars().take(80).collect();
+            format!("{cluster} audit line {}: {head:?}", i + 1)
         })
-        .collect();
-    (leases(member, LEASE_NAMESPACE, lease), writes)
+        .collect()
 }
 
 /// The home rollout Lease's history and every fleet-controller write.

@@ -12,11 +12,12 @@ use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use tokio::time::Instant;
 
-use crate::check::{self, Expected, Observed, Seen, Violation};
+use crate::check::{self, Expected, Judged, Observed, Seen, Violation};
 use crate::nemesis::{self, Bed};
 use crate::proxy::Proxy;
 use crate::records;
 use crate::registry_history;
+use crate::report::Report;
 use crate::schedule::{self, MEMBERS};
 use crate::support::rollout::{RolloutFleet, done, rollout_fleet_prepared};
 use crate::support::{fleet_dir, kubeconfig_via};
@@ -28,6 +29,8 @@ use flotilla::rollout::spec::FleetMicroservice;
 const QUIET_LIMIT: Duration = Duration::from_secs(180);
 /// How late a replica may act on a moved label (it rereads label files).
 const LABEL_GRACE: Duration = Duration::from_secs(5);
+/// Runs this long or longer fail when an invariant judged no case.
+const EVERY_CHECKED_FROM: Duration = Duration::from_secs(300);
 
 pub async fn chaos(seed: u64, length: Duration) {
     let replay = format!(
@@ -134,8 +137,11 @@ pub async fn chaos(seed: u64, length: Duration) {
     workload::seed_objects(&target, &rec).await;
     let (settled, first) = settle(&target, &rec, QUIET_LIMIT).await;
     assert!(
-        first.is_empty(),
-        "the fleet did not settle before the chaos: {first:#?}"
+        first.holds(),
+        "the fleet did not settle before the chaos: {:#?} {:#?} {:?}",
+        first.converged.violations,
+        first.left.violations,
+        first.unverifiable
     );
     println!(
         "chaos: settled before the faults in {:.1} s",
@@ -188,37 +194,45 @@ pub async fn chaos(seed: u64, length: Duration) {
     bed.reap_unasked();
 
     // The quiet period: until everything holds, or the limit.
-    let (_, mut violations) = settle(&target, &rec, QUIET_LIMIT).await;
+    let (_, last) = settle(&target, &rec, QUIET_LIMIT).await;
     let convergence = last_fault.elapsed();
     stop_tx.send_replace(true);
     watcher.abort();
     dashboard.abort();
     bed.reap_unasked();
+    let mut report = Report::default();
+    report.add(check::CONVERGED, last.converged);
+    report.add(check::NOTHING_LEFT, last.left);
+    for u in last.unverifiable {
+        report.unverifiable(u);
+    }
 
-    // From the apiservers' records.
+    // From the apiservers' records: every audit line must parse first.
+    for cluster in MEMBERS.into_iter().chain(["home"]) {
+        for u in records::unparsed(cluster) {
+            report.unverifiable(u);
+        }
+    }
     for m in MEMBERS {
-        let (leases, writes) = records::member_terms(m, &namespace, &member_lease);
-        violations.extend(check::writes_inside_terms(
+        let (leases, writes, unreadable) = records::member_terms(m, &namespace, &member_lease);
+        for u in unreadable {
+            report.unverifiable(u);
+        }
+        report.add(
             check::ONE_WRITER,
-            &leases,
-            &writes,
-            records::TERM_LIMIT,
-        ));
+            check::writes_inside_terms(check::ONE_WRITER, &leases, &writes, records::TERM_LIMIT),
+        );
     }
     let (leases, writes) = records::fleet_terms(&namespace, &home_lease);
-    violations.extend(check::writes_inside_terms(
+    report.add(
         check::FLEET_WRITER,
-        &leases,
-        &writes,
-        records::TERM_LIMIT,
-    ));
+        check::writes_inside_terms(check::FLEET_WRITER, &leases, &writes, records::TERM_LIMIT),
+    );
     let (leases, writes) = records::dns_terms(&namespace, &format!("{member_lease}-dns"));
-    violations.extend(check::writes_inside_terms(
+    report.add(
         check::DNS_WRITER,
-        &leases,
-        &writes,
-        records::TERM_LIMIT,
-    ));
+        check::writes_inside_terms(check::DNS_WRITER, &leases, &writes, records::TERM_LIMIT),
+    );
     let status = records::status_writes(&namespace);
     if status.is_empty() {
         // Without status bodies the false-success check has nothing to judge by.
@@ -229,42 +243,32 @@ pub async fn chaos(seed: u64, length: Duration) {
         );
     }
     let answers = rec.answers.lock().unwrap().clone();
-    violations.extend(check::no_false_success(&answers, &status));
+    report.add(
+        check::NO_FALSE_SUCCESS,
+        check::no_false_success(&answers, &status),
+    );
     let canary = bed.canary.lock().unwrap().clone();
-    violations.extend(check::wave_order(
+    let (order, held) = check::wave_order(
         &records::fleet_member_writes(&namespace),
         &status,
         &canary,
         crate::BAKE,
         LABEL_GRACE,
-    ));
-    violations.extend(check::no_exit(&bed.exits.lock().unwrap()));
-    let (orphan_cases, overlapped) = orphan_records(
-        &bed,
-        &registry_prefix,
-        registry_from,
-        &mut violations,
-        &mut harness_errors,
-    )
-    .await;
-
-    // The report: a table per invariant, then the one-line summary.
-    let kinds: BTreeSet<&str> = plan.iter().map(|p| p.fault.kind()).collect();
-    println!("{:<45} {:>10}", "invariant", "violations");
-    for inv in check::INVARIANTS {
-        println!(
-            "{inv:<45} {:>10}",
-            violations.iter().filter(|v| v.invariant == inv).count()
-        );
-    }
-    println!(
-        "invariant {}: {orphan_cases} checked, {} violated ({overlapped} deletions overlapped a registry stop)",
-        check::NO_ORPHAN_RECORD,
-        violations
-            .iter()
-            .filter(|v| v.invariant == check::NO_ORPHAN_RECORD)
-            .count()
     );
+    report.add(check::WAVE_ORDER, order);
+    report.add(check::BAKE_HELD, held);
+    report.add(
+        check::NO_EXIT,
+        check::no_exit(&bed.exits.lock().unwrap(), schedule::REPLICAS.len()),
+    );
+    let overlapped = orphan_records(&bed, &registry_prefix, registry_from, &mut report).await;
+
+    // The report: one line per invariant, then the one-line summary.
+    let kinds: BTreeSet<&str> = plan.iter().map(|p| p.fault.kind()).collect();
+    for line in report.lines() {
+        println!("{line}");
+    }
+    println!("registry: {overlapped} deletions overlapped a registry stop");
     let by_kind = kinds
         .iter()
         .map(|k| {
@@ -289,31 +293,27 @@ pub async fn chaos(seed: u64, length: Duration) {
         "chaos: {} faults ({} kinds), {operations} operations, {} violations, seed {seed}",
         plan.len(),
         kinds.len(),
-        violations.len()
+        report.violations.len()
     );
-    if !violations.is_empty() || !harness_errors.is_empty() {
-        let file = excerpt(seed, &violations, &bed, &rec);
+    // Long runs must give every invariant a case: a pass that judged
+    // nothing proves nothing.
+    let failures = report.failures(length >= EVERY_CHECKED_FROM);
+    if !failures.is_empty() || !harness_errors.is_empty() {
+        let file = excerpt(seed, &report.violations, &bed, &rec);
         panic!(
-            "chaos found {} violations (history: {}); harness errors: {harness_errors:?}; first: {:#?}\nreplay: {replay}",
-            violations.len(),
+            "chaos failed: {failures:?} (history: {}); harness errors: {harness_errors:?}; first: {:#?}\nreplay: {replay}",
             file.display(),
-            violations.iter().take(5).collect::<Vec<_>>()
+            report.violations.iter().take(5).collect::<Vec<_>>()
         );
     }
     drop(guards);
 }
 
 /// #67: no record of a deleted Microservice written after its deletion was
-/// seen, or left at the end, judged from etcd's own history. Returns the
-/// deletions judged on real records, and how many overlapped a registry
-/// stop. A read that fails is a harness error: the run cannot pass on it.
-async fn orphan_records(
-    bed: &Bed,
-    prefix: &str,
-    from: i64,
-    violations: &mut Vec<Violation>,
-    harness_errors: &mut Vec<String>,
-) -> (usize, usize) {
+/// seen, or left at the end, judged from etcd's own history. Returns how
+/// many deletions overlapped a registry stop. A read that fails is
+/// unverifiable: the run cannot pass on it.
+async fn orphan_records(bed: &Bed, prefix: &str, from: i64, report: &mut Report) -> usize {
     let down = bed.registry_down.lock().unwrap().clone();
     let mut gone = Vec::new();
     for g in bed.rec.gone.lock().unwrap().iter() {
@@ -323,7 +323,7 @@ async fn orphan_records(
                 g.during_registry_stop = down.iter().any(|(s, e)| s < ended && e > began);
                 gone.push(g);
             }
-            Err(e) => harness_errors.push(format!("unverifiable deletion: {e}")),
+            Err(e) => report.unverifiable(format!("a deletion: {e}")),
         }
     }
     let history = registry_history::puts_since(prefix, from).await;
@@ -332,32 +332,78 @@ async fn orphan_records(
         (Ok(h), Ok(n)) => (h, n),
         (h, n) => {
             let why = [h.err(), n.err()].into_iter().flatten().collect::<Vec<_>>();
-            harness_errors.push(format!("unverifiable: the registry's history: {why:?}"));
-            return (0, 0);
+            report.unverifiable(format!("the registry's history: {why:?}"));
+            return 0;
         }
     };
-    let (checked, v) = check::no_orphan_record(&gone, &history, &now);
-    violations.extend(v);
-    let overlapped = gone.iter().filter(|g| g.during_registry_stop).count();
-    (checked, overlapped)
+    report.add(
+        check::NO_ORPHAN_RECORD,
+        check::no_orphan_record(&gone, &history, &now),
+    );
+    gone.iter().filter(|g| g.during_registry_stop).count()
+}
+
+/// What the last look at the fleet found: convergence, what was left
+/// behind, and what could not be read.
+struct Settled {
+    converged: Judged,
+    left: Judged,
+    unverifiable: Vec<String>,
+}
+
+impl Settled {
+    fn holds(&self) -> bool {
+        self.converged.violations.is_empty()
+            && self.left.violations.is_empty()
+            && self.unverifiable.is_empty()
+    }
 }
 
 /// Polls until the fleet matches the workload's record (convergence, no
-/// orphans, no stale DNS) or `limit` passes: the time it took, and what
-/// still failed.
-async fn settle(t: &Target, rec: &Record, limit: Duration) -> (Duration, Vec<Violation>) {
+/// orphans, no stale DNS, everything read) or `limit` passes: the time it
+/// took, and the last look.
+async fn settle(t: &Target, rec: &Record, limit: Duration) -> (Duration, Settled) {
     let start = Instant::now();
     loop {
         let expected = expected(rec);
-        let (observed, orphans) = observe(t, rec).await;
+        let (observed, orphans, inspected, unverifiable) = observe(t, rec).await;
         let stale = stale_names(t, &expected).await;
-        let mut v = check::converged(&expected, &observed);
-        v.extend(check::nothing_left(&orphans, &stale));
-        if v.is_empty() || start.elapsed() > limit {
-            return (start.elapsed(), v);
+        let names = expected
+            .microservices
+            .values()
+            .filter(|i| i.is_none())
+            .count();
+        let settled = Settled {
+            converged: check::converged(&expected, &observed),
+            left: check::nothing_left(&orphans, &stale, inspected + names),
+            unverifiable,
+        };
+        if settled.holds() || start.elapsed() > limit {
+            return (start.elapsed(), settled);
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
+}
+
+/// A read retried up to three times, a second apart: an error after that
+/// is unverifiable, never an empty answer.
+async fn read_retrying<T, F, Fut>(what: &str, read: F) -> Result<T, String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut last = String::new();
+    for attempt in 0..3 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        match tokio::time::timeout(Duration::from_secs(10), read()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = "no answer within 10 s".into(),
+        }
+    }
+    Err(format!("{what}: {last}"))
 }
 
 /// What the last operations demand: each plain Microservice's last image
@@ -388,19 +434,28 @@ fn expected(rec: &Record) -> Expected {
     }
 }
 
-async fn observe(t: &Target, rec: &Record) -> (Observed, Vec<String>) {
+/// The fleet as the members and home hold it; the children no living
+/// Microservice owns; how many children were inspected; and every read
+/// that failed (after retries), as unverifiable.
+async fn observe(t: &Target, rec: &Record) -> (Observed, Vec<String>, usize, Vec<String>) {
     let mut o = Observed {
         members: MEMBERS.iter().map(|m| m.to_string()).collect(),
         ..Default::default()
     };
-    let mut orphans = Vec::new();
+    let (mut orphans, mut inspected, mut unverifiable) = (Vec::new(), 0, Vec::new());
     for m in MEMBERS {
         let c = t.members[m].clone();
-        let Ok(list) = Api::<Microservice>::namespaced(c.clone(), &t.namespace)
-            .list(&ListParams::default())
-            .await
-        else {
-            continue;
+        let api = Api::<Microservice>::namespaced(c.clone(), &t.namespace);
+        let list = match read_retrying(&format!("{m} microservices"), || async {
+            api.list(&ListParams::default()).await
+        })
+        .await
+        {
+            Ok(list) => list,
+            Err(e) => {
+                unverifiable.push(e);
+                continue;
+            }
         };
         let live: BTreeSet<String> = list.iter().filter_map(|ms| ms.uid()).collect();
         for ms in &list {
@@ -412,38 +467,54 @@ async fn observe(t: &Target, rec: &Record) -> (Observed, Vec<String>) {
                 },
             );
         }
-        orphans.extend(unowned::<Deployment>(&c, &t.namespace, &live, m, "deployments").await);
-        orphans.extend(unowned::<Service>(&c, &t.namespace, &live, m, "services").await);
-    }
-    if let Ok(list) = Api::<FleetMicroservice>::namespaced(t.home.clone(), &t.namespace)
-        .list(&ListParams::default())
-        .await
-    {
-        for f in list {
-            let st = f.status.as_ref();
-            let phase = st.and_then(|s| s.phase).map_or("none", |p| p.as_str());
-            let current = st.is_some_and(|s| s.observed_generation == f.metadata.generation);
-            let shown = if current {
-                phase.to_string()
-            } else {
-                format!("{phase} (generation not observed)")
-            };
-            o.phases.insert(f.name_any(), shown);
+        for found in [
+            unowned::<Deployment>(&c, &t.namespace, &live, m, "deployments").await,
+            unowned::<Service>(&c, &t.namespace, &live, m, "services").await,
+        ] {
+            match found {
+                Ok((n, o)) => {
+                    inspected += n;
+                    orphans.extend(o);
+                }
+                Err(e) => unverifiable.push(e),
+            }
         }
+    }
+    let api = Api::<FleetMicroservice>::namespaced(t.home.clone(), &t.namespace);
+    match read_retrying("home fleetmicroservices", || async {
+        api.list(&ListParams::default()).await
+    })
+    .await
+    {
+        Ok(list) => {
+            for f in list {
+                let st = f.status.as_ref();
+                let phase = st.and_then(|s| s.phase).map_or("none", |p| p.as_str());
+                let current = st.is_some_and(|s| s.observed_generation == f.metadata.generation);
+                let shown = if current {
+                    phase.to_string()
+                } else {
+                    format!("{phase} (generation not observed)")
+                };
+                o.phases.insert(f.name_any(), shown);
+            }
+        }
+        Err(e) => unverifiable.push(e),
     }
     o.watch = rec.watch.lock().unwrap().clone();
     o.dashboard = rec.dashboard.lock().unwrap().clone();
-    (o, orphans)
+    (o, orphans, inspected, unverifiable)
 }
 
-/// Children of kind `K` in `ns` that no living Microservice controls.
+/// Of the children of kind `K` in `ns`: how many there are, and those no
+/// living Microservice controls. A list that fails is an error.
 async fn unowned<K>(
     c: &kube::Client,
     ns: &str,
     live: &BTreeSet<String>,
     member: &str,
     plural: &str,
-) -> Vec<String>
+) -> Result<(usize, Vec<String>), String>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -451,13 +522,13 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let Ok(list) = Api::<K>::namespaced(c.clone(), ns)
-        .list(&ListParams::default())
-        .await
-    else {
-        return Vec::new();
-    };
-    list.iter()
+    let api = Api::<K>::namespaced(c.clone(), ns);
+    let list = read_retrying(&format!("{member} {plural}"), || async {
+        api.list(&ListParams::default()).await
+    })
+    .await?;
+    let orphans = list
+        .iter()
         .filter(|o| {
             !o.meta().owner_references.as_ref().is_some_and(|r| {
                 r.iter()
@@ -465,7 +536,8 @@ where
             })
         })
         .map(|o| format!("{member} {plural}/{}", o.name_any()))
-        .collect()
+        .collect();
+    Ok((list.items.len(), orphans))
 }
 
 /// Fleet-wide DNS names of deleted plain Microservices that still resolve.

@@ -3,6 +3,7 @@
 //! failed run can be replayed (the interleavings with the workload differ).
 
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
 
@@ -33,19 +34,36 @@ pub enum Fault {
         member: &'static str,
         after: Duration,
     },
+    /// The home apiserver stopped, started after `down`.
+    StopHome,
+    /// A Lease deleted under its holder.
+    DeleteLease { lease: LeaseKind },
+}
+
+/// Which Lease a `DeleteLease` takes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseKind {
+    /// A member's Lease, in that member.
+    Member(&'static str),
+    /// The rollout Lease, in home.
+    Rollout,
+    /// The DNS writer's Lease, in home.
+    Dns,
 }
 
 impl Fault {
     pub fn kind(&self) -> &'static str {
         match self {
-            Fault::KillReplica { .. } => "kill-9 replica",
-            Fault::PauseReplica { .. } => "SIGSTOP replica",
-            Fault::RollingRestart => "rolling restart",
-            Fault::StopMember { .. } => "stop member apiserver",
-            Fault::BlackHoleMember { .. } => "black-hole member",
-            Fault::StopRegistry => "stop registry etcd",
-            Fault::MoveCanary { .. } => "move member labels",
-            Fault::PauseLeader { .. } => "SIGSTOP member leader mid-burst",
+            Fault::KillReplica { .. } => "replica-kill",
+            Fault::PauseReplica { .. } => "replica-pause",
+            Fault::RollingRestart => "rolling-restart",
+            Fault::StopMember { .. } => "member-stop",
+            Fault::BlackHoleMember { .. } => "member-black-hole",
+            Fault::StopRegistry => "registry-stop",
+            Fault::MoveCanary { .. } => "label-move",
+            Fault::PauseLeader { .. } => "leader-pause-mid-burst",
+            Fault::StopHome => "home-stop",
+            Fault::DeleteLease { .. } => "lease-delete",
         }
     }
 
@@ -63,7 +81,8 @@ impl Fault {
             | Fault::PauseLeader { .. } => Some(Resource::Replica),
             Fault::StopMember { .. } | Fault::BlackHoleMember { .. } => Some(Resource::Member),
             Fault::StopRegistry => Some(Resource::Registry),
-            Fault::MoveCanary { .. } => None,
+            Fault::StopHome => Some(Resource::Home),
+            Fault::MoveCanary { .. } | Fault::DeleteLease { .. } => None,
         }
     }
 }
@@ -73,7 +92,11 @@ enum Resource {
     Replica,
     Member,
     Registry,
+    Home,
 }
+
+/// How many resources faults take turns on.
+pub const RESOURCES: usize = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Planned {
@@ -85,18 +108,26 @@ pub struct Planned {
 }
 
 /// Every kind the nemesis knows, for the "K kinds" of the summary.
-pub const KINDS: usize = 8;
+pub const KINDS: usize = 10;
 
 /// Faults over `length`, one every 3–10 s, never two replica faults, two
-/// member faults or two registry faults at once, each over before `length`
+/// member faults, two registry or two home faults at once, each over before `length`
 /// ends so the quiet period starts whole.
 pub fn plan(seed: u64, length: Duration) -> Vec<Planned> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut busy_until = [Duration::ZERO; 3];
+    let mut busy_until = [Duration::ZERO; RESOURCES];
     let mut out = Vec::new();
+    // Every kind once before any repeats (in a seeded order): a run of a
+    // few minutes injects each, so each is known to be survived.
+    let mut owed: Vec<usize> = (0..KINDS).collect();
+    owed.shuffle(&mut rng);
     let mut at = Duration::from_secs(rng.random_range(2..=5));
     while at < length {
-        let fault = pick(&mut rng);
+        let kind = owed
+            .first()
+            .copied()
+            .unwrap_or_else(|| rng.random_range(0..KINDS));
+        let fault = pick(&mut rng, kind);
         let down = match &fault {
             Fault::KillReplica { .. } => secs(&mut rng, 1, 5),
             Fault::PauseReplica { .. } => secs(&mut rng, 1, 20),
@@ -106,6 +137,10 @@ pub fn plan(seed: u64, length: Duration) -> Vec<Planned> {
             Fault::MoveCanary { .. } => Duration::ZERO,
             // Past the chaos replicas' 2 s Lease, so another takes over.
             Fault::PauseLeader { .. } => secs(&mut rng, 3, 12),
+            // Past the chaos replicas' 2 s heartbeat: each then sees the
+            // others' heartbeats run out, and home's writers lose their terms.
+            Fault::StopHome => secs(&mut rng, 3, 15),
+            Fault::DeleteLease { .. } => Duration::ZERO,
         };
         let slot = fault.takes().map(|r| r as usize);
         let free = slot.is_none_or(|s| busy_until[s] <= at);
@@ -114,16 +149,17 @@ pub fn plan(seed: u64, length: Duration) -> Vec<Planned> {
                 busy_until[s] = at + down;
             }
             out.push(Planned { at, fault, down });
+            owed.retain(|k| *k != kind);
         }
         at += secs(&mut rng, 3, 10);
     }
     out
 }
 
-fn pick(rng: &mut StdRng) -> Fault {
+fn pick(rng: &mut StdRng, kind: usize) -> Fault {
     let replica = REPLICAS[rng.random_range(0..REPLICAS.len())];
     let member = MEMBERS[rng.random_range(0..MEMBERS.len())];
-    match rng.random_range(0..KINDS) {
+    match kind {
         0 => Fault::KillReplica { replica },
         1 => Fault::PauseReplica { replica },
         2 => Fault::RollingRestart,
@@ -131,6 +167,14 @@ fn pick(rng: &mut StdRng) -> Fault {
         4 => Fault::BlackHoleMember { member },
         5 => Fault::StopRegistry,
         6 => Fault::MoveCanary { member },
+        7 => Fault::StopHome,
+        8 => Fault::DeleteLease {
+            lease: match rng.random_range(0..3) {
+                0 => LeaseKind::Member(member),
+                1 => LeaseKind::Rollout,
+                _ => LeaseKind::Dns,
+            },
+        },
         _ => Fault::PauseLeader {
             member,
             after: Duration::from_millis(rng.random_range(50..=500)),

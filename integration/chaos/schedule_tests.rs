@@ -50,6 +50,7 @@ enum Class {
     Replica,
     Member,
     Registry,
+    Home,
     Labels,
 }
 
@@ -61,6 +62,22 @@ fn class(f: &Fault) -> Class {
         | Fault::PauseLeader { .. } => Class::Replica,
         Fault::StopMember { .. } | Fault::BlackHoleMember { .. } => Class::Member,
         Fault::StopRegistry => Class::Registry,
-        Fault::MoveCanary { .. } => Class::Labels,
+        Fault::StopHome => Class::Home,
+        // Instant: nothing to overlap.
+        Fault::MoveCanary { .. } | Fault::DeleteLease { .. } => Class::Labels,
+    }
+}
+
+#[test]
+fn a_five_minute_run_injects_every_kind() {
+    for seed in 0..200 {
+        let kinds: std::collections::BTreeSet<_> = plan(seed, Duration::from_secs(300))
+            .iter()
+            .map(|p| p.fault.kind())
+            .collect();
+        assert_eq!(kinds.len(), KINDS, "seed {seed}: {kinds:?}");
+        for k in ["home-stop", "lease-delete"] {
+            assert!(kinds.contains(k), "seed {seed}: {kinds:?}");
+        }
     }
 }
