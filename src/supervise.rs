@@ -160,6 +160,60 @@ pub async fn supervise(mut tasks: Vec<Critical>, stop: watch::Sender<bool>) -> R
     failure.map_or(Ok(()), Err)
 }
 
+/// A watch that lags its apiserver by what a file says, in test builds
+/// only: with the `fault-hooks` feature, `FLOTILLA_WATCH_LAG_FILE=path`
+/// delivers each event of the watches of `scope` (a member's name, or
+/// `home`) as many milliseconds after it arrived as the file's
+/// `scope=millis` line gives, read as the event arrives: the chaos
+/// nemesis writes the file and removes it. Otherwise the stream as it is.
+pub fn watch_lagged<T: Send + 'static>(
+    scope: &str,
+    events: impl futures::Stream<Item = T> + Send + 'static,
+) -> futures::stream::BoxStream<'static, T> {
+    use futures::StreamExt;
+    let path = cfg!(feature = "fault-hooks")
+        .then(|| std::env::var_os("FLOTILLA_WATCH_LAG_FILE"))
+        .flatten();
+    let Some(path) = path else {
+        return events.boxed();
+    };
+    let scope = scope.to_string();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        loop {
+            // Ends with its reader, so a watch restarted does not leave
+            // the old one open.
+            let e = tokio::select! {
+                e = events.next() => e,
+                _ = tx.closed() => return,
+            };
+            let Some(e) = e else { return };
+            let at = tokio::time::Instant::now() + lag_in(&path, &scope);
+            if tx.send((at, e)).is_err() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
+        .then(|(at, e)| async move {
+            tokio::time::sleep_until(at).await;
+            e
+        })
+        .boxed()
+}
+
+/// The lag the file at `path` gives `scope`; none without the file.
+fn lag_in(path: &std::ffi::OsStr, scope: &str) -> std::time::Duration {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .find_map(|l| {
+            let (s, ms) = l.trim().split_once('=')?;
+            (s == scope).then(|| ms.parse().ok()).flatten()
+        })
+        .map_or(std::time::Duration::ZERO, std::time::Duration::from_millis)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +268,27 @@ mod tests {
             asker.send_replace(true);
         });
         supervise(tasks, stop).await.unwrap();
+    }
+
+    #[test]
+    fn the_watch_lag_file_gives_each_scope_its_own_lag() {
+        let dir = std::env::temp_dir().join(format!("flotilla-lag-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("watch-lag");
+        assert_eq!(lag_in(path.as_os_str(), "home"), Duration::ZERO, "no file");
+        std::fs::write(&path, "member-2=2500\nhome=700\n").unwrap();
+        assert_eq!(
+            lag_in(path.as_os_str(), "member-2"),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(lag_in(path.as_os_str(), "home"), Duration::from_millis(700));
+        assert_eq!(lag_in(path.as_os_str(), "member-1"), Duration::ZERO);
+        std::fs::write(&path, "member-2=soon\n").unwrap();
+        assert_eq!(
+            lag_in(path.as_os_str(), "member-2"),
+            Duration::ZERO,
+            "unreadable"
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

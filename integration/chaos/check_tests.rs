@@ -144,6 +144,7 @@ fn fw(cluster: &str, at: Timestamp, image: &str) -> FleetWrite {
         name: "web".into(),
         at,
         image: image.into(),
+        revision: format!("web-{image}"),
     }
 }
 
@@ -464,4 +465,112 @@ fn a_canary_that_stopped_being_available_during_the_bake_is_caught() {
     ];
     let (_, held) = wave_order(&writes, &late, &c, BAKE, GRACE);
     assert!(held.violations.is_empty(), "{:?}", held.violations);
+}
+
+fn approved(at: Timestamp, revision: &str, by: &str) -> ApprovalSeen {
+    ApprovalSeen {
+        wave: "rest".into(),
+        revision: revision.into(),
+        by: by.into(),
+        at,
+    }
+}
+
+fn judge_approvals(
+    writes: &[FleetWrite],
+    approvals: &[ApprovalSeen],
+    forbidden: &[Forbidden],
+) -> Judged {
+    let c = [canary(t(0), "member-1")];
+    approval_bound(
+        "web",
+        "rest",
+        writes,
+        &[status("member-1", t(11), "a:2", true)],
+        &c,
+        GRACE,
+        approvals,
+        &["write-token"],
+        forbidden,
+    )
+}
+
+#[test]
+fn a_manual_wave_written_after_its_approval_passes() {
+    let writes = [
+        fw("member-1", t(10), "a:2"),
+        fw("member-2", t(20), "a:2"),
+        fw("member-3", t(21), "a:2"),
+    ];
+    let refused = Forbidden {
+        at: t(12),
+        code: 7,
+        answer: "PERMISSION_DENIED".into(),
+    };
+    let j = judge_approvals(
+        &writes,
+        &[approved(t(19), "web-a:2", "write-token")],
+        &[refused],
+    );
+    assert_eq!(j.violations, vec![]);
+    assert_eq!(j.checked, 4, "two writes, one approval, one refusal");
+}
+
+#[test]
+fn a_manual_wave_opened_early_for_another_revision_or_by_the_wrong_identity_is_caught() {
+    let writes = [fw("member-1", t(10), "a:2"), fw("member-2", t(20), "a:2")];
+    // Approved only after the write.
+    let late = judge_approvals(&writes, &[approved(t(21), "web-a:2", "write-token")], &[]);
+    assert_eq!(late.violations.len(), 1, "{:?}", late.violations);
+    assert_eq!(late.violations[0].invariant, APPROVAL_BOUND);
+    // Approved in time, but for the revision before.
+    let other = judge_approvals(&writes, &[approved(t(15), "web-a:1", "write-token")], &[]);
+    assert_eq!(other.violations.len(), 1, "{:?}", other.violations);
+    // Approved by an identity without the right: the write and the approval.
+    let wrong = judge_approvals(&writes, &[approved(t(15), "web-a:2", "read-token")], &[]);
+    assert_eq!(wrong.violations.len(), 2, "{:?}", wrong.violations);
+    // An attempt without the right that was let through.
+    let through = Forbidden {
+        at: t(12),
+        code: 0,
+        answer: "approved".into(),
+    };
+    let j = judge_approvals(&[], &[], &[through]);
+    assert_eq!(j.violations.len(), 1, "{:?}", j.violations);
+}
+
+#[test]
+fn a_dns_record_put_under_a_term_that_was_no_longer_held_is_caught() {
+    let terms = [
+        TermPut {
+            revision: 10,
+            epoch: 11,
+        },
+        TermPut {
+            revision: 20,
+            epoch: 21,
+        },
+    ];
+    let put = |revision: i64, epoch: i64| DnsPut {
+        key: "/skydns/example/fleet/ns/web/member-1".into(),
+        revision,
+        epoch,
+    };
+    let j = dns_fence(&terms, &[put(15, 11), put(25, 21)]);
+    assert_eq!(
+        (j.checked, j.violations.len()),
+        (2, 0),
+        "{:?}",
+        j.violations
+    );
+    // A deposed term's put after the next claim, and one before any claim.
+    let j = dns_fence(&terms, &[put(22, 11), put(5, 11)]);
+    assert_eq!(j.violations.len(), 2, "{:?}", j.violations);
+    assert!(
+        j.violations[0].detail.contains("term 21"),
+        "{:?}",
+        j.violations
+    );
+    // In the claim's own revision: not yet held.
+    assert_eq!(dns_fence(&terms, &[put(20, 21)]).violations.len(), 1);
 }

@@ -36,6 +36,8 @@ pub struct Bed {
     pub rec: Arc<Record>,
     /// The member Leases' name.
     pub member_lease: String,
+    /// The replicas' watch-lag file (`FLOTILLA_WATCH_LAG_FILE`).
+    pub watch_lag: PathBuf,
     /// When the registry's etcd was down: (stopped, started again).
     pub registry_down: Mutex<Vec<(tokio::time::Instant, tokio::time::Instant)>>,
 }
@@ -197,6 +199,12 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
             bed.stopped.lock().unwrap().retain(|m| m != "home");
         }
         Fault::DeleteLease { lease } => delete_lease(bed, lease).await,
+        Fault::WatchLag { scope, lag } => {
+            std::fs::write(&bed.watch_lag, format!("{scope}={}\n", lag.as_millis()))
+                .expect("the watch-lag file");
+            tokio::time::sleep(down).await;
+            std::fs::remove_file(&bed.watch_lag).ok();
+        }
         Fault::MoveCanary { member } => bed.move_canary(member),
         Fault::PauseLeader { member, after } => pause_leader(bed, member, after, down, p).await,
     }
@@ -298,6 +306,7 @@ async fn pause_leader(
 /// Starts again whatever the nemesis left stopped (a failed step must not
 /// leave the fleet broken for the tests that follow).
 pub fn heal(bed: &Bed) {
+    std::fs::remove_file(&bed.watch_lag).ok();
     for m in MEMBERS {
         bed.proxies[m].hole(false);
     }

@@ -131,6 +131,7 @@ pub fn fleet_member_writes(namespace: &str) -> Vec<FleetWrite> {
                     name: w.name,
                     at: w.received,
                     image: w.image?,
+                    revision: w.revision.unwrap_or_default(),
                 })
             })
         })

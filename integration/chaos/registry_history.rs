@@ -67,10 +67,19 @@ fn test_bed_key(key: &[u8]) -> bool {
     key.ends_with(b"/registry-ready")
 }
 
-/// Every put under `prefix` after `since`, up to the revision now: the
+/// One event of etcd's history: a put (with its value) or a delete.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub revision: i64,
+    pub put: bool,
+}
+
+/// Every event under `prefix` after `since`, up to the revision now: the
 /// watch replays them at once, so a pause of 5 s with none is the end
 /// (the revision now may be another key's, outside the prefix).
-pub async fn puts_since(prefix: &str, since: i64) -> Result<Vec<RecordPut>, String> {
+pub async fn events_since(prefix: &str, since: i64) -> Result<Vec<Event>, String> {
     let now = revision().await?;
     let mut c = connect().await?;
     let options = WatchOptions::new()
@@ -100,10 +109,76 @@ pub async fn puts_since(prefix: &str, since: i64) -> Result<Vec<RecordPut>, Stri
         for e in response.events() {
             let Some(kv) = e.kv() else { continue };
             seen = seen.max(kv.mod_revision());
-            if e.event_type() == EventType::Put && !test_bed_key(kv.key()) {
-                out.push(put(kv.key(), kv.value(), kv.mod_revision()));
+            if test_bed_key(kv.key()) {
+                continue;
             }
+            out.push(Event {
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+                value: kv.value().to_vec(),
+                revision: kv.mod_revision(),
+                put: e.event_type() == EventType::Put,
+            });
         }
+    }
+    Ok(out)
+}
+
+/// Every record put under `prefix` after `since`.
+pub async fn puts_since(prefix: &str, since: i64) -> Result<Vec<RecordPut>, String> {
+    Ok(events_since(prefix, since)
+        .await?
+        .into_iter()
+        .filter(|e| e.put)
+        .map(|e| put(e.key.as_bytes(), &e.value, e.revision))
+        .collect())
+}
+
+/// The fleet DNS writer's record puts among `events` (its records name
+/// `@fleet` as writer), with the term each carries; values that do not
+/// parse are skipped here, since `puts_since`'s check already counts them.
+pub fn fleet_dns_puts(events: &[Event], fleet: &str) -> Vec<crate::check::DnsPut> {
+    let writer = format!("{}{fleet}", flotilla::registry::records::FLEET_WRITER);
+    events
+        .iter()
+        .filter(|e| e.put)
+        .filter_map(|e| {
+            let r: flotilla::registry::records::Record = serde_json::from_slice(&e.value).ok()?;
+            (r.writer.cluster == writer).then(|| crate::check::DnsPut {
+                key: e.key.clone(),
+                revision: e.revision,
+                epoch: r.writer.epoch,
+            })
+        })
+        .collect()
+}
+
+/// The fleet DNS writer's term key: the term it held just after `since`
+/// (read at that revision), then every claim after it. A value without
+/// an epoch is an error: the fence cannot be judged without it.
+pub async fn terms_since(key: &str, since: i64) -> Result<Vec<crate::check::TermPut>, String> {
+    let epoch = |value: &[u8], revision: i64| -> Result<crate::check::TermPut, String> {
+        let v: serde_json::Value = serde_json::from_slice(value)
+            .map_err(|e| format!("the term key at revision {revision}: {e}"))?;
+        let epoch = v["epoch"]
+            .as_i64()
+            .ok_or_else(|| format!("the term key at revision {revision} has no epoch: {v}"))?;
+        Ok(crate::check::TermPut { revision, epoch })
+    };
+    let mut c = connect().await?;
+    let before = c
+        .get(key, Some(GetOptions::new().with_revision(since)))
+        .await
+        .map_err(|e| format!("reading the term key at {since}: {e}"))?;
+    let mut out = Vec::new();
+    if let Some(kv) = before.kvs().first() {
+        out.push(epoch(kv.value(), kv.mod_revision())?);
+    }
+    for e in events_since(key, since)
+        .await?
+        .into_iter()
+        .filter(|e| e.put)
+    {
+        out.push(epoch(&e.value, e.revision)?);
     }
     Ok(out)
 }

@@ -51,6 +51,9 @@ pub async fn chaos(seed: u64, length: Duration) {
     let tokens = fleet_dir().join("chaos");
     std::fs::create_dir_all(&tokens).expect("chaos dir");
     let (read_token, write_token) = (tokens.join("read-token"), tokens.join("write-token"));
+    let watch_lag = tokens.join("watch-lag");
+    std::fs::remove_file(&watch_lag).ok();
+    let lag_file = watch_lag.display().to_string();
     std::fs::write(&read_token, "chaos-reader\n").expect("token");
     std::fs::write(&write_token, "chaos-writer\n").expect("token");
     let ports: BTreeMap<&str, u16> = proxies.iter().map(|(m, p)| (*m, p.port)).collect();
@@ -73,6 +76,8 @@ pub async fn chaos(seed: u64, length: Duration) {
             std::fs::write(r.dir.join(format!("{m}.yaml")), yaml).expect("kubeconfig");
         }
         r.env.extend(crate::support::registry::env());
+        r.env
+            .push(("FLOTILLA_WATCH_LAG_FILE".into(), lag_file.clone()));
         for id in schedule::REPLICAS {
             r.ui_ports
                 .insert(id.into(), crate::support::replicas::free_port());
@@ -118,6 +123,7 @@ pub async fn chaos(seed: u64, length: Duration) {
         rec: rec.clone(),
         member_lease: member_lease.clone(),
         registry_down: Default::default(),
+        watch_lag,
     });
     bed.move_canary("member-1");
     bed.reap_unasked();
@@ -132,6 +138,13 @@ pub async fn chaos(seed: u64, length: Duration) {
         target.clone(),
         rec.clone(),
         seed ^ 0xd,
+        stop_rx.clone(),
+    ));
+    // Through the quiet period too: the last release's Manual wave must open.
+    let approver = tokio::spawn(workload::approver(
+        target.clone(),
+        rec.clone(),
+        seed ^ 0xa99,
         stop_rx,
     ));
     workload::seed_objects(&target, &rec).await;
@@ -199,6 +212,7 @@ pub async fn chaos(seed: u64, length: Duration) {
     stop_tx.send_replace(true);
     watcher.abort();
     dashboard.abort();
+    approver.abort();
     bed.reap_unasked();
     let mut report = Report::default();
     report.add(check::CONVERGED, last.converged);
@@ -248,20 +262,38 @@ pub async fn chaos(seed: u64, length: Duration) {
         check::no_false_success(&answers, &status),
     );
     let canary = bed.canary.lock().unwrap().clone();
-    let (order, held) = check::wave_order(
-        &records::fleet_member_writes(&namespace),
-        &status,
-        &canary,
-        crate::BAKE,
-        LABEL_GRACE,
-    );
+    let fleet_writes = records::fleet_member_writes(&namespace);
+    let (order, held) =
+        check::wave_order(&fleet_writes, &status, &canary, crate::BAKE, LABEL_GRACE);
     report.add(check::WAVE_ORDER, order);
     report.add(check::BAKE_HELD, held);
+    match approvals(&target).await {
+        Ok(approvals) => report.add(
+            check::APPROVAL_BOUND,
+            check::approval_bound(
+                &workload::fleet_name(workload::MANUAL),
+                workload::MANUAL_WAVE,
+                &fleet_writes,
+                &status,
+                &canary,
+                LABEL_GRACE,
+                &approvals,
+                &workload::APPROVERS,
+                &rec.forbidden.lock().unwrap(),
+            ),
+        ),
+        Err(e) => report.unverifiable(e),
+    }
     report.add(
         check::NO_EXIT,
         check::no_exit(&bed.exits.lock().unwrap(), schedule::REPLICAS.len()),
     );
     let overlapped = orphan_records(&bed, &registry_prefix, registry_from, &mut report).await;
+    let fleet = bed.replicas.lock().unwrap().fleet.clone();
+    match fleet_dns_history(&fleet, &registry_prefix, registry_from).await {
+        Ok((terms, puts)) => report.add(check::DNS_FENCE, check::dns_fence(&terms, &puts)),
+        Err(e) => report.unverifiable(format!("the fleet DNS history: {e}")),
+    }
 
     // The report: one line per invariant, then the one-line summary.
     let kinds: BTreeSet<&str> = plan.iter().map(|p| p.fault.kind()).collect();
@@ -341,6 +373,51 @@ async fn orphan_records(bed: &Bed, prefix: &str, from: i64, report: &mut Report)
         check::no_orphan_record(&gone, &history, &now),
     );
     gone.iter().filter(|g| g.during_registry_stop).count()
+}
+
+/// The fleet DNS writer's term claims and record puts since `from`.
+async fn fleet_dns_history(
+    fleet: &str,
+    prefix: &str,
+    from: i64,
+) -> Result<(Vec<check::TermPut>, Vec<check::DnsPut>), String> {
+    let key = match crate::support::registry::registration().await {
+        flotilla::registry::Registration::Ready(r) => r.term_key(fleet),
+        other => return Err(format!("the registry config: {other:?}")),
+    };
+    let terms = registry_history::terms_since(&key, from).await?;
+    let events = registry_history::events_since(prefix, from).await?;
+    Ok((terms, registry_history::fleet_dns_puts(&events, fleet)))
+}
+
+/// Every approval the Manual object carries at the end. The annotation
+/// keeps the newest `KEPT`: a full one may have dropped some, and cannot
+/// vouch for the writes they opened.
+async fn approvals(t: &Target) -> Result<Vec<check::ApprovalSeen>, String> {
+    use flotilla::rollout::approval;
+    let api = Api::<FleetMicroservice>::namespaced(t.home.clone(), &t.namespace);
+    let name = workload::fleet_name(workload::MANUAL);
+    let f = read_retrying(&format!("home {name}"), || async { api.get(&name).await }).await?;
+    let read = approval::read(f.metadata.annotations.as_ref());
+    if let Some(e) = read.unreadable {
+        return Err(format!("{name}'s approvals: {e}"));
+    }
+    if read.given.len() >= approval::KEPT {
+        return Err(format!(
+            "{name} holds {} approvals, the most kept: older ones may be gone",
+            read.given.len()
+        ));
+    }
+    Ok(read
+        .given
+        .into_iter()
+        .map(|a| check::ApprovalSeen {
+            wave: a.wave,
+            revision: a.revision,
+            by: a.by,
+            at: a.at.0,
+        })
+        .collect())
 }
 
 /// What the last look at the fleet found: convergence, what was left

@@ -38,6 +38,9 @@ pub enum Fault {
     StopHome,
     /// A Lease deleted under its holder.
     DeleteLease { lease: LeaseKind },
+    /// The replicas' watches of `scope` (a member, or `home`) deliver each
+    /// event `lag` late, while requests still answer at once.
+    WatchLag { scope: &'static str, lag: Duration },
 }
 
 /// Which Lease a `DeleteLease` takes away.
@@ -64,6 +67,7 @@ impl Fault {
             Fault::PauseLeader { .. } => "leader-pause-mid-burst",
             Fault::StopHome => "home-stop",
             Fault::DeleteLease { .. } => "lease-delete",
+            Fault::WatchLag { .. } => "watch-lag",
         }
     }
 
@@ -82,6 +86,7 @@ impl Fault {
             Fault::StopMember { .. } | Fault::BlackHoleMember { .. } => Some(Resource::Member),
             Fault::StopRegistry => Some(Resource::Registry),
             Fault::StopHome => Some(Resource::Home),
+            Fault::WatchLag { .. } => Some(Resource::Watches),
             Fault::MoveCanary { .. } | Fault::DeleteLease { .. } => None,
         }
     }
@@ -93,10 +98,12 @@ enum Resource {
     Member,
     Registry,
     Home,
+    /// The one watch-lag file.
+    Watches,
 }
 
 /// How many resources faults take turns on.
-pub const RESOURCES: usize = 4;
+pub const RESOURCES: usize = 5;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Planned {
@@ -108,7 +115,7 @@ pub struct Planned {
 }
 
 /// Every kind the nemesis knows, for the "K kinds" of the summary.
-pub const KINDS: usize = 10;
+pub const KINDS: usize = 11;
 
 /// Faults over `length`, one every 3–10 s, never two replica faults, two
 /// member faults, two registry or two home faults at once, each over before `length`
@@ -141,6 +148,7 @@ pub fn plan(seed: u64, length: Duration) -> Vec<Planned> {
             // others' heartbeats run out, and home's writers lose their terms.
             Fault::StopHome => secs(&mut rng, 3, 15),
             Fault::DeleteLease { .. } => Duration::ZERO,
+            Fault::WatchLag { .. } => secs(&mut rng, 5, 20),
         };
         let slot = fault.takes().map(|r| r as usize);
         let free = slot.is_none_or(|s| busy_until[s] <= at);
@@ -174,6 +182,14 @@ fn pick(rng: &mut StdRng, kind: usize) -> Fault {
                 1 => LeaseKind::Rollout,
                 _ => LeaseKind::Dns,
             },
+        },
+        9 => Fault::WatchLag {
+            scope: if rng.random_range(0..4) == 0 {
+                "home"
+            } else {
+                member
+            },
+            lag: Duration::from_millis(rng.random_range(1000..=5000)),
         },
         _ => Fault::PauseLeader {
             member,

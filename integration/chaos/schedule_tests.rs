@@ -51,6 +51,7 @@ enum Class {
     Member,
     Registry,
     Home,
+    Watches,
     Labels,
 }
 
@@ -63,6 +64,7 @@ fn class(f: &Fault) -> Class {
         Fault::StopMember { .. } | Fault::BlackHoleMember { .. } => Class::Member,
         Fault::StopRegistry => Class::Registry,
         Fault::StopHome => Class::Home,
+        Fault::WatchLag { .. } => Class::Watches,
         // Instant: nothing to overlap.
         Fault::MoveCanary { .. } | Fault::DeleteLease { .. } => Class::Labels,
     }
@@ -76,7 +78,7 @@ fn a_five_minute_run_injects_every_kind() {
             .map(|p| p.fault.kind())
             .collect();
         assert_eq!(kinds.len(), KINDS, "seed {seed}: {kinds:?}");
-        for k in ["home-stop", "lease-delete"] {
+        for k in ["home-stop", "lease-delete", "watch-lag"] {
             assert!(kinds.contains(k), "seed {seed}: {kinds:?}");
         }
     }

@@ -19,12 +19,19 @@ use tokio::time::Instant;
 use crate::check::Answer;
 use crate::schedule::MEMBERS;
 use flotilla::crd::Microservice;
-use flotilla::rollout::spec::FleetMicroservice;
+use flotilla::rollout::spec::{FleetMicroservice, WaveState};
 
 /// Plain Microservices per worker, and workers.
 pub const PLAIN_WORKERS: usize = 2;
 pub const PER_WORKER: usize = 3;
-pub const FLEET_OBJECTS: usize = 2;
+pub const FLEET_OBJECTS: usize = 3;
+/// The FleetMicroservice whose second wave, `rest`, is Manual: the
+/// approver task approves it over gRPC (and someone without the right
+/// tries first).
+pub const MANUAL: usize = 2;
+pub const MANUAL_WAVE: &str = "rest";
+/// Who may approve in the chaos fleet: the write token's caller.
+pub const APPROVERS: [&str; 1] = ["write-token"];
 pub const NEVER_READY: &str = "never-ready";
 
 /// What the workload did and was told, shared by its tasks.
@@ -47,6 +54,8 @@ pub struct Record {
     /// ended (#67's orphan-record check); `Err` when etcd's revision could
     /// not be read after it (unverifiable).
     pub gone: Mutex<Vec<Result<Deleted, String>>>,
+    /// Approve calls made with the read token, which lacks the right.
+    pub forbidden: Mutex<Vec<crate::check::Forbidden>>,
 }
 
 /// A deletion seen complete, and when it began and ended.
@@ -333,6 +342,15 @@ pub async fn seed_objects(t: &Target, rec: &Record) {
     for f in 0..FLEET_OBJECTS {
         let name = fleet_name(f);
         let image = format!("ghcr.io/acme/{name}:1");
+        let mut waves =
+            vec![json!({"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}})];
+        if f == MANUAL {
+            waves.push(json!({
+                "name": MANUAL_WAVE,
+                "clusterSelector": {"matchLabels": {"ring": "rest"}},
+                "approval": "Manual",
+            }));
+        }
         let fms: FleetMicroservice = crate::support::from_json(json!({
             "apiVersion": "platform.example.io/v1alpha1",
             "kind": "FleetMicroservice",
@@ -340,7 +358,7 @@ pub async fn seed_objects(t: &Target, rec: &Record) {
             "spec": {
                 "template": {"image": image, "port": 8080, "replicas": 1},
                 "rollout": {
-                    "waves": [{"name": "canary", "clusterSelector": {"matchLabels": {"ring": "canary"}}}],
+                    "waves": waves,
                     "bake": format!("{}s", crate::BAKE.as_secs()),
                     "progressDeadline": "30s",
                     "onFailure": "Rollback",
@@ -466,6 +484,56 @@ pub async fn fleet_worker(t: Target, rec: Arc<Record>, seed: u64, f: usize, unti
         });
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..2000))).await;
     }
+}
+
+/// Approves the Manual wave of the `MANUAL` object whenever it awaits
+/// approval, until `stop`: late on purpose, by up to 3 s (a wave opened
+/// without its approval is then written before it), and each time after
+/// an attempt with the read token, which must be refused.
+pub async fn approver(
+    t: Target,
+    rec: Arc<Record>,
+    seed: u64,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let name = fleet_name(MANUAL);
+    let key = format!("{}/{name}", t.namespace);
+    let api: Api<FleetMicroservice> = Api::namespaced(t.home.clone(), &t.namespace);
+    while !*stop.borrow() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(Ok(f)) = tokio::time::timeout(Duration::from_secs(5), api.get(&name)).await else {
+            continue;
+        };
+        if !awaits_approval(&f) {
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..3000))).await;
+        let mut args = rollout_args(&t, &mut rng, "approve", &key, &t.read_token);
+        args.extend(["--wave".into(), MANUAL_WAVE.into()]);
+        let at = Timestamp::now();
+        let (code, out) = cli(&args, Duration::from_secs(30)).await;
+        rec.op(format!("approve {name} with the read token: exit {code}"));
+        rec.forbidden.lock().unwrap().push(crate::check::Forbidden {
+            at,
+            code,
+            answer: out.trim().to_string(),
+        });
+        let mut args = rollout_args(&t, &mut rng, "approve", &key, &t.write_token);
+        args.extend(["--wave".into(), MANUAL_WAVE.into()]);
+        let (code, out) = cli(&args, Duration::from_secs(30)).await;
+        rec.op(format!("approve {name}: exit {code}: {}", out.trim()));
+    }
+}
+
+/// The Manual wave's turn has come for the generation the status observed.
+fn awaits_approval(f: &FleetMicroservice) -> bool {
+    f.status.as_ref().is_some_and(|s| {
+        s.observed_generation == f.metadata.generation
+            && s.waves
+                .iter()
+                .any(|w| w.name == MANUAL_WAVE && w.state == WaveState::AwaitingApproval)
+    })
 }
 
 fn rollout_args(t: &Target, rng: &mut StdRng, verb: &str, key: &str, token: &str) -> Vec<String> {

@@ -318,8 +318,11 @@ async fn watch_until_error(
     let base = crate::watching::config(streaming_lists);
     let managed = crate::watching::managed(streaming_lists);
     let labels = managed.label_selector.clone();
-    let ms = watcher(ms_api.clone(), base).map(|e| e.map(|m| Item::Ms(Box::new(m))));
-    let deps = watcher(dep_api.clone(), managed).map(|e| e.map(|d| Item::Dep(Box::new(d))));
+    // Lagged only by the chaos nemesis's test hook.
+    let ms = crate::supervise::watch_lagged(cluster, watcher(ms_api.clone(), base))
+        .map(|e| e.map(|m| Item::Ms(Box::new(m))));
+    let deps = crate::supervise::watch_lagged(cluster, watcher(dep_api.clone(), managed))
+        .map(|e| e.map(|d| Item::Dep(Box::new(d))));
     let mut events = std::pin::pin!(stream::select(ms, deps));
     let mut fed = Fed::default();
     let mut announced = false;

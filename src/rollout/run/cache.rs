@@ -69,6 +69,9 @@ pub struct RolloutCache {
     pub index_id: String,
 }
 
+/// The home cluster's name in the chaos nemesis's watch-lag file.
+const HOME_SCOPE: &str = "home";
+
 /// The test hook's lag: each event delivered `d` after it arrived, as a
 /// cache that is `d` behind its apiserver sees it.
 fn lagged<T: Send + 'static>(
@@ -131,6 +134,7 @@ impl RolloutCache {
             Some(d) => lagged(fleet_watch, d),
             None => fleet_watch.boxed(),
         };
+        let fleet_watch = crate::supervise::watch_lagged(HOME_SCOPE, fleet_watch);
         let fleet_events =
             crate::watching::retried(reflector::reflector(fleet_writer, fleet_watch));
         let revision_watch = watcher(cr_api, watcher::Config::default().labels(FLEET_LABEL));
@@ -138,6 +142,7 @@ impl RolloutCache {
             Some(d) => lagged(revision_watch, d),
             None => revision_watch.boxed(),
         };
+        let revision_watch = crate::supervise::watch_lagged(HOME_SCOPE, revision_watch);
         let revision_events =
             crate::watching::retried(reflector::reflector(revisions_writer, revision_watch));
         let me = cache.clone();
