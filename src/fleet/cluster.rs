@@ -440,6 +440,8 @@ fn watch_reachability(
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let (me, timings) = (settings.replica_id.clone(), settings.timings);
+    // The cluster answered its probe just before this starts.
+    let answered = Instant::now();
     tokio::spawn(async move {
         let mut was_unreachable = false;
         loop {
@@ -448,7 +450,7 @@ fn watch_reachability(
                 _ = tokio::time::sleep(timings.retry_period) => {}
             }
             let last = *contact.borrow();
-            let silent = last.is_none_or(|t| t.elapsed() > timings.lease_duration);
+            let silent = silent(last, answered, Instant::now(), timings.lease_duration);
             if silent && !was_unreachable {
                 let state = ClusterState::Unreachable {
                     reason: "the cluster's Lease could not be read for a lease duration".into(),
@@ -462,6 +464,13 @@ fn watch_reachability(
             was_unreachable = silent;
         }
     })
+}
+
+/// Silent for longer than a lease duration since the last Lease read, or,
+/// before the first, since the probe answered: a first read still in
+/// flight on a loaded apiserver is not yet a silence.
+fn silent(last_read: Option<Instant>, answered: Instant, now: Instant, lease: Duration) -> bool {
+    now.saturating_duration_since(last_read.unwrap_or(answered)) > lease
 }
 
 /// One leadership term: the controller runs with writes of this term, and
@@ -551,4 +560,20 @@ fn controller_settings(
     s.defaults = settings.defaults.clone();
     s.leadership = Some(leadership.clone());
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_lease_read_still_in_flight_is_not_a_silence_until_a_lease_duration() {
+        let (start, lease) = (Instant::now(), Duration::from_secs(2));
+        let at = |ms| start + Duration::from_millis(ms);
+        assert!(!silent(None, start, at(300), lease));
+        assert!(!silent(None, start, at(2000), lease));
+        assert!(silent(None, start, at(2001), lease));
+        assert!(!silent(Some(at(1500)), start, at(3000), lease));
+        assert!(silent(Some(at(1500)), start, at(3501), lease));
+    }
 }
