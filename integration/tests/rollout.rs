@@ -250,6 +250,33 @@ async fn a_release_reaches_the_rest_only_after_the_canary_was_done_for_the_bake(
             "{member} got {rev2} {after:?} after the canary was seen done; the bake is 3s"
         );
     }
+    // Each wave's outcome is an Event of its own, saying which wave: not
+    // the first WaveDone counted again with its note (kube's Recorder).
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+        fleet.home.clone(),
+        &fleet.namespace,
+    );
+    let notes = eventually(
+        "a WaveDone Event per wave of both releases",
+        Duration::from_secs(30),
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let notes: Vec<String> = list
+                .items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("WaveDone"))
+                .filter_map(|e| e.note.clone())
+                .collect();
+            let said = |wave: &str| {
+                notes
+                    .iter()
+                    .any(|n| n.starts_with(&format!("wave {wave} is Done at revision {rev2}")))
+            };
+            (said("canary") && said("remaining")).then_some(notes)
+        },
+    )
+    .await;
+    assert!(notes.len() >= 4, "two waves of two releases: {notes:?}");
 }
 
 #[tokio::test]
@@ -1081,19 +1108,25 @@ impl Hook {
 /// #35: a wave passes on its webhook's word, after the bake, and a webhook
 /// that fails during the canary's bake rolls the canary back before any
 /// other member is written.
-#[tokio::test]
+// Two workers: the hook answers while the test waits on a kill -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_webhook_check_passes_a_wave_after_its_bake_and_a_failing_one_rolls_the_canary_back() {
     let _up = MEMBERS_UP.read().await;
     let hook = Hook::default();
     hook.passing
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let url = hook.serve().await;
-    let mut fleet = rollout_fleet("fms-analysis", &[("member-1", CANARY)]).await;
+    // A loaded machine's stall must neither end a term (its Events go with
+    // it) nor time a call out: the assertions name the hook's answers.
+    let mut fleet = rollout_fleet_prepared("fms-analysis", &[("member-1", CANARY)], |r| {
+        r.election = STEADY_ELECTION.iter().map(|a| a.to_string()).collect();
+    })
+    .await;
     let ns = fleet.namespace.clone();
     let mut rollout = canary_first("4s", "5m");
     rollout["analysis"] = json!([{
         "name": "errors",
-        "webhook": {"url": url, "timeout": "2s"},
+        "webhook": {"url": url, "timeout": "10s"},
         "interval": "1s",
     }]);
     fleet

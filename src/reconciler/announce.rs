@@ -9,11 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 
 use crate::crd::Microservice;
+use crate::telemetry::events::Sender;
 
 /// Events waiting to be sent, per cluster: client-go's broadcaster queue.
 /// At the Event bucket's 5 a second that is over 3 minutes of Events.
@@ -53,7 +54,7 @@ pub struct Announcer {
 
 impl Announcer {
     /// Starts the sending task; it ends when the controller drops this.
-    pub fn start(recorder: Recorder) -> Arc<Self> {
+    pub fn start(recorder: Sender) -> Arc<Self> {
         let (queue, mut pending) = mpsc::channel::<(Event, ObjectReference)>(QUEUE);
         tokio::spawn(async move {
             while let Some((event, about)) = pending.recv().await {

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -108,7 +108,7 @@ pub async fn run(
     let slices = slices(scope, &managed, &watches, endpoints.clone());
     let written = Arc::new(Written::default());
     let held = Arc::new(Held::default());
-    let announcer = Announcer::start(Recorder::new(
+    let announcer = Announcer::start(crate::telemetry::events::Sender::new(
         client.clone(),
         Reporter {
             controller: "flotilla".into(),

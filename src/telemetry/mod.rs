@@ -3,6 +3,7 @@
 //! and nowhere otherwise. `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`
 //! and `OTEL_TRACES_SAMPLER` are honoured by the SDK.
 
+pub mod events;
 pub mod grpc_layer;
 pub mod http;
 pub mod kube_layer;

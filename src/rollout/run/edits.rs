@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event as EventsV1;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
 
@@ -82,26 +81,18 @@ async fn announce(home: &Client, f: &FleetMicroservice, reason: &str, what: &str
 
 /// The Event an edit leaves about the object `about`, as of `now`. Pure.
 fn edit_event(about: ObjectReference, reason: &str, note: &str, now: jiff::Timestamp) -> EventsV1 {
-    EventsV1 {
-        metadata: ObjectMeta {
-            namespace: about.namespace.clone(),
-            name: Some(format!(
-                "{}.{:x}",
-                about.name.clone().unwrap_or_default(),
-                now.as_nanosecond()
-            )),
-            ..ObjectMeta::default()
-        },
-        event_time: Some(MicroTime(now)),
-        action: Some("Edit".into()),
-        reason: Some(reason.into()),
+    let ev = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Normal,
+        reason: reason.into(),
         note: Some(note.into()),
-        regarding: Some(about),
-        reporting_controller: Some(FIELD_MANAGER.into()),
-        reporting_instance: Some(FIELD_MANAGER.into()),
-        type_: Some("Normal".into()),
-        ..EventsV1::default()
-    }
+        action: "Edit".into(),
+        secondary: None,
+    };
+    let edge = kube::runtime::events::Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some(FIELD_MANAGER.into()),
+    };
+    crate::telemetry::events::object(&ev, &about, &edge, now)
 }
 
 pub async fn set_paused(

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use super::error::{Result, RolloutError};
@@ -35,7 +35,7 @@ fn counted(kind: &str) {
 
 impl Home {
     pub fn new(client: Client, replica_id: &str) -> Self {
-        let recorder = Recorder::new(
+        let recorder = crate::telemetry::events::Sender::new(
             client.clone(),
             Reporter {
                 controller: "flotilla-fleet".into(),
