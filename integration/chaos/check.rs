@@ -38,9 +38,11 @@ pub const NOTHING_LEFT: &str = "no-orphans";
 pub const NO_EXIT: &str = "no-unasked-exit";
 pub const NO_ORPHAN_RECORD: &str = "registry-no-orphan-record";
 pub const DNS_FENCE: &str = "dns-fence";
+pub const WINDOW_HELD: &str = "window-held";
+pub const DNS_NEVER_EMPTY: &str = "dns-never-empty";
 
 /// Every invariant this checker judges, in the order the report prints them.
-pub const INVARIANTS: [&str; 12] = [
+pub const INVARIANTS: [&str; 14] = [
     ONE_WRITER,
     FLEET_WRITER,
     DNS_WRITER,
@@ -48,7 +50,9 @@ pub const INVARIANTS: [&str; 12] = [
     WAVE_ORDER,
     BAKE_HELD,
     APPROVAL_BOUND,
+    WINDOW_HELD,
     DNS_FENCE,
+    DNS_NEVER_EMPTY,
     CONVERGED,
     NOTHING_LEFT,
     NO_EXIT,
@@ -57,11 +61,9 @@ pub const INVARIANTS: [&str; 12] = [
 
 /// Names the product brief fixes that no workload here exercises yet: the
 /// report lists them as not judged rather than as passed.
-pub const NOT_JUDGED_YET: [&str; 5] = [
-    "window-held",
+pub const NOT_JUDGED_YET: [&str; 3] = [
     "failover-count",
     "failover-no-delete-unreachable",
-    "dns-never-empty",
     "dns-withdrawn",
 ];
 
@@ -692,4 +694,211 @@ pub fn dns_fence(terms: &[TermPut], puts: &[DnsPut]) -> Judged {
         }
     }
     Judged::of(puts.len(), out)
+}
+
+/// A stretch in which a windowed FleetMicroservice's waves may not start.
+#[derive(Debug, Clone)]
+pub struct Shut {
+    pub name: String,
+    pub from: Timestamp,
+    pub to: Timestamp,
+}
+
+/// One status write of a FleetMicroservice by the fleet controller, from
+/// its body in the home audit log: the update revision, and each wave's
+/// clusters and start stamp.
+#[derive(Debug, Clone)]
+pub struct FleetStatus {
+    pub name: String,
+    pub at: Timestamp,
+    pub update: String,
+    pub waves: Vec<WaveSeen>,
+}
+
+#[derive(Debug, Clone)]
+pub struct WaveSeen {
+    pub name: String,
+    pub clusters: Vec<String>,
+    pub started: Option<Timestamp>,
+}
+
+/// `window-held`: no wave starts while its object's windows are shut.
+/// Each start (a wave's start stamp, the round's clock, as first recorded)
+/// lies outside every shut stretch; and each member write inside one,
+/// `READ_LAG` after it shut, is of a wave the last status before it shows
+/// started (a started wave finishes), or not of the update revision (a
+/// rollback's target).
+pub fn window_held(shut: &[Shut], status: &[FleetStatus], writes: &[FleetWrite]) -> Judged {
+    let lag = jiff::SignedDuration::try_from(READ_LAG).expect("a short lag");
+    let shut_at = |name: &str, t: Timestamp, lag: jiff::SignedDuration| {
+        shut.iter()
+            .find(|s| s.name == name && s.from.checked_add(lag).is_ok_and(|f| f <= t) && t < s.to)
+    };
+    let windowed = |name: &str| shut.iter().any(|s| s.name == name);
+    let mut out = Vec::new();
+    let mut checked = 0;
+    let mut seen = std::collections::BTreeSet::new();
+    for st in status.iter().filter(|st| windowed(&st.name)) {
+        for w in &st.waves {
+            let Some(started) = w.started else { continue };
+            if !seen.insert((st.name.clone(), w.name.clone(), started)) {
+                continue;
+            }
+            checked += 1;
+            if let Some(s) = shut_at(&st.name, started, jiff::SignedDuration::ZERO) {
+                out.push(violation(
+                    WINDOW_HELD,
+                    Some(started),
+                    format!(
+                        "wave {} of {} at {} started at {started} (recorded {}), inside the shut stretch {}..{}",
+                        w.name, st.name, st.update, st.at, s.from, s.to
+                    ),
+                ));
+            }
+        }
+    }
+    for w in writes.iter().filter(|w| windowed(&w.name)) {
+        checked += 1;
+        let Some(s) = shut_at(&w.name, w.at, lag) else {
+            continue;
+        };
+        let last = status
+            .iter()
+            .filter(|st| st.name == w.name && st.at <= w.at)
+            .max_by_key(|st| st.at);
+        let excused = last.is_some_and(|st| {
+            st.update != w.revision
+                || st
+                    .waves
+                    .iter()
+                    .any(|v| v.started.is_some() && v.clusters.contains(&w.cluster))
+        });
+        if !excused {
+            out.push(violation(
+                WINDOW_HELD,
+                Some(w.at),
+                format!(
+                    "{} got {} at {} ({}) inside the shut stretch {}..{}, its wave not started: the last status before it: {}",
+                    w.cluster,
+                    w.name,
+                    w.revision,
+                    w.at,
+                    s.from,
+                    s.to,
+                    last.map_or("none".into(), |st| format!("{} at {}", st.update, st.at)),
+                ),
+            ));
+        }
+    }
+    Judged::of(checked, out)
+}
+
+/// One change of a record in the zone, from etcd's history: a put names
+/// the object its record stands for, and whether the fleet DNS writer put
+/// it (an answer) or a member's leader (a candidate); a delete names none.
+#[derive(Debug, Clone)]
+pub struct DnsChange {
+    pub key: String,
+    pub revision: i64,
+    pub put: Option<ZoneRecord>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ZoneRecord {
+    pub object: String,
+    pub fleet: bool,
+}
+
+/// `dns-never-empty`: the fleet DNS writer never leaves a name it answered
+/// without an answer while a candidate (a member's record of the object)
+/// exists: after each of its own transactions on the name, the name has an
+/// answer or no candidate (it fails open rather than withdraw the last).
+/// A member's deletion takes its own answer with it in its transaction;
+/// that one is the writer's to repair on its next pass, and is not judged.
+/// `initial` holds the records present when the history starts; changes
+/// of one revision (one transaction) are applied together before judging.
+pub fn dns_never_empty(initial: &[(String, ZoneRecord)], changes: &[DnsChange]) -> Judged {
+    let mut zone = Zone::default();
+    for (key, r) in initial {
+        zone.set(key, Some(r));
+    }
+    let mut verdicts: Vec<(i64, String, bool)> = Vec::new();
+    let mut i = 0;
+    use std::collections::BTreeMap;
+    while i < changes.len() {
+        let revision = changes[i].revision;
+        // Per object touched: whether only answers changed (the writer's).
+        let mut touched: BTreeMap<String, bool> = BTreeMap::new();
+        while i < changes.len() && changes[i].revision == revision {
+            let c = &changes[i];
+            if let Some((object, answer)) = zone.set(&c.key, c.put.as_ref()) {
+                *touched.entry(object).or_insert(true) &= answer;
+            }
+            i += 1;
+        }
+        for (object, by_writer) in touched {
+            let n = &zone.names[&object];
+            if by_writer && n.answered && !n.candidates.is_empty() {
+                verdicts.push((revision, object, n.answers.is_empty()));
+            }
+        }
+    }
+    let out: Vec<Violation> = verdicts
+        .iter()
+        .filter(|(_, _, empty)| *empty)
+        .map(|(revision, object, _)| {
+            violation(
+                DNS_NEVER_EMPTY,
+                None,
+                format!("{object}'s fleet name had no answer at revision {revision} while a member listed it"),
+            )
+        })
+        .collect();
+    Judged::of(verdicts.len(), out)
+}
+
+/// The zone's records as replayed: who stands for each key, and each
+/// object's answers and candidates.
+#[derive(Default)]
+struct Zone {
+    owner: BTreeMap<String, ZoneRecord>,
+    names: BTreeMap<String, Name>,
+}
+
+#[derive(Default)]
+struct Name {
+    answers: std::collections::BTreeSet<String>,
+    candidates: std::collections::BTreeSet<String>,
+    /// It has had an answer.
+    answered: bool,
+}
+
+impl Zone {
+    /// `key` now holds `put` (None: deleted); the object it touched, and
+    /// whether the key is an answer (the fleet writer's).
+    fn set(&mut self, key: &str, put: Option<&ZoneRecord>) -> Option<(String, bool)> {
+        let old = self.owner.remove(key);
+        if let Some(o) = &old {
+            let n = self.names.entry(o.object.clone()).or_default();
+            n.answers.remove(key);
+            n.candidates.remove(key);
+            // Gone from every member and the answer: a new one of the
+            // same name is new, and its first answer takes a moment.
+            if n.answers.is_empty() && n.candidates.is_empty() {
+                n.answered = false;
+            }
+        }
+        let touched = put.or(old.as_ref()).map(|r| (r.object.clone(), r.fleet));
+        if let Some(r) = put {
+            let n = self.names.entry(r.object.clone()).or_default();
+            let keys = match r.fleet {
+                true => &mut n.answers,
+                false => &mut n.candidates,
+            };
+            keys.insert(key.to_string());
+            n.answered |= r.fleet;
+            self.owner.insert(key.to_string(), r.clone());
+        }
+        touched
+    }
 }

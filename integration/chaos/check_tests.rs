@@ -574,3 +574,165 @@ fn a_dns_record_put_under_a_term_that_was_no_longer_held_is_caught() {
     // In the claim's own revision: not yet held.
     assert_eq!(dns_fence(&terms, &[put(20, 21)]).violations.len(), 1);
 }
+
+fn shut(from: i64, to: i64) -> Shut {
+    Shut {
+        name: "web".into(),
+        from: t(from),
+        to: t(to),
+    }
+}
+
+/// A status of `web` at `at`, updating to `image`'s revision, with the
+/// canary wave (member-1) and the rest (member-2, member-3) started or not.
+fn fstatus(at: Timestamp, image: &str, canary: Option<i64>, rest: Option<i64>) -> FleetStatus {
+    let wave = |name: &str, clusters: &[&str], started: Option<i64>| WaveSeen {
+        name: name.into(),
+        clusters: clusters.iter().map(|c| c.to_string()).collect(),
+        started: started.map(t),
+    };
+    FleetStatus {
+        name: "web".into(),
+        at,
+        update: format!("web-{image}"),
+        waves: vec![
+            wave("canary", &["member-1"], canary),
+            wave("rest", &["member-2", "member-3"], rest),
+        ],
+    }
+}
+
+#[test]
+fn waves_started_before_a_window_shut_finish_inside_it() {
+    let shut = [shut(60, 120)];
+    // The canary started at 50 and was written at 51; the rest started at
+    // 58 and its writes landed at 61 and 70, inside the shut stretch.
+    let status = [
+        fstatus(t(50), "b:2", Some(50), None),
+        fstatus(t(58), "b:2", Some(50), Some(58)),
+    ];
+    let writes = [
+        fw("member-1", t(51), "b:2"),
+        fw("member-2", t(61), "b:2"),
+        fw("member-3", t(70), "b:2"),
+        // A rollback's target inside the stretch is not a start.
+        fw("member-1", t(80), "b:1"),
+    ];
+    let j = window_held(&shut, &status, &writes);
+    assert_eq!(j.checked, 6);
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+}
+
+#[test]
+fn a_wave_started_or_written_inside_a_shut_stretch_is_caught() {
+    let shut = [shut(60, 120)];
+    // The rest's start stamp is inside; and a write with no start recorded.
+    let status = [
+        fstatus(t(50), "b:2", Some(50), None),
+        fstatus(t(65), "b:2", Some(50), Some(65)),
+    ];
+    let writes = [fw("member-2", t(62), "b:2"), fw("member-3", t(66), "b:2")];
+    let j = window_held(&shut, &status, &writes);
+    assert_eq!(j.violations.len(), 2, "{:?}", j.violations);
+    assert!(j.violations[0].detail.contains("wave rest of web"));
+    assert!(j.violations[1].detail.contains("member-2 got web"));
+    // Just as the stretch shuts, a write decided before it is not held
+    // against the writer (READ_LAG).
+    let early = [fw("member-2", ms(60, 500), "b:2")];
+    let j = window_held(&shut, &status[..1], &early);
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+}
+
+#[test]
+fn the_shut_minutes_of_an_allow_and_a_deny_window_alternate() {
+    use crate::workload::shut;
+    // From 30 s into an even minute to 30 s into the odd minute two later.
+    let (from, to) = (t(30), t(150));
+    let minute = |m: i64| m * 60;
+    let base = 1_800_000_000 / 60;
+    assert_eq!(base % 2, 0, "t(0) starts an even minute");
+    let allow: Vec<(i64, i64)> = shut(0, "Allow", from, to)
+        .iter()
+        .map(|s| {
+            (
+                s.from.as_second() - t(0).as_second(),
+                s.to.as_second() - t(0).as_second(),
+            )
+        })
+        .collect();
+    assert_eq!(allow, [(30, minute(1)), (minute(2), minute(2) + 30)]);
+    let deny: Vec<(i64, i64)> = shut(1, "Deny", from, to)
+        .iter()
+        .map(|s| {
+            (
+                s.from.as_second() - t(0).as_second(),
+                s.to.as_second() - t(0).as_second(),
+            )
+        })
+        .collect();
+    assert_eq!(deny, [(minute(1), minute(2))]);
+}
+
+fn dns(key: &str, revision: i64, put: Option<(&str, bool)>) -> DnsChange {
+    DnsChange {
+        key: key.into(),
+        revision,
+        put: put.map(|(object, fleet)| ZoneRecord {
+            object: object.into(),
+            fleet,
+        }),
+    }
+}
+
+fn zone(key: &str, object: &str, fleet: bool) -> (String, ZoneRecord) {
+    (
+        key.into(),
+        ZoneRecord {
+            object: object.into(),
+            fleet,
+        },
+    )
+}
+
+#[test]
+fn a_fleet_name_that_swaps_its_answers_in_one_transaction_is_never_empty() {
+    let initial = [
+        zone("z/ns/web/member-1", "ns/web", true),
+        zone("m/member-1/ns/web", "ns/web", false),
+        zone("m/member-2/ns/web", "ns/web", false),
+    ];
+    let changes = [
+        // Withdrawn and replaced in one transaction.
+        dns("z/ns/web/member-1", 10, None),
+        dns("z/ns/web/member-2", 10, Some(("ns/web", true))),
+        // A key no record held: nothing to judge.
+        dns("z/ns/other/member-1", 11, None),
+        // The object deleted: a member's transaction takes its answer
+        // with its record, leaving another member's not yet answered.
+        dns("m/member-2/ns/web", 12, None),
+        dns("z/ns/web/member-2", 12, None),
+        dns("m/member-1/ns/web", 13, None),
+        // Created again: its first answer comes after its first candidate.
+        dns("m/member-1/ns/web", 15, Some(("ns/web", false))),
+        dns("z/ns/web/member-1", 16, Some(("ns/web", true))),
+    ];
+    let j = dns_never_empty(&initial, &changes);
+    assert_eq!(j.checked, 2, "the writer's own transactions at 10 and 16");
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+}
+
+#[test]
+fn a_fleet_name_left_without_an_answer_while_a_member_lists_it_is_caught() {
+    let initial = [
+        zone("z/ns/web/member-1", "ns/web", true),
+        zone("m/member-1/ns/web", "ns/web", false),
+    ];
+    let changes = [
+        dns("z/ns/web/member-1", 10, None),
+        dns("z/ns/web/member-2", 11, Some(("ns/web", true))),
+    ];
+    let j = dns_never_empty(&initial, &changes);
+    assert_eq!(j.checked, 2);
+    assert_eq!(j.violations.len(), 1, "{:?}", j.violations);
+    assert!(j.violations[0].detail.contains("revision 10"));
+}

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::check::{FleetWrite, LeaseWrite, StatusWrite, Write};
+use crate::check::{FleetStatus, FleetWrite, LeaseWrite, StatusWrite, WaveSeen, Write};
 use crate::support::replicas::{LEASE_NAMESPACE, MEMBERS};
 use crate::support::rollout::{fleet_controller_writes, fleet_writes, written_by};
 use crate::support::{audit_events, audited_writes, fleet_dir, lease_writes, received};
@@ -212,3 +212,64 @@ fn status_write(cluster: &str, e: &serde_json::Value) -> Option<StatusWrite> {
 /// write sent inside the renew deadline arrived 0.4 s past it, with the
 /// Lease still the writer's.)
 pub const TERM_LIMIT: Duration = Duration::from_secs(2);
+
+/// The fleet controller's FleetMicroservice status writes in `namespace`,
+/// from their bodies in the home audit log, oldest first; with the ones
+/// that do not read (unverifiable, not dropped).
+pub fn fleet_status_writes(namespace: &str) -> (Vec<FleetStatus>, Vec<String>) {
+    let (mut out, mut unreadable) = (Vec::new(), Vec::new());
+    for e in audit_events("home") {
+        if e["objectRef"]["namespace"] != namespace
+            || e["objectRef"]["resource"] != "fleetmicroservices"
+            || e["objectRef"]["subresource"] != "status"
+            || e["verb"] != "update"
+            || !e["userAgent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("flotilla"))
+        {
+            continue;
+        }
+        match fleet_status(&e) {
+            Some(s) => out.push(s),
+            None => unreadable.push(format!(
+                "home: a FleetMicroservice status write of {} received {} does not read",
+                e["objectRef"]["name"], e["requestReceivedTimestamp"]
+            )),
+        }
+    }
+    out.sort_by_key(|s| s.at);
+    (out, unreadable)
+}
+
+fn fleet_status(e: &serde_json::Value) -> Option<FleetStatus> {
+    let status = &e["requestObject"]["status"];
+    let waves = status["waves"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            Some(WaveSeen {
+                name: w["name"].as_str()?.to_string(),
+                clusters: w["clusters"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.as_str().map(String::from))
+                    .collect(),
+                started: match w["started"].as_str() {
+                    Some(t) => Some(t.parse().ok()?),
+                    None => None,
+                },
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(FleetStatus {
+        name: e["objectRef"]["name"].as_str()?.to_string(),
+        at: e["requestReceivedTimestamp"].as_str()?.parse().ok()?,
+        update: status["updateRevision"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        waves,
+    })
+}

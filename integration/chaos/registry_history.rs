@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 
-use crate::check::RecordPut;
+use crate::check::{DnsChange, RecordPut, ZoneRecord};
 
 async fn connect() -> Result<Client, String> {
     let endpoint = crate::support::registry::config().endpoints[0].clone();
@@ -196,4 +196,51 @@ pub async fn present(prefix: &str) -> Result<Vec<RecordPut>, String> {
         .filter(|kv| !test_bed_key(kv.key()))
         .map(|kv| put(kv.key(), kv.value(), kv.mod_revision()))
         .collect())
+}
+
+/// The zone's records present at `revision`, as (key, record), and every
+/// change among `events`: whose object each record stands for, and whether
+/// `fleet`'s DNS writer put it. A value that does not parse is an error.
+pub async fn fleet_dns_changes(
+    prefix: &str,
+    fleet: &str,
+    revision: i64,
+    events: &[Event],
+) -> Result<(Vec<(String, ZoneRecord)>, Vec<DnsChange>), String> {
+    use flotilla::registry::records::{FLEET_WRITER, Record};
+    let writer = format!("{FLEET_WRITER}{fleet}");
+    let read = |key: &str, value: &[u8]| -> Result<ZoneRecord, String> {
+        let r: Record =
+            serde_json::from_slice(value).map_err(|e| format!("the record at {key}: {e}"))?;
+        Ok(ZoneRecord {
+            fleet: r.writer.cluster == writer,
+            object: r.object,
+        })
+    };
+    let mut c = connect().await?;
+    let before = c
+        .get(
+            prefix,
+            Some(GetOptions::new().with_prefix().with_revision(revision)),
+        )
+        .await
+        .map_err(|e| format!("reading the registry at {revision}: {e}"))?;
+    let mut initial = Vec::new();
+    for kv in before.kvs().iter().filter(|kv| !test_bed_key(kv.key())) {
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        let record = read(&key, kv.value())?;
+        initial.push((key, record));
+    }
+    let mut changes = Vec::new();
+    for e in events {
+        changes.push(DnsChange {
+            key: e.key.clone(),
+            revision: e.revision,
+            put: match e.put {
+                true => Some(read(&e.key, &e.value)?),
+                false => None,
+            },
+        });
+    }
+    Ok((initial, changes))
 }

@@ -168,6 +168,9 @@ pub async fn chaos(seed: u64, length: Duration) {
     let registry_from = registry_history::revision_retrying(30)
         .await
         .expect("etcd's revision before the chaos");
+    // The windows hold once the controller has read them: judged from 5 s
+    // after they were set (no fault has started yet).
+    let windows_from = workload::windows(&target, true).await + Duration::from_secs(5);
     let start = Instant::now();
     let until = start + length;
     let mut workers = Vec::new();
@@ -204,6 +207,7 @@ pub async fn chaos(seed: u64, length: Duration) {
             Err(_) => harness_errors.push("a workload task did not end within 300 s".into()),
         }
     }
+    let windows_to = workload::windows(&target, false).await;
     bed.reap_unasked();
 
     // The quiet period: until everything holds, or the limit.
@@ -284,6 +288,18 @@ pub async fn chaos(seed: u64, length: Duration) {
         ),
         Err(e) => report.unverifiable(e),
     }
+    let shut: Vec<check::Shut> = workload::WINDOWED
+        .iter()
+        .flat_map(|(f, kind)| workload::shut(*f, kind, windows_from, windows_to))
+        .collect();
+    let (fleet_status, unreadable) = records::fleet_status_writes(&namespace);
+    for u in unreadable {
+        report.unverifiable(u);
+    }
+    report.add(
+        check::WINDOW_HELD,
+        check::window_held(&shut, &fleet_status, &fleet_writes),
+    );
     report.add(
         check::NO_EXIT,
         check::no_exit(&bed.exits.lock().unwrap(), schedule::REPLICAS.len()),
@@ -291,7 +307,13 @@ pub async fn chaos(seed: u64, length: Duration) {
     let overlapped = orphan_records(&bed, &registry_prefix, registry_from, &mut report).await;
     let fleet = bed.replicas.lock().unwrap().fleet.clone();
     match fleet_dns_history(&fleet, &registry_prefix, registry_from).await {
-        Ok((terms, puts)) => report.add(check::DNS_FENCE, check::dns_fence(&terms, &puts)),
+        Ok((terms, puts, (initial, changes))) => {
+            report.add(check::DNS_FENCE, check::dns_fence(&terms, &puts));
+            report.add(
+                check::DNS_NEVER_EMPTY,
+                check::dns_never_empty(&initial, &changes),
+            );
+        }
         Err(e) => report.unverifiable(format!("the fleet DNS history: {e}")),
     }
 
@@ -380,15 +402,23 @@ async fn fleet_dns_history(
     fleet: &str,
     prefix: &str,
     from: i64,
-) -> Result<(Vec<check::TermPut>, Vec<check::DnsPut>), String> {
+) -> Result<(Vec<check::TermPut>, Vec<check::DnsPut>, DnsChanges), String> {
     let key = match crate::support::registry::registration().await {
         flotilla::registry::Registration::Ready(r) => r.term_key(fleet),
         other => return Err(format!("the registry config: {other:?}")),
     };
     let terms = registry_history::terms_since(&key, from).await?;
     let events = registry_history::events_since(prefix, from).await?;
-    Ok((terms, registry_history::fleet_dns_puts(&events, fleet)))
+    let changes = registry_history::fleet_dns_changes(prefix, fleet, from, &events).await?;
+    Ok((
+        terms,
+        registry_history::fleet_dns_puts(&events, fleet),
+        changes,
+    ))
 }
+
+/// The zone's records present at the start, and every change since.
+type DnsChanges = (Vec<(String, check::ZoneRecord)>, Vec<check::DnsChange>);
 
 /// Every approval the Manual object carries at the end. The annotation
 /// keeps the newest `KEPT`: a full one may have dropped some, and cannot

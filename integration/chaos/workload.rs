@@ -375,6 +375,59 @@ pub async fn seed_objects(t: &Target, rec: &Record) {
     }
 }
 
+/// The FleetMicroservices whose waves keep time windows during the chaos
+/// (set once the fleet settled, lifted before the quiet period): fleet-0
+/// starts waves only in odd minutes (an Allow window), fleet-1 never in
+/// odd minutes (a Deny window). Each opens and shuts every minute.
+pub const WINDOWED: [(usize, &str); 2] = [(0, "Allow"), (1, "Deny")];
+const ODD_MINUTES: &str = "1-59/2 * * * *";
+
+/// Sets the windows (`on`) or lifts them. Returns from when they hold
+/// (set: once every write was answered) or until when (lifted: before the
+/// first was sent).
+pub async fn windows(t: &Target, on: bool) -> Timestamp {
+    let before = Timestamp::now();
+    let api: Api<FleetMicroservice> = Api::namespaced(t.home.clone(), &t.namespace);
+    for (f, kind) in WINDOWED {
+        let windows = match on {
+            true => json!([{"kind": kind, "schedule": ODD_MINUTES, "duration": "1m"}]),
+            false => serde_json::Value::Null,
+        };
+        let body = json!({"spec": {"rollout": {"windows": windows}}});
+        let (pp, patch, name) = (PatchParams::default(), Patch::Merge(&body), fleet_name(f));
+        retry(|| api.patch(&name, &pp, &patch)).await;
+    }
+    if on { Timestamp::now() } else { before }
+}
+
+/// When the object `f` with a window of `kind` may start no wave between
+/// `from` and `to`: the even minutes for the Allow window, the odd ones for
+/// the Deny window. Worked out here from the minutes, not by the product's
+/// cron.
+pub fn shut(f: usize, kind: &str, from: Timestamp, to: Timestamp) -> Vec<crate::check::Shut> {
+    let mut out = Vec::new();
+    let mut minute = from.as_second().div_euclid(60);
+    while minute * 60 < to.as_second() + 1 {
+        if (minute % 2 == 1) == (kind == "Deny") {
+            let start = Timestamp::from_second(minute * 60)
+                .expect("a minute")
+                .max(from);
+            let end = Timestamp::from_second(minute * 60 + 60)
+                .expect("a minute")
+                .min(to);
+            if start < end {
+                out.push(crate::check::Shut {
+                    name: fleet_name(f),
+                    from: start,
+                    to: end,
+                });
+            }
+        }
+        minute += 1;
+    }
+    out
+}
+
 /// One FleetMicroservice's releases: good images, never-ready ones, pauses
 /// and undos, each release followed by `flotilla rollout wait`.
 pub async fn fleet_worker(t: Target, rec: Arc<Record>, seed: u64, f: usize, until: Instant) {
