@@ -168,9 +168,8 @@ pub async fn chaos(seed: u64, length: Duration) {
     let registry_from = registry_history::revision_retrying(30)
         .await
         .expect("etcd's revision before the chaos");
-    // The windows hold once the controller has read them: judged from 5 s
-    // after they were set (no fault has started yet).
-    let windows_from = workload::windows(&target, true).await + Duration::from_secs(5);
+    // The windowed objects were created with their windows, long read.
+    let windows_from = Timestamp::now();
     let start = Instant::now();
     let until = start + length;
     let mut workers = Vec::new();
@@ -207,12 +206,12 @@ pub async fn chaos(seed: u64, length: Duration) {
             Err(_) => harness_errors.push("a workload task did not end within 300 s".into()),
         }
     }
-    let windows_to = workload::windows(&target, false).await;
     bed.reap_unasked();
 
     // The quiet period: until everything holds, or the limit.
     let (_, last) = settle(&target, &rec, QUIET_LIMIT).await;
     let convergence = last_fault.elapsed();
+    let windows_to = Timestamp::now();
     stop_tx.send_replace(true);
     watcher.abort();
     dashboard.abort();

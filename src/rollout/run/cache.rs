@@ -69,6 +69,17 @@ pub struct RolloutCache {
     pub index_id: String,
 }
 
+/// How long one watch of the home cluster runs before it is made again.
+/// A watch can go silent without ending (seen after a home apiserver
+/// restart: an edit never arrived at any replica for minutes); kube's
+/// watcher reconnects once nothing came for this long plus 5 s, instead of
+/// the server's default 290 s.
+const WATCH_TIMEOUT_SECS: u32 = 60;
+
+fn watch_config() -> watcher::Config {
+    watcher::Config::default().timeout(WATCH_TIMEOUT_SECS)
+}
+
 /// The home cluster's name in the chaos nemesis's watch-lag file.
 const HOME_SCOPE: &str = "home";
 
@@ -129,7 +140,7 @@ impl RolloutCache {
             None => (Api::all(client.clone()), Api::all(client)),
         };
         // The test hook's lag wraps the stream only when asked for.
-        let fleet_watch = watcher(fms_api, watcher::Config::default());
+        let fleet_watch = watcher(fms_api, watch_config());
         let fleet_watch = match crate::supervise::rollout_cache_delay() {
             Some(d) => lagged(fleet_watch, d),
             None => fleet_watch.boxed(),
@@ -137,7 +148,7 @@ impl RolloutCache {
         let fleet_watch = crate::supervise::watch_lagged(HOME_SCOPE, fleet_watch);
         let fleet_events =
             crate::watching::retried(reflector::reflector(fleet_writer, fleet_watch));
-        let revision_watch = watcher(cr_api, watcher::Config::default().labels(FLEET_LABEL));
+        let revision_watch = watcher(cr_api, watch_config().labels(FLEET_LABEL));
         let revision_watch = match crate::supervise::rollout_cache_delay() {
             Some(d) => lagged(revision_watch, d),
             None => revision_watch.boxed(),

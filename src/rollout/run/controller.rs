@@ -278,6 +278,15 @@ impl Ctx {
         Ok((self.freshest(&read), read_revisions))
     }
 
+    /// A write met a newer object than the one planned from: the next
+    /// round reads it through (a quorum read) until the cache shows it,
+    /// rather than planning again from the same stale copy (seen in chaos:
+    /// a cache that missed an edit after a home restart, 409 every second).
+    fn read_again(&self, uid: &str) {
+        lock(&self.read_through).remove(uid);
+        lock(&self.written).remove(uid);
+    }
+
     fn write_log(&self) -> std::sync::MutexGuard<'_, WriteLog> {
         lock(&self.writes)
     }
@@ -379,6 +388,7 @@ async fn work(ctx: Arc<Ctx>) {
         // at a time.
         let (writes, ctx) = (&writes, &ctx);
         let rounds = futures::stream::iter(all.into_iter().filter(|_| known)).map(|fms| async move {
+            let uid = fms.uid().unwrap_or_default();
             let fms = ctx.freshest(&fms);
             let key = format!("{}/{}", fms.namespace().unwrap_or_default(), fms.name_any());
             let span = tracing::info_span!(
@@ -402,6 +412,9 @@ async fn work(ctx: Arc<Ctx>) {
                 Ok(Ok(None)) => RESYNC,
                 Ok(Err(e)) => {
                     tracing::warn!(flotilla.fleet_microservice = %key, error = %e, category = e.category(), "rollout step failed");
+                    if e.category() == "conflict" {
+                        ctx.read_again(&uid);
+                    }
                     Duration::from_secs(1)
                 }
             }
