@@ -42,6 +42,12 @@ pub async fn chaos(seed: u64, length: Duration) {
         length.as_secs()
     );
     let plan = schedule::plan(seed, length);
+    if length < schedule::HELD_OUT_BELOW {
+        println!(
+            "chaos: held out of runs under {} s: home-stop (open bug: a home restart can leave the rollout cache stale for minutes)",
+            schedule::HELD_OUT_BELOW.as_secs()
+        );
+    }
 
     let mut proxies = BTreeMap::new();
     for m in MEMBERS {

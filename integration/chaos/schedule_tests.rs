@@ -83,3 +83,19 @@ fn a_five_minute_run_injects_every_kind() {
         }
     }
 }
+
+#[test]
+fn home_stop_is_held_out_of_short_runs_only() {
+    for seed in 0..50 {
+        let short = plan(seed, Duration::from_secs(120));
+        assert!(
+            !short.iter().any(|p| p.fault.kind() == "home-stop"),
+            "seed {seed}"
+        );
+    }
+    assert!(
+        plan(1, Duration::from_secs(300))
+            .iter()
+            .any(|p| p.fault.kind() == "home-stop")
+    );
+}
