@@ -881,7 +881,13 @@ async fn wave_state(
 async fn a_manual_wave_holds_until_approved_for_its_revision_and_a_successor_holds_it_too() {
     let _up = MEMBERS_UP.read().await;
     let (read_file, write_file, flags) = token_files("fms-approve");
-    let mut fleet = rollout_fleet_with("fms-approve", &[("member-1", CANARY)], &flags).await;
+    // Its Events are asserted: a term a loaded machine's stall ends takes
+    // the Events still queued with it (Events are a courtesy).
+    let mut fleet = rollout_fleet_prepared("fms-approve", &[("member-1", CANARY)], |r| {
+        r.grpc_args.extend(flags.iter().cloned());
+        r.election = STEADY_ELECTION.iter().map(|a| a.to_string()).collect();
+    })
+    .await;
     let ns = fleet.namespace.clone();
     let key = format!("{ns}/api");
     let server = fleet.replicas.grpc_url("r1");
@@ -975,20 +981,20 @@ async fn a_manual_wave_holds_until_approved_for_its_revision_and_a_successor_hol
     for m in ["member-1", "member-2", "member-3"] {
         assert_eq!(writes_of(m, &ns, &rev1), 1, "{m} written once");
     }
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(fleet.home.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    let reasons: Vec<String> = events
-        .items
-        .iter()
-        .filter_map(|e| e.reason.clone())
-        .collect();
-    assert!(reasons.iter().any(|r| r == "WaveApproved"), "{reasons:?}");
-    assert!(
-        reasons.iter().any(|r| r == "WaveAwaitingApproval"),
-        "{reasons:?}"
-    );
+    // Sent beside the status writes: listed a moment after them at most.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(fleet.home.clone(), &ns);
+    eventually(
+        "WaveApproved and WaveAwaitingApproval Events",
+        Duration::from_secs(30),
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let reasons: Vec<String> = list.items.iter().filter_map(|e| e.reason.clone()).collect();
+            (reasons.iter().any(|r| r == "WaveApproved")
+                && reasons.iter().any(|r| r == "WaveAwaitingApproval"))
+            .then_some(())
+        },
+    )
+    .await;
 
     // The next revision: rev1's approval opens nothing, and approving rev1
     // again changes nothing.
