@@ -1038,3 +1038,54 @@ async fn a_members_records_follow_it_after_its_lease_is_deleted_and_every_replic
     .await;
     drop(replicas);
 }
+
+/// #62 (found by chaos): a new DNS writer that has not listed a member
+/// does not know that member's Microservices, which is not the same as
+/// their being gone. `solo` lives only in member-3 and is listed; member-3
+/// stops, and the writer's successor starts while it is down, so its
+/// caches never list it. The successor writes (a new name resolves), and
+/// `solo`'s answer stays: withdrawn only where its absence is known.
+#[tokio::test]
+async fn a_new_dns_writer_keeps_the_names_of_a_member_it_has_not_listed() {
+    let _one = MEMBERS_UP.lock().await;
+    let (mut replicas, ns, _, _guards) =
+        fleet_of("dns-blind", FAILING_FAST, &REPLICA_IDS[..1]).await;
+    let members = member_clients().await;
+    let create = |m: &'static str, name: &'static str| {
+        let (c, ns) = (members[m].clone(), ns.clone());
+        async move {
+            let api = Api::<Microservice>::namespaced(c.clone(), &ns);
+            api.create(
+                &PostParams::default(),
+                &microservice(name, "ghcr.io/acme/web:1", 8080, Some(1)),
+            )
+            .await
+            .expect("create");
+            wait_condition(&api, name, "Available", "True", None).await;
+            wait_condition(&api, name, "Registered", "True", None).await;
+            service_ip(&c, &ns, name).await
+        }
+    };
+    let solo = format!("solo.{ns}.{}", zone());
+    let solo_ip = vec![create("member-3", "solo").await];
+    resolves(&solo, "A", &solo_ip).await;
+
+    let down = StoppedMember::stop("member-3");
+    let first = REPLICA_IDS[0];
+    replicas.start(REPLICA_IDS[1]);
+    replicas.kill_9(first);
+    let (r, n) = (&replicas, &ns);
+    eventually("the successor holds the DNS Lease", WAIT, || async move {
+        dns_writer(r, n).await.filter(|h| h != first)
+    })
+    .await;
+    // The successor's passes run: a new name in member-1 is listed.
+    let fresh_ip = vec![create("member-1", "fresh").await];
+    resolves(&format!("fresh.{ns}.{}", zone()), "A", &fresh_ip).await;
+    resolves(&solo, "A", &solo_ip).await;
+
+    drop(down);
+    working_again(&ns, &["member-3"]).await;
+    resolves(&solo, "A", &solo_ip).await;
+    drop(replicas);
+}

@@ -138,8 +138,23 @@ pub fn plan(
     let mut steps = Vec::new();
     for object in all {
         let known = objects.contains(object);
-        let sources = z.sources.get(object).filter(|_| known).unwrap_or(&none);
         let listed_now = z.fleet_wide.get(object).unwrap_or(&none);
+        // Unknown to the index is gone, or only unseen: a writer whose
+        // status caches have not listed a cluster yet knows none of its
+        // objects (#62). Withdrawn only once every cluster of the fleet
+        // that the name lists, or that has a record of it, is known not
+        // to have it; until then nothing is written, nothing is claimed.
+        if !known {
+            let recorded = z.sources.get(object).into_iter().flat_map(|s| s.keys());
+            let unseen = listed_now
+                .keys()
+                .chain(recorded)
+                .any(|c| clusters.contains(c) && !judge(object, c).reachable);
+            if unseen {
+                continue;
+            }
+        }
+        let sources = z.sources.get(object).filter(|_| known).unwrap_or(&none);
         let verdicts: Vec<Candidate> = sources
             .keys()
             .map(|c| {

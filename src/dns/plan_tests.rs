@@ -298,6 +298,42 @@ fn an_object_the_index_no_longer_knows_loses_our_records_only() {
     assert_eq!(deletes(&steps[0].ops), vec![format!("{P}/ns/web/m1")]);
 }
 
+/// #62: an object the index does not know, while a cluster its name lists
+/// or that has a record of it has not been listed (a new writer's caches
+/// still filling, a cluster not answering): nothing is withdrawn. Once
+/// every such cluster is known not to have it, our records go.
+#[test]
+fn an_unknown_object_is_withdrawn_only_where_its_absence_is_known() {
+    let existing = [
+        own("m1", "10.0.0.1", 5),
+        own("m2", "10.0.0.2", 6),
+        wide("m1", "10.0.0.1", me(4), 7),
+    ];
+    let z = zoned(&zone(), &existing, &clusters());
+    let blind_to = |unseen: &'static str| {
+        plan(
+            &zone(),
+            &z,
+            &me(4),
+            10,
+            &clusters(),
+            &BTreeSet::new(),
+            move |_, c| Judged {
+                in_answer: true,
+                primary: true,
+                reachable: c != unseen,
+            },
+        )
+        .unwrap()
+    };
+    // m2 has a record of it and has not been listed; m1 is listed in it.
+    assert!(blind_to("m2").is_empty());
+    assert!(blind_to("m1").is_empty());
+    // m3 has nothing of it: what it hides does not matter to this name.
+    let steps = blind_to("m3");
+    assert_eq!(deletes(&steps[0].ops), vec![format!("{P}/ns/web/m1")]);
+}
+
 /// #59: every candidate's registration gone at once, the name still
 /// known: the answer stays as it is, degraded, and nothing is deleted.
 #[test]
