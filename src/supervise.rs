@@ -166,10 +166,10 @@ pub async fn supervise(mut tasks: Vec<Critical>, stop: watch::Sender<bool>) -> R
 /// `home`) as many milliseconds after it arrived as the file's
 /// `scope=millis` line gives, read as the event arrives: the chaos
 /// nemesis writes the file and removes it. Otherwise the stream as it is.
-pub fn watch_lagged<T: Send + 'static>(
+pub fn watch_lagged<U: Send + 'static, E: Send + 'static>(
     scope: &str,
-    events: impl futures::Stream<Item = T> + Send + 'static,
-) -> futures::stream::BoxStream<'static, T> {
+    events: impl futures::Stream<Item = Result<U, E>> + Send + 'static,
+) -> futures::stream::BoxStream<'static, Result<U, E>> {
     use futures::StreamExt;
     let path = cfg!(feature = "fault-hooks")
         .then(|| std::env::var_os("FLOTILLA_WATCH_LAG_FILE"))
@@ -178,7 +178,23 @@ pub fn watch_lagged<T: Send + 'static>(
         return events.boxed();
     };
     let scope = scope.to_string();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    delayed(events, move || lag_in(&path, &scope))
+}
+
+/// Each item of `events` delivered `lag()` after it arrived, read as it
+/// arrives, so a burst keeps its spacing. An error is followed by no read
+/// until its reader has taken it: a watch that fails at once is then asked
+/// again at its reader's pace (its backoff). Read ahead, a watch of a
+/// stopped apiserver was asked about 1,500 times a second and queued its
+/// errors, which the reader's backoff then took one by one for hours: the
+/// rollout caches stayed stale long after a home restart (#62's chaos).
+pub fn delayed<U: Send + 'static, E: Send + 'static>(
+    events: impl futures::Stream<Item = Result<U, E>> + Send + 'static,
+    lag: impl Fn() -> std::time::Duration + Send + 'static,
+) -> futures::stream::BoxStream<'static, Result<U, E>> {
+    use futures::StreamExt;
+    type Taken = tokio::sync::oneshot::Sender<()>;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(_, _, Option<Taken>)>();
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         loop {
@@ -189,15 +205,31 @@ pub fn watch_lagged<T: Send + 'static>(
                 _ = tx.closed() => return,
             };
             let Some(e) = e else { return };
-            let at = tokio::time::Instant::now() + lag_in(&path, &scope);
-            if tx.send((at, e)).is_err() {
+            let at = tokio::time::Instant::now() + lag();
+            let (taken, wait) = match e.is_err() {
+                true => {
+                    let (t, w) = tokio::sync::oneshot::channel();
+                    (Some(t), Some(w))
+                }
+                false => (None, None),
+            };
+            if tx.send((at, e, taken)).is_err() {
                 return;
+            }
+            if let Some(wait) = wait {
+                tokio::select! {
+                    _ = wait => {}
+                    _ = tx.closed() => return,
+                }
             }
         }
     });
     tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
-        .then(|(at, e)| async move {
+        .then(|(at, e, taken)| async move {
             tokio::time::sleep_until(at).await;
+            if let Some(t) = taken {
+                let _ = t.send(());
+            }
             e
         })
         .boxed()
@@ -268,6 +300,54 @@ mod tests {
             asker.send_replace(true);
         });
         supervise(tasks, stop).await.unwrap();
+    }
+
+    /// A source failing at once (a watch of a stopped apiserver) is read
+    /// again only when its reader takes the error: with a reader backing
+    /// off, a handful of reads, not thousands queued ahead of it.
+    #[tokio::test]
+    async fn a_failing_watch_is_read_at_its_readers_pace() {
+        use futures::StreamExt;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let reads = Arc::new(AtomicUsize::new(0));
+        let counted = reads.clone();
+        let refused = futures::stream::unfold((), move |()| {
+            let counted = counted.clone();
+            async move {
+                tokio::task::yield_now().await;
+                counted.fetch_add(1, Ordering::SeqCst);
+                Some((Err::<(), &str>("connection refused"), ()))
+            }
+        });
+        let mut lagged = delayed(refused, || Duration::from_millis(1));
+        for _ in 0..3 {
+            let e = tokio::time::timeout(Duration::from_secs(5), lagged.next()).await;
+            assert!(matches!(e, Ok(Some(Err(_)))), "{e:?}");
+            // The reader's backoff.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let n = reads.load(Ordering::SeqCst);
+        assert!(n <= 4, "the source was read {n} times for 3 errors taken");
+    }
+
+    /// Events that succeed keep their spacing: each is delivered its lag
+    /// after it arrived, not its lag after the one before it.
+    #[tokio::test]
+    async fn events_keep_their_spacing_under_a_lag() {
+        use futures::StreamExt;
+        let lag = Duration::from_millis(200);
+        let mut lagged = delayed(
+            futures::stream::iter((0..5).map(Ok::<i32, ()>)),
+            move || lag,
+        );
+        let start = tokio::time::Instant::now();
+        for i in 0..5 {
+            let e = tokio::time::timeout(Duration::from_secs(5), lagged.next()).await;
+            assert_eq!(e, Ok(Some(Ok(i))));
+        }
+        let took = start.elapsed();
+        assert!(took >= lag && took < lag * 3, "{took:?}");
     }
 
     #[test]

@@ -83,29 +83,6 @@ fn watch_config() -> watcher::Config {
 /// The home cluster's name in the chaos nemesis's watch-lag file.
 const HOME_SCOPE: &str = "home";
 
-/// The test hook's lag: each event delivered `d` after it arrived, as a
-/// cache that is `d` behind its apiserver sees it.
-fn lagged<T: Send + 'static>(
-    events: impl futures::Stream<Item = T> + Send + 'static,
-    d: std::time::Duration,
-) -> futures::stream::BoxStream<'static, T> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut events = std::pin::pin!(events);
-        while let Some(e) = events.next().await {
-            if tx.send((tokio::time::Instant::now() + d, e)).is_err() {
-                return;
-            }
-        }
-    });
-    tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
-        .then(|(at, e)| async move {
-            tokio::time::sleep_until(at).await;
-            e
-        })
-        .boxed()
-}
-
 impl RolloutCache {
     /// Starts both watches; the task ends at `shutdown` (Ok), or with an
     /// error if a watch stream ends.
@@ -142,7 +119,7 @@ impl RolloutCache {
         // The test hook's lag wraps the stream only when asked for.
         let fleet_watch = watcher(fms_api, watch_config());
         let fleet_watch = match crate::supervise::rollout_cache_delay() {
-            Some(d) => lagged(fleet_watch, d),
+            Some(d) => crate::supervise::delayed(fleet_watch, move || d),
             None => fleet_watch.boxed(),
         };
         let fleet_watch = crate::supervise::watch_lagged(HOME_SCOPE, fleet_watch);
@@ -150,7 +127,7 @@ impl RolloutCache {
             crate::watching::retried(reflector::reflector(fleet_writer, fleet_watch));
         let revision_watch = watcher(cr_api, watch_config().labels(FLEET_LABEL));
         let revision_watch = match crate::supervise::rollout_cache_delay() {
-            Some(d) => lagged(revision_watch, d),
+            Some(d) => crate::supervise::delayed(revision_watch, move || d),
             None => revision_watch.boxed(),
         };
         let revision_watch = crate::supervise::watch_lagged(HOME_SCOPE, revision_watch);
