@@ -595,6 +595,7 @@ fn fstatus(at: Timestamp, image: &str, canary: Option<i64>, rest: Option<i64>) -
         name: "web".into(),
         at,
         update: format!("web-{image}"),
+        last_good: None,
         waves: vec![
             wave("canary", &["member-1"], canary),
             wave("rest", &["member-2", "member-3"], rest),
@@ -621,6 +622,40 @@ fn waves_started_before_a_window_shut_finish_inside_it() {
     let j = window_held(&shut, &status, &writes);
     assert_eq!(j.checked, 6);
     assert!(j.violations.is_empty(), "{:?}", j.violations);
+}
+
+/// An undo to a revision that completed (seed 7's 300 s run): its waves
+/// start and its writes land inside a shut stretch, which windows allow.
+/// The same revision before it had completed is held.
+#[test]
+fn an_undo_to_a_completed_revision_is_not_held_by_a_window() {
+    let shut = [shut(60, 120)];
+    let good = |mut s: FleetStatus| {
+        s.last_good = Some("web-b:1".into());
+        s
+    };
+    let status = [
+        // b:1 started before the stretch and was not yet good...
+        fstatus(t(10), "b:1", Some(10), Some(20)),
+        // ...then completed; b:2 was released, then undone inside it.
+        good(fstatus(t(30), "b:1", Some(10), Some(20))),
+        good(fstatus(t(40), "b:2", Some(40), None)),
+        good(fstatus(t(70), "b:1", Some(70), Some(75))),
+    ];
+    let writes = [fw("member-1", t(71), "b:1"), fw("member-2", t(76), "b:1")];
+    let j = window_held(&shut, &status, &writes);
+    assert!(j.violations.is_empty(), "{:?}", j.violations);
+    // Without the completion on record, the same starts are caught.
+    let unproven: Vec<FleetStatus> = status
+        .iter()
+        .cloned()
+        .map(|mut s| {
+            s.last_good = None;
+            s
+        })
+        .collect();
+    let j = window_held(&shut, &unproven, &writes);
+    assert_eq!(j.violations.len(), 2, "{:?}", j.violations);
 }
 
 #[test]
@@ -680,6 +715,7 @@ fn dns(key: &str, revision: i64, put: Option<(&str, bool)>) -> DnsChange {
         put: put.map(|(object, fleet)| ZoneRecord {
             object: object.into(),
             fleet,
+            fail_open: false,
         }),
     }
 }
@@ -690,6 +726,7 @@ fn zone(key: &str, object: &str, fleet: bool) -> (String, ZoneRecord) {
         ZoneRecord {
             object: object.into(),
             fleet,
+            fail_open: false,
         },
     )
 }

@@ -21,6 +21,7 @@ mod report_tests;
 mod run;
 mod schedule;
 mod schedule_tests;
+mod withdrawn;
 mod workload;
 
 use std::time::Duration;

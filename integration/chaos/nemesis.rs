@@ -40,11 +40,24 @@ pub struct Bed {
     pub watch_lag: PathBuf,
     /// When the registry's etcd was down: (stopped, started again).
     pub registry_down: Mutex<Vec<(tokio::time::Instant, tokio::time::Instant)>>,
+    /// Members stopped or black-holed, for `dns-withdrawn`.
+    pub downs: Mutex<Vec<crate::withdrawn::Down>>,
+    /// When the DNS writer could not see: the registry or home down.
+    pub blind: Mutex<Vec<(Timestamp, Timestamp)>>,
 }
 
 impl Bed {
     pub fn note(&self, what: String) {
         self.log.lock().unwrap().push((Timestamp::now(), what));
+    }
+
+    /// `member` was down from `from` until now (about to be healed).
+    fn went_down(&self, member: &str, from: Timestamp) {
+        self.downs.lock().unwrap().push(crate::withdrawn::Down {
+            member: member.into(),
+            from,
+            to: Timestamp::now(),
+        });
     }
 
     /// Moves `ring: canary` to `member`: off the old one first, so for a
@@ -171,31 +184,40 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
         }
         Fault::StopMember { member } => {
             bed.stopped.lock().unwrap().push(member.into());
+            // Down once the stop returns: the apiserver may answer until then.
             blocking(move || crate::support::fleet_cmd(&["stop", member])).await;
+            let from = Timestamp::now();
             tokio::time::sleep(down).await;
+            bed.went_down(member, from);
             blocking(move || crate::support::fleet_cmd(&["start", member])).await;
             bed.stopped.lock().unwrap().retain(|m| m != member);
         }
         Fault::BlackHoleMember { member } => {
             bed.proxies[member].hole(true);
+            let from = Timestamp::now();
             tokio::time::sleep(down).await;
+            bed.went_down(member, from);
             bed.proxies[member].hole(false);
         }
         Fault::StopRegistry => {
             bed.stopped.lock().unwrap().push("registry".into());
+            let blind = Timestamp::now();
             let stopped = tokio::time::Instant::now();
             blocking(|| crate::support::registry::registry_etcd("stop")).await;
             tokio::time::sleep(down).await;
             blocking(|| crate::support::registry::registry_etcd("start")).await;
             let started = tokio::time::Instant::now();
+            bed.blind.lock().unwrap().push((blind, Timestamp::now()));
             bed.registry_down.lock().unwrap().push((stopped, started));
             bed.stopped.lock().unwrap().retain(|m| m != "registry");
         }
         Fault::StopHome => {
             bed.stopped.lock().unwrap().push("home".into());
+            let blind = Timestamp::now();
             blocking(|| crate::support::fleet_cmd(&["stop", "home"])).await;
             tokio::time::sleep(down).await;
             blocking(|| crate::support::fleet_cmd(&["start", "home"])).await;
+            bed.blind.lock().unwrap().push((blind, Timestamp::now()));
             bed.stopped.lock().unwrap().retain(|m| m != "home");
         }
         Fault::DeleteLease { lease } => delete_lease(bed, lease).await,

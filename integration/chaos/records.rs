@@ -270,6 +270,7 @@ fn fleet_status(e: &serde_json::Value) -> Option<FleetStatus> {
             .as_str()
             .unwrap_or_default()
             .to_string(),
+        last_good: status["lastGoodRevision"].as_str().map(String::from),
         waves,
     })
 }

@@ -51,6 +51,37 @@ pub async fn revision_retrying(tries: usize) -> Result<i64, String> {
     Err(last)
 }
 
+/// Appends etcd's revision to `into` every `every`, each stamped with the
+/// moment its read was sent (the revision holds every write before then),
+/// until the task is aborted. Reads that fail (the registry stopped) are
+/// skipped.
+pub async fn sample_revisions(
+    every: Duration,
+    into: std::sync::Arc<std::sync::Mutex<Vec<crate::withdrawn::Sample>>>,
+) {
+    let mut client: Option<Client> = None;
+    loop {
+        if client.is_none() {
+            client = connect().await.ok();
+        }
+        if let Some(c) = client.as_mut() {
+            let at = jiff::Timestamp::now();
+            match tokio::time::timeout(Duration::from_secs(2), c.get("/", None)).await {
+                Ok(Ok(got)) => {
+                    if let Some(h) = got.header() {
+                        let revision = h.revision();
+                        into.lock()
+                            .unwrap()
+                            .push(crate::withdrawn::Sample { at, revision });
+                    }
+                }
+                _ => client = None,
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 fn put(key: &[u8], value: &[u8], revision: i64) -> RecordPut {
     let record: Option<flotilla::registry::records::Record> = serde_json::from_slice(value).ok();
     RecordPut {
@@ -215,6 +246,7 @@ pub async fn fleet_dns_changes(
         Ok(ZoneRecord {
             fleet: r.writer.cluster == writer,
             object: r.object,
+            fail_open: r.fail_open,
         })
     };
     let mut c = connect().await?;

@@ -31,6 +31,8 @@ const QUIET_LIMIT: Duration = Duration::from_secs(180);
 const LABEL_GRACE: Duration = Duration::from_secs(5);
 /// Runs this long or longer fail when an invariant judged no case.
 const EVERY_CHECKED_FROM: Duration = Duration::from_secs(300);
+/// The replicas' `--dns-withdraw-after` (the default), for `dns-withdrawn`.
+const DNS_WITHDRAW_AFTER: Duration = Duration::from_secs(5);
 
 pub async fn chaos(seed: u64, length: Duration) {
     let replay = format!(
@@ -44,7 +46,7 @@ pub async fn chaos(seed: u64, length: Duration) {
     let plan = schedule::plan(seed, length);
     if length < schedule::HELD_OUT_BELOW {
         println!(
-            "chaos: held out of runs under {} s: home-stop (open bug: a home restart can leave the rollout cache stale for minutes)",
+            "chaos: held out of runs under {} s: home-stop (make test's Pod tests share the home apiserver)",
             schedule::HELD_OUT_BELOW.as_secs()
         );
     }
@@ -129,6 +131,8 @@ pub async fn chaos(seed: u64, length: Duration) {
         rec: rec.clone(),
         member_lease: member_lease.clone(),
         registry_down: Default::default(),
+        downs: Default::default(),
+        blind: Default::default(),
         watch_lag,
     });
     bed.move_canary("member-1");
@@ -197,6 +201,11 @@ pub async fn chaos(seed: u64, length: Duration) {
             until,
         )));
     }
+    let samples: Arc<Mutex<Vec<crate::withdrawn::Sample>>> = Default::default();
+    let sampler = tokio::spawn(registry_history::sample_revisions(
+        Duration::from_millis(250),
+        samples.clone(),
+    ));
     let faults = tokio::spawn(nemesis::run(bed.clone(), plan.clone(), start));
     let nemesis_result = faults.await;
     nemesis::heal(&bed);
@@ -218,6 +227,7 @@ pub async fn chaos(seed: u64, length: Duration) {
     let (_, last) = settle(&target, &rec, QUIET_LIMIT).await;
     let convergence = last_fault.elapsed();
     let windows_to = Timestamp::now();
+    sampler.abort();
     stop_tx.send_replace(true);
     watcher.abort();
     dashboard.abort();
@@ -317,6 +327,20 @@ pub async fn chaos(seed: u64, length: Duration) {
             report.add(
                 check::DNS_NEVER_EMPTY,
                 check::dns_never_empty(&initial, &changes),
+            );
+            let (dns_leases, _) = records::dns_terms(&namespace, &format!("{member_lease}-dns"));
+            let evidence = crate::withdrawn::Evidence {
+                downs: &bed.downs.lock().unwrap(),
+                handovers: &crate::withdrawn::handovers(&dns_leases),
+                blind: &bed.blind.lock().unwrap(),
+                samples: &samples.lock().unwrap(),
+                initial: &initial,
+                changes: &changes,
+            };
+            let (judged, took) = crate::withdrawn::dns_withdrawn(&evidence, DNS_WITHDRAW_AFTER);
+            report.add(crate::withdrawn::DNS_WITHDRAWN, judged);
+            println!(
+                "dns-withdrawn: down to listed nowhere, per judged member stretch: {took:.1?} s"
             );
         }
         Err(e) => report.unverifiable(format!("the fleet DNS history: {e}")),

@@ -118,10 +118,10 @@ pub struct Planned {
 pub const KINDS: usize = 11;
 
 /// The kind `home-stop`, held out of runs shorter than `HELD_OUT_BELOW`
-/// (`make test`'s 120 s): a home restart of about 10 s left every
-/// replica's rollout cache stale for minutes (seed 1592590341, twice), an
-/// open product bug (docs/decisions.md). Longer runs, `make chaos` and the
-/// 300 s run #62 asks for, still inject it, and fail on it.
+/// (`make test`'s 120 s): there the Pod tests run beside the chaos on the
+/// same home apiserver, and its stop fails them (their node's kubelet and
+/// the install runbook's rollout lose it). `make chaos` and the 300 s run
+/// #62 asks for inject it.
 const HOME_STOP: usize = 7;
 pub const HELD_OUT_BELOW: Duration = Duration::from_secs(300);
 

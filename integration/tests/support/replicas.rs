@@ -196,7 +196,11 @@ impl Replicas {
                 ]
             }))
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env("RUST_LOG", "info,kube=warn")
+            // FLOTILLA_TEST_RUST_LOG: more detail for one run, by hand.
+            .env(
+                "RUST_LOG",
+                std::env::var("FLOTILLA_TEST_RUST_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
