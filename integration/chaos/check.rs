@@ -726,9 +726,10 @@ pub struct WaveSeen {
 /// lies outside every shut stretch; and each member write inside one,
 /// `READ_LAG` after it shut, is of a wave the last status before it shows
 /// started (a started wave finishes), or not of the update revision (a
-/// rollback's target). A revision that had completed (some status before
-/// named it the last good one) is an undo's or a rollback's, which windows
-/// do not hold.
+/// rollback's target). A revision the last status before it names the
+/// last good one is a rollback's or an undo's to it, which windows do not
+/// hold (the planner's `is_good`); one that completed long before and was
+/// replaced since is held again.
 pub fn window_held(shut: &[Shut], status: &[FleetStatus], writes: &[FleetWrite]) -> Judged {
     let lag = jiff::SignedDuration::try_from(READ_LAG).expect("a short lag");
     let shut_at = |name: &str, t: Timestamp, lag: jiff::SignedDuration| {
@@ -739,7 +740,9 @@ pub fn window_held(shut: &[Shut], status: &[FleetStatus], writes: &[FleetWrite])
     let proven = |name: &str, revision: &str, t: Timestamp| {
         status
             .iter()
-            .any(|s| s.name == name && s.at <= t && s.last_good.as_deref() == Some(revision))
+            .filter(|s| s.name == name && s.at <= t)
+            .max_by_key(|s| s.at)
+            .is_some_and(|s| s.last_good.as_deref() == Some(revision))
     };
     let mut out = Vec::new();
     let mut checked = 0;
@@ -747,8 +750,12 @@ pub fn window_held(shut: &[Shut], status: &[FleetStatus], writes: &[FleetWrite])
     for st in status.iter().filter(|st| windowed(&st.name)) {
         for w in &st.waves {
             let Some(started) = w.started else { continue };
+            // The status before the start: the one the round planned from.
+            let before = started
+                .checked_sub(jiff::SignedDuration::from_millis(1))
+                .unwrap_or(started);
             if !seen.insert((st.name.clone(), w.name.clone(), started))
-                || proven(&st.name, &st.update, started)
+                || proven(&st.name, &st.update, before)
             {
                 continue;
             }

@@ -656,6 +656,19 @@ fn an_undo_to_a_completed_revision_is_not_held_by_a_window() {
         .collect();
     let j = window_held(&shut, &unproven, &writes);
     assert_eq!(j.violations.len(), 2, "{:?}", j.violations);
+    // b:1 completed, then b:2 did too: an undo back to b:1 inside the
+    // stretch is a new rollout of it, held by the window.
+    let good2 = |mut s: FleetStatus| {
+        s.last_good = Some("web-b:2".into());
+        s
+    };
+    let replaced = [
+        good(fstatus(t(30), "b:1", Some(10), Some(20))),
+        good2(fstatus(t(50), "b:2", Some(40), Some(45))),
+        good2(fstatus(t(70), "b:1", Some(70), Some(75))),
+    ];
+    let j = window_held(&shut, &replaced, &writes);
+    assert_eq!(j.violations.len(), 2, "{:?}", j.violations);
 }
 
 #[test]

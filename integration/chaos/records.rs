@@ -226,6 +226,12 @@ pub fn fleet_status_writes(namespace: &str) -> (Vec<FleetStatus>, Vec<String>) {
             || !e["userAgent"]
                 .as_str()
                 .is_some_and(|a| a.starts_with("flotilla"))
+            // The DNS writer's marks copy a cached status; and a refused
+            // write said nothing.
+            || written_by(&e, flotilla::dns::writer::FIELD_MANAGER)
+            || !e["responseStatus"]["code"]
+                .as_u64()
+                .is_some_and(may_be_stored)
         {
             continue;
         }

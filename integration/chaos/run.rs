@@ -329,11 +329,12 @@ pub async fn chaos(seed: u64, length: Duration) {
                 check::dns_never_empty(&initial, &changes),
             );
             let (dns_leases, _) = records::dns_terms(&namespace, &format!("{member_lease}-dns"));
+            let samples = samples.lock().unwrap();
             let evidence = crate::withdrawn::Evidence {
                 downs: &bed.downs.lock().unwrap(),
-                handovers: &crate::withdrawn::handovers(&dns_leases),
+                terms: &crate::withdrawn::term_starts(&dns_leases, &terms, &samples),
                 blind: &bed.blind.lock().unwrap(),
-                samples: &samples.lock().unwrap(),
+                samples: &samples,
                 initial: &initial,
                 changes: &changes,
             };

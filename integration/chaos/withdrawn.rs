@@ -34,8 +34,10 @@ pub struct Sample {
 /// What a down member is judged against.
 pub struct Evidence<'a> {
     pub downs: &'a [Down],
-    /// When the DNS Lease changed hands: a new writer starts its own windows.
-    pub handovers: &'a [Timestamp],
+    /// When a DNS writer's term may have begun: its Lease changing hands,
+    /// or its term claimed in etcd (the same replica may win a new term).
+    /// A new term starts its windows afresh.
+    pub terms: &'a [Timestamp],
     /// When the writer could not write or read its Lease: the registry or
     /// the home apiserver down.
     pub blind: &'a [(Timestamp, Timestamp)],
@@ -44,28 +46,32 @@ pub struct Evidence<'a> {
     pub changes: &'a [DnsChange],
 }
 
-/// Each down longer than `window` + [`SLACK`] in which the writer kept its
-/// term and could see is judged at every sample from its deadline to its
-/// end: no fleet answer that has not failed open may list the member.
-/// Also returns, per judged down, how long after it went down the member
-/// was first listed nowhere (None: never while it was down).
+/// How long before a new term's first sign its writer may already have
+/// stopped writing (paused, or its Lease running out).
+const TERM_GRACE: Duration = Duration::from_secs(3);
+
+/// Each down is judged at every sample from its start to its end except
+/// where its writer could not be expected to have withdrawn it yet: the
+/// first `window` + [`SLACK`] after it went down, after a new term began
+/// (from [`TERM_GRACE`] before), or after the writer was blind. A judged
+/// sample may list the member in no fleet answer that has not failed open.
+/// Also returns, per down with a judged sample, how long after it went
+/// down the member was first listed nowhere (None: never while down).
 pub fn dns_withdrawn(e: &Evidence, window: Duration) -> (Judged, Vec<Option<f64>>) {
-    let late = jiff::SignedDuration::try_from(window + SLACK).expect("a short window");
+    let span = |d: Duration| jiff::SignedDuration::try_from(d).expect("a short span");
+    let late = span(window + SLACK);
     let mut took = Vec::new();
     let mut checked = 0;
     let mut out = Vec::new();
     for d in e.downs {
-        let deadline = d.from + late;
-        if deadline >= d.to
-            || e.handovers.iter().any(|h| *h >= d.from && *h <= deadline)
-            || e.blind.iter().any(|(a, b)| *a <= deadline && *b >= d.from)
-        {
-            continue;
-        }
+        let mut excused: Vec<(Timestamp, Timestamp)> = vec![(d.from, d.from + late)];
+        excused.extend(e.terms.iter().map(|t| (*t - span(TERM_GRACE), *t + late)));
+        excused.extend(e.blind.iter().map(|(a, b)| (*a, *b + late)));
         let due: Vec<&Sample> = e
             .samples
             .iter()
-            .filter(|s| s.at >= deadline && s.at < d.to)
+            .filter(|s| s.at >= d.from && s.at < d.to)
+            .filter(|s| !excused.iter().any(|(a, b)| *a <= s.at && s.at < *b))
             .collect();
         if due.is_empty() {
             continue;
@@ -90,7 +96,7 @@ pub fn dns_withdrawn(e: &Evidence, window: Duration) -> (Judged, Vec<Option<f64>
                         invariant: DNS_WITHDRAWN,
                         at: Some(s.at),
                         detail: format!(
-                            "{}'s fleet name still listed {} at revision {} ({}), {:.1} s after it went down at {} (window {} s + {} s)",
+                            "{}'s fleet name still listed {} at revision {} ({}), {:.1} s after it went down at {} (window {} s + {} s, no new term or blind writer in between)",
                             r.object,
                             d.member,
                             s.revision,
@@ -134,13 +140,26 @@ fn zone_at(
     zone
 }
 
-/// When the DNS Lease named a different holder than the write before it.
-pub fn handovers(leases: &[crate::check::LeaseWrite]) -> Vec<Timestamp> {
-    leases
+/// When a DNS writer's term may have begun: the Lease naming a different
+/// holder than the write before it, and each claim of the term key in etcd,
+/// timed by the first sample that holds it (half a second later, for the
+/// read's own time).
+pub fn term_starts(
+    leases: &[crate::check::LeaseWrite],
+    claims: &[crate::check::TermPut],
+    samples: &[Sample],
+) -> Vec<Timestamp> {
+    let handovers = leases
         .windows(2)
         .filter(|w| w[0].holder != w[1].holder)
-        .map(|w| w[1].at)
-        .collect()
+        .map(|w| w[1].at);
+    let claimed = claims.iter().filter_map(|c| {
+        samples
+            .iter()
+            .find(|s| s.revision >= c.revision)
+            .map(|s| s.at + jiff::SignedDuration::from_millis(500))
+    });
+    handovers.chain(claimed).collect()
 }
 
 #[cfg(test)]
@@ -182,7 +201,7 @@ mod tests {
     fn judge(
         initial: &[(String, ZoneRecord)],
         changes: &[DnsChange],
-        handovers: &[Timestamp],
+        terms: &[Timestamp],
     ) -> Judged {
         let downs = [Down {
             member: "m2".into(),
@@ -192,7 +211,7 @@ mod tests {
         dns_withdrawn(
             &Evidence {
                 downs: &downs,
-                handovers,
+                terms,
                 blind: &[],
                 samples: &samples(),
                 initial,
@@ -225,26 +244,75 @@ mod tests {
         );
     }
 
+    /// A new term (or a blind writer) starts the window again from its
+    /// grace before it, and the rest of the stretch is still judged.
     #[test]
-    fn a_failed_open_answer_a_new_writer_or_a_short_stretch_is_not_judged_against() {
+    fn a_new_term_or_a_blind_writer_starts_the_window_again() {
+        let initial = [answer("m1", false), answer("m2", false)];
+        // A term at 5 s: judged from 15 s; withdrawn at 14 s passes.
+        let j = judge(&initial, &[withdrawal("m2", 114)], &[t(5)]);
+        assert_eq!(
+            (j.checked, j.violations.len()),
+            (1, 0),
+            "{:?}",
+            j.violations
+        );
+        // Never withdrawn: caught at the first judged sample after it.
+        let j = judge(&initial, &[], &[t(5)]);
+        assert_eq!(j.violations.len(), 1, "{:?}", j.violations);
+        assert!(j.violations[0].detail.contains("revision 115"));
+        // A term after the deadline excuses from 3 s before it on: the
+        // samples at 12 s to 15 s are still judged.
+        let j = judge(&initial, &[withdrawal("m2", 114)], &[t(18)]);
+        assert!(
+            j.violations[0].detail.contains("revision 112"),
+            "{:?}",
+            j.violations
+        );
+        // The registry down from 3 s to 6 s: judged from 16 s.
+        let downs = [Down {
+            member: "m2".into(),
+            from: t(2),
+            to: t(20),
+        }];
+        let changes = [withdrawal("m2", 115)];
+        let (j, took) = dns_withdrawn(
+            &Evidence {
+                downs: &downs,
+                terms: &[],
+                blind: &[(t(3), t(6))],
+                samples: &samples(),
+                initial: &initial,
+                changes: &changes,
+            },
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            (j.checked, j.violations.len()),
+            (1, 0),
+            "{:?}",
+            j.violations
+        );
+        assert_eq!(took, [Some(13.0)]);
+    }
+
+    #[test]
+    fn a_failed_open_answer_or_a_short_stretch_is_not_judged_against() {
         // Failed open: every candidate listed, and the records say so.
         let open = [answer("m1", true), answer("m2", true)];
         let j = judge(&open, &[], &[]);
         assert_eq!((j.checked, j.violations.len()), (1, 0));
-        // A handover inside the stretch: the new writer's window starts then.
-        let initial = [answer("m2", false)];
-        let j = judge(&initial, &[], &[t(5)]);
-        assert_eq!((j.checked, j.violations.len()), (0, 0));
         // Down shorter than the window and slack: nothing to judge.
         let short = [Down {
             member: "m2".into(),
             from: t(2),
             to: t(11),
         }];
+        let initial = [answer("m2", false)];
         let j = dns_withdrawn(
             &Evidence {
                 downs: &short,
-                handovers: &[],
+                terms: &[],
                 blind: &[],
                 samples: &samples(),
                 initial: &initial,
@@ -254,5 +322,23 @@ mod tests {
         )
         .0;
         assert_eq!(j.checked, 0);
+    }
+
+    #[test]
+    fn terms_start_at_a_handover_or_a_claim_of_the_term_key() {
+        use crate::check::{LeaseWrite, TermPut};
+        let lease = |s: i64, holder: &str| LeaseWrite {
+            at: t(s),
+            writer: holder.into(),
+            holder: holder.into(),
+        };
+        let leases = [lease(0, "r1"), lease(2, "r1"), lease(4, "r2")];
+        let claims = [TermPut {
+            revision: 107,
+            epoch: 3,
+        }];
+        let starts = term_starts(&leases, &claims, &samples());
+        let half = jiff::SignedDuration::from_millis(500);
+        assert_eq!(starts, [t(4), t(7) + half]);
     }
 }

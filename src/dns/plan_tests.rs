@@ -304,10 +304,12 @@ fn an_object_the_index_no_longer_knows_loses_our_records_only() {
 /// every such cluster is known not to have it, our records go.
 #[test]
 fn an_unknown_object_is_withdrawn_only_where_its_absence_is_known() {
+    // m1 is listed (with no record of its own left), m2 has a record of
+    // its own and is not listed, m9 is listed and no longer of the fleet.
     let existing = [
-        own("m1", "10.0.0.1", 5),
         own("m2", "10.0.0.2", 6),
         wide("m1", "10.0.0.1", me(4), 7),
+        wide("m9", "10.0.0.9", me(4), 8),
     ];
     let z = zoned(&zone(), &existing, &clusters());
     let blind_to = |unseen: &'static str| {
@@ -326,12 +328,20 @@ fn an_unknown_object_is_withdrawn_only_where_its_absence_is_known() {
         )
         .unwrap()
     };
-    // m2 has a record of it and has not been listed; m1 is listed in it.
-    assert!(blind_to("m2").is_empty());
-    assert!(blind_to("m1").is_empty());
-    // m3 has nothing of it: what it hides does not matter to this name.
-    let steps = blind_to("m3");
-    assert_eq!(deletes(&steps[0].ops), vec![format!("{P}/ns/web/m1")]);
+    assert!(blind_to("m1").is_empty(), "a listed cluster not seen");
+    assert!(
+        blind_to("m2").is_empty(),
+        "a cluster with a record not seen"
+    );
+    // m3 has nothing of it, and m9 is not of the fleet: neither matters.
+    for unseen in ["m3", "m9"] {
+        let steps = blind_to(unseen);
+        assert_eq!(
+            deletes(&steps[0].ops),
+            vec![format!("{P}/ns/web/m1"), format!("{P}/ns/web/m9")],
+            "{unseen}"
+        );
+    }
 }
 
 /// #59: every candidate's registration gone at once, the name still
