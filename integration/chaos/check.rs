@@ -270,10 +270,12 @@ pub const READ_LAG: Duration = Duration::from_secs(1);
 /// cluster stayed Available at the image for the whole bake, up to
 /// `READ_LAG` before the write. A cluster counts as the canary if it
 /// carried the label within `grace` before the write (the replicas read
-/// label files a moment late).
+/// label files a moment late). A write of the revision the last status
+/// names good is a return to it (a rollback, seed 487269228), not a wave.
 pub fn wave_order(
     writes: &[FleetWrite],
     status: &[StatusWrite],
+    fleet: &[FleetStatus],
     canary: &[CanaryMove],
     bake: Duration,
     grace: Duration,
@@ -286,7 +288,10 @@ pub fn wave_order(
     for w in writes {
         let (name, image, cluster, at) = (&w.name, &w.image, &w.cluster, w.at);
         let first = firsts[&(name.as_str(), image.as_str())];
-        if !brings_new_image(w, first, status) || to_the_canary(w, canary, grace) {
+        if !brings_new_image(w, first, status)
+            || names_good(fleet, name, &w.revision, at)
+            || to_the_canary(w, canary, grace)
+        {
             continue;
         }
         order.checked += 1;
@@ -364,7 +369,8 @@ pub struct Forbidden {
 /// Manual: every write of a new image outside the canary carries a revision
 /// approved for `wave` before the write by an identity in `allowed`; no
 /// approval is by anyone else; and every attempt by an identity without
-/// the right was refused.
+/// the right was refused. A return to the good revision (`names_good`) is
+/// no wave and needs no approval, as in the planner.
 #[allow(clippy::too_many_arguments)]
 pub fn approval_bound(
     name: &str,
@@ -372,6 +378,7 @@ pub fn approval_bound(
     writes: &[FleetWrite],
     status: &[StatusWrite],
     canary: &[CanaryMove],
+    fleet: &[FleetStatus],
     grace: Duration,
     approvals: &[ApprovalSeen],
     allowed: &[&str],
@@ -382,7 +389,10 @@ pub fn approval_bound(
     let mut j = Judged::default();
     for w in writes.iter().filter(|w| w.name == name) {
         let first = firsts[&(w.name.as_str(), w.image.as_str())];
-        if !brings_new_image(w, first, status) || to_the_canary(w, canary, grace) {
+        if !brings_new_image(w, first, status)
+            || names_good(fleet, name, &w.revision, w.at)
+            || to_the_canary(w, canary, grace)
+        {
             continue;
         }
         j.checked += 1;
@@ -693,6 +703,18 @@ pub fn dns_fence(terms: &[TermPut], puts: &[DnsPut]) -> Judged {
     Judged::of(puts.len(), out)
 }
 
+/// Whether the last status of `name` at or before `t` names `revision` the
+/// last good one: a write of it then is a rollback's or an undo's to a
+/// revision that completed, which goes everywhere at once (the planner's
+/// `is_good`).
+pub fn names_good(status: &[FleetStatus], name: &str, revision: &str, t: Timestamp) -> bool {
+    status
+        .iter()
+        .filter(|s| s.name == name && s.at <= t)
+        .max_by_key(|s| s.at)
+        .is_some_and(|s| s.last_good.as_deref() == Some(revision))
+}
+
 /// A stretch in which a windowed FleetMicroservice's waves may not start.
 #[derive(Debug, Clone)]
 pub struct Shut {
@@ -737,13 +759,7 @@ pub fn window_held(shut: &[Shut], status: &[FleetStatus], writes: &[FleetWrite])
             .find(|s| s.name == name && s.from.checked_add(lag).is_ok_and(|f| f <= t) && t < s.to)
     };
     let windowed = |name: &str| shut.iter().any(|s| s.name == name);
-    let proven = |name: &str, revision: &str, t: Timestamp| {
-        status
-            .iter()
-            .filter(|s| s.name == name && s.at <= t)
-            .max_by_key(|s| s.at)
-            .is_some_and(|s| s.last_good.as_deref() == Some(revision))
-    };
+    let proven = |name: &str, revision: &str, t: Timestamp| names_good(status, name, revision, t);
     let mut out = Vec::new();
     let mut checked = 0;
     let mut seen = std::collections::BTreeSet::new();

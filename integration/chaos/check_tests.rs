@@ -172,7 +172,7 @@ fn a_release_through_its_canary_and_bake_passes() {
         status("member-1", t(11), "a:2", true),
     ];
     let c = [canary(t(0), "member-1")];
-    let (order, held) = wave_order(&writes, &s, &c, BAKE, GRACE);
+    let (order, held) = wave_order(&writes, &s, &[], &c, BAKE, GRACE);
     assert!(order.violations.is_empty() && held.violations.is_empty());
     assert_eq!(order.checked, 2, "both writes outside the canary");
     assert_eq!(held.checked, 2);
@@ -186,6 +186,7 @@ fn a_wave_opened_without_evidence_or_before_the_bake_is_caught() {
     let v = wave_order(
         &writes,
         &[status("member-1", t(11), "a:9", false)],
+        &[],
         &c,
         BAKE,
         GRACE,
@@ -198,7 +199,7 @@ fn a_wave_opened_without_evidence_or_before_the_bake_is_caught() {
     let writes = [fw("member-1", t(10), "a:2"), fw("member-2", t(12), "a:2")];
     let s = [status("member-1", t(11), "a:2", true)];
     assert_eq!(
-        wave_order(&writes, &s, &c, BAKE, GRACE).0.violations.len(),
+        wave_order(&writes, &s, &[], &c, BAKE, GRACE).0.violations.len(),
         1
     );
     // Every cluster at once, no canary at all.
@@ -208,7 +209,7 @@ fn a_wave_opened_without_evidence_or_before_the_bake_is_caught() {
         fw("member-3", t(10), "a:3"),
     ];
     assert_eq!(
-        wave_order(&writes, &[], &c, BAKE, GRACE).0.violations.len(),
+        wave_order(&writes, &[], &[], &c, BAKE, GRACE).0.violations.len(),
         2
     );
 }
@@ -219,7 +220,7 @@ fn the_canary_may_move_within_the_grace() {
     let c = [canary(t(0), "member-1"), canary(t(8), "member-2")];
     let writes = [fw("member-2", t(10), "a:2")];
     assert!(
-        wave_order(&writes, &[], &c, BAKE, GRACE)
+        wave_order(&writes, &[], &[], &c, BAKE, GRACE)
             .0
             .violations
             .is_empty()
@@ -227,7 +228,7 @@ fn the_canary_may_move_within_the_grace() {
     // member-1 stopped being the canary at 8; still read as one at 10.
     let writes = [fw("member-1", t(10), "a:3")];
     assert!(
-        wave_order(&writes, &[], &c, BAKE, GRACE)
+        wave_order(&writes, &[], &[], &c, BAKE, GRACE)
             .0
             .violations
             .is_empty()
@@ -235,7 +236,7 @@ fn the_canary_may_move_within_the_grace() {
     // ...but not at 20.
     let writes = [fw("member-1", t(20), "a:4")];
     assert_eq!(
-        wave_order(&writes, &[], &c, BAKE, GRACE).0.violations.len(),
+        wave_order(&writes, &[], &[], &c, BAKE, GRACE).0.violations.len(),
         1
     );
 }
@@ -430,14 +431,14 @@ fn every_write_is_judged_not_only_the_first() {
     // member-2's first write waited for the bake; its second did not need
     // to, but a write the day the canary was never Available is caught.
     let writes = [fw("member-1", t(10), "a:2"), fw("member-2", t(15), "a:2")];
-    let (order, _) = wave_order(&writes, &s, &c, BAKE, GRACE);
+    let (order, _) = wave_order(&writes, &s, &[], &c, BAKE, GRACE);
     assert_eq!((order.checked, order.violations.len()), (1, 0));
     let writes = [
         fw("member-1", t(10), "a:2"),
         fw("member-2", t(12), "a:2"),
         fw("member-2", t(15), "a:2"),
     ];
-    let (order, _) = wave_order(&writes, &s, &c, BAKE, GRACE);
+    let (order, _) = wave_order(&writes, &s, &[], &c, BAKE, GRACE);
     assert_eq!(order.checked, 2, "both writes to member-2 judged");
     assert_eq!(order.violations.len(), 1, "{:?}", order.violations);
 }
@@ -453,7 +454,7 @@ fn a_canary_that_stopped_being_available_during_the_bake_is_caught() {
         status("member-1", t(14), "a:2", false),
         status("member-1", t(15), "a:2", true),
     ];
-    let (order, held) = wave_order(&writes, &flapped, &c, BAKE, GRACE);
+    let (order, held) = wave_order(&writes, &flapped, &[], &c, BAKE, GRACE);
     assert!(order.violations.is_empty(), "{:?}", order.violations);
     assert_eq!(held.checked, 1);
     assert_eq!(held.violations.len(), 1, "{:?}", held.violations);
@@ -463,8 +464,41 @@ fn a_canary_that_stopped_being_available_during_the_bake_is_caught() {
         status("member-1", t(11), "a:2", true),
         status("member-1", ms(15, 500), "a:2", false),
     ];
-    let (_, held) = wave_order(&writes, &late, &c, BAKE, GRACE);
+    let (_, held) = wave_order(&writes, &late, &[], &c, BAKE, GRACE);
     assert!(held.violations.is_empty(), "{:?}", held.violations);
+}
+
+/// Seed 487269228: a:2 went out in waves and completed, a:3 reached every
+/// cluster, then failed (a member stopped past its deadline) and was rolled
+/// back to a:2 everywhere at once. Nothing ran a:2 through the bake before
+/// the rollback, and nothing had to: its status names a:2 the good one.
+#[test]
+fn a_rollback_to_the_good_revision_is_not_a_wave() {
+    let c = [canary(t(0), "member-1")];
+    let writes = [
+        fw("member-1", t(10), "a:2"),
+        fw("member-2", t(15), "a:2"),
+        fw("member-1", t(50), "a:3"),
+        fw("member-2", t(55), "a:3"),
+        fw("member-2", t(90), "a:2"),
+        fw("member-3", t(90), "a:2"),
+    ];
+    let s = [
+        status("member-1", t(11), "a:2", true),
+        status("member-2", t(16), "a:2", true),
+        status("member-1", t(51), "a:3", true),
+        status("member-2", t(56), "a:3", true),
+    ];
+    let mut rolled_back = fstatus(t(89), "a:3", Some(50), Some(55));
+    rolled_back.last_good = Some("web-a:2".into());
+    let (order, held) = wave_order(&writes, &s, &[rolled_back.clone()], &c, BAKE, GRACE);
+    assert!(held.violations.is_empty(), "{:?}", held.violations);
+    assert!(order.violations.is_empty(), "{:?}", order.violations);
+    assert_eq!(order.checked, 2, "only the waves of a:2 and a:3 judged");
+    // The same writes with no completion on record are judged as a wave.
+    rolled_back.last_good = None;
+    let (_, held) = wave_order(&writes, &s, &[rolled_back], &c, BAKE, GRACE);
+    assert_eq!(held.violations.len(), 2, "{:?}", held.violations);
 }
 
 fn approved(at: Timestamp, revision: &str, by: &str) -> ApprovalSeen {
@@ -488,6 +522,7 @@ fn judge_approvals(
         writes,
         &[status("member-1", t(11), "a:2", true)],
         &c,
+        &[],
         GRACE,
         approvals,
         &["write-token"],

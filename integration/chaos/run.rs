@@ -282,8 +282,18 @@ pub async fn chaos(seed: u64, length: Duration) {
     );
     let canary = bed.canary.lock().unwrap().clone();
     let fleet_writes = records::fleet_member_writes(&namespace);
-    let (order, held) =
-        check::wave_order(&fleet_writes, &status, &canary, crate::BAKE, LABEL_GRACE);
+    let (fleet_status, unreadable) = records::fleet_status_writes(&namespace);
+    for u in unreadable {
+        report.unverifiable(u);
+    }
+    let (order, held) = check::wave_order(
+        &fleet_writes,
+        &status,
+        &fleet_status,
+        &canary,
+        crate::BAKE,
+        LABEL_GRACE,
+    );
     report.add(check::WAVE_ORDER, order);
     report.add(check::BAKE_HELD, held);
     match approvals(&target).await {
@@ -295,6 +305,7 @@ pub async fn chaos(seed: u64, length: Duration) {
                 &fleet_writes,
                 &status,
                 &canary,
+                &fleet_status,
                 LABEL_GRACE,
                 &approvals,
                 &workload::APPROVERS,
@@ -307,10 +318,6 @@ pub async fn chaos(seed: u64, length: Duration) {
         .iter()
         .flat_map(|(f, kind)| workload::shut(*f, kind, windows_from, windows_to))
         .collect();
-    let (fleet_status, unreadable) = records::fleet_status_writes(&namespace);
-    for u in unreadable {
-        report.unverifiable(u);
-    }
     report.add(
         check::WINDOW_HELD,
         check::window_held(&shut, &fleet_status, &fleet_writes),
