@@ -42,7 +42,7 @@ pub const WINDOW_HELD: &str = "window-held";
 pub const DNS_NEVER_EMPTY: &str = "dns-never-empty";
 
 /// Every invariant this checker judges, in the order the report prints them.
-pub const INVARIANTS: [&str; 15] = [
+pub const INVARIANTS: [&str; 17] = [
     ONE_WRITER,
     FLEET_WRITER,
     DNS_WRITER,
@@ -51,6 +51,8 @@ pub const INVARIANTS: [&str; 15] = [
     BAKE_HELD,
     APPROVAL_BOUND,
     WINDOW_HELD,
+    crate::placement::FAILOVER_COUNT,
+    crate::placement::NO_DELETE_UNREACHABLE,
     DNS_FENCE,
     DNS_NEVER_EMPTY,
     crate::withdrawn::DNS_WITHDRAWN,
@@ -59,10 +61,6 @@ pub const INVARIANTS: [&str; 15] = [
     NO_EXIT,
     NO_ORPHAN_RECORD,
 ];
-
-/// Names the product brief fixes that no workload here exercises yet: the
-/// report lists them as not judged rather than as passed.
-pub const NOT_JUDGED_YET: [&str; 2] = ["failover-count", "failover-no-delete-unreachable"];
 
 /// What one invariant judged: how many cases, and what broke.
 #[derive(Debug, Default)]
@@ -74,7 +72,7 @@ pub struct Judged {
 }
 
 impl Judged {
-    fn of(checked: usize, violations: Vec<Violation>) -> Self {
+    pub fn of(checked: usize, violations: Vec<Violation>) -> Self {
         Judged {
             checked,
             violations,
@@ -459,6 +457,9 @@ pub struct Expected {
     /// FleetMicroservices: the (phase, image every member runs) pairs their
     /// last release allows; any one of them is convergence.
     pub fleet: BTreeMap<String, Vec<(String, String)>>,
+    /// FleetMicroservices placed by count: Complete, and on exactly that
+    /// many members, each Available at the image.
+    pub counted: BTreeMap<String, (usize, String)>,
 }
 
 /// What was read from the apiservers and the replicas after the quiet period.
@@ -479,7 +480,10 @@ pub struct Observed {
 /// FleetMicroservice ends as its last release deserves; the views of the
 /// gRPC watch client and of the dashboard stream equal the apiservers'.
 pub fn converged(expected: &Expected, observed: &Observed) -> Judged {
-    let checked = expected.microservices.len() * observed.members.len() + expected.fleet.len() + 2;
+    let checked = expected.microservices.len() * observed.members.len()
+        + expected.fleet.len()
+        + expected.counted.len()
+        + 2;
     let mut out = Vec::new();
     let mut miss = |d: String| out.push(violation(CONVERGED, None, d));
     for (name, want) in &expected.microservices {
@@ -518,6 +522,23 @@ pub fn converged(expected: &Expected, observed: &Observed) -> Judged {
                 .collect();
             miss(format!(
                 "FleetMicroservice {name}: phase {phase:?} with members {found:?}; allowed: {allowed:?}"
+            ));
+        }
+    }
+    for (name, (n, image)) in &expected.counted {
+        let holders: Vec<_> = observed
+            .microservices
+            .iter()
+            .filter(|((_, ms), _)| ms == name)
+            .collect();
+        let complete = observed.phases.get(name).map(String::as_str) == Some("Complete");
+        if !complete
+            || holders.len() != *n
+            || !holders.iter().all(|(_, s)| s.image == *image && s.done)
+        {
+            miss(format!(
+                "FleetMicroservice {name}: phase {:?} with {holders:?}; want Complete on {n} members at {image}",
+                observed.phases.get(name)
             ));
         }
     }

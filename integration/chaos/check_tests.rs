@@ -199,7 +199,10 @@ fn a_wave_opened_without_evidence_or_before_the_bake_is_caught() {
     let writes = [fw("member-1", t(10), "a:2"), fw("member-2", t(12), "a:2")];
     let s = [status("member-1", t(11), "a:2", true)];
     assert_eq!(
-        wave_order(&writes, &s, &[], &c, BAKE, GRACE).0.violations.len(),
+        wave_order(&writes, &s, &[], &c, BAKE, GRACE)
+            .0
+            .violations
+            .len(),
         1
     );
     // Every cluster at once, no canary at all.
@@ -209,7 +212,10 @@ fn a_wave_opened_without_evidence_or_before_the_bake_is_caught() {
         fw("member-3", t(10), "a:3"),
     ];
     assert_eq!(
-        wave_order(&writes, &[], &[], &c, BAKE, GRACE).0.violations.len(),
+        wave_order(&writes, &[], &[], &c, BAKE, GRACE)
+            .0
+            .violations
+            .len(),
         2
     );
 }
@@ -236,7 +242,10 @@ fn the_canary_may_move_within_the_grace() {
     // ...but not at 20.
     let writes = [fw("member-1", t(20), "a:4")];
     assert_eq!(
-        wave_order(&writes, &[], &[], &c, BAKE, GRACE).0.violations.len(),
+        wave_order(&writes, &[], &[], &c, BAKE, GRACE)
+            .0
+            .violations
+            .len(),
         1
     );
 }
@@ -261,6 +270,13 @@ fn observed() -> Observed {
             .insert((m.clone(), "fleet".into()), seen("f:2", true));
     }
     o.phases.insert("fleet".into(), "Complete".into());
+    o.microservices
+        .insert(("member-1".into(), "placed".into()), seen("p:1", true));
+    o.phases.insert("placed".into(), "Complete".into());
+    o.watch.insert(
+        "placed".into(),
+        BTreeMap::from([("member-1".into(), "p:1".into())]),
+    );
     for name in ["svc", "fleet"] {
         let image = if name == "svc" { "s:3" } else { "f:2" };
         o.watch.insert(
@@ -279,7 +295,20 @@ fn expected() -> Expected {
     Expected {
         microservices: BTreeMap::from([("svc".into(), Some("s:3".into())), ("gone".into(), None)]),
         fleet: BTreeMap::from([("fleet".into(), vec![("Complete".into(), "f:2".into())])]),
+        counted: BTreeMap::from([("placed".into(), (1, "p:1".into()))]),
     }
+}
+
+/// The apiservers' view as a watch client should hold it.
+fn truth_of(o: &Observed) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut truth: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for ((cluster, name), s) in &o.microservices {
+        truth
+            .entry(name.clone())
+            .or_default()
+            .insert(cluster.clone(), s.image.clone());
+    }
+    truth
 }
 
 #[test]
@@ -317,6 +346,25 @@ fn each_way_of_not_converging_is_caught() {
     let mut o = observed();
     o.phases.insert("fleet".into(), "Progressing".into());
     assert_eq!(converged(&expected(), &o).violations.len(), 1);
+    // A counted object left on one member too many, or on none.
+    for (on, n) in [(vec!["member-1", "member-2"], 1), (vec![], 0)] {
+        let mut o = observed();
+        o.microservices.retain(|(_, name), _| name != "placed");
+        for m in on {
+            o.microservices
+                .insert((m.into(), "placed".into()), seen("p:1", true));
+        }
+        let (mut o2, mut e) = (o.clone(), expected());
+        let v = converged(&e, &o).violations;
+        assert!(v.iter().any(|v| v.detail.contains("placed")), "{v:?}");
+        // The same members are right when the count asks for them.
+        e.counted.insert("placed".into(), (2 * n, "p:1".into()));
+        o2.watch = truth_of(&o2);
+        o2.dashboard = o2.watch.clone();
+        if n == 1 {
+            assert_eq!(converged(&e, &o2).violations, vec![]);
+        }
+    }
     // A watch client that missed a change.
     let mut o = observed();
     o.watch

@@ -13,6 +13,7 @@ mod support;
 mod check;
 mod check_tests;
 mod nemesis;
+mod placement;
 mod proxy;
 mod records;
 mod registry_history;

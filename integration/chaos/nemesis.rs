@@ -40,7 +40,8 @@ pub struct Bed {
     pub watch_lag: PathBuf,
     /// When the registry's etcd was down: (stopped, started again).
     pub registry_down: Mutex<Vec<(tokio::time::Instant, tokio::time::Instant)>>,
-    /// Members stopped or black-holed, for `dns-withdrawn`.
+    /// Members stopped, black-holed or held for late delivery: for
+    /// `dns-withdrawn` and `failover-no-delete-unreachable`.
     pub downs: Mutex<Vec<crate::withdrawn::Down>>,
     /// When the DNS writer could not see: the registry or home down.
     pub blind: Mutex<Vec<(Timestamp, Timestamp)>>,
@@ -227,6 +228,13 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
             tokio::time::sleep(down).await;
             std::fs::remove_file(&bed.watch_lag).ok();
         }
+        Fault::LateMember { member } => {
+            bed.proxies[member].late(true);
+            let from = Timestamp::now();
+            tokio::time::sleep(down).await;
+            bed.went_down(member, from);
+            bed.proxies[member].late(false);
+        }
         Fault::MoveCanary { member } => bed.move_canary(member),
         Fault::PauseLeader { member, after } => pause_leader(bed, member, after, down, p).await,
     }
@@ -331,6 +339,7 @@ pub fn heal(bed: &Bed) {
     std::fs::remove_file(&bed.watch_lag).ok();
     for m in MEMBERS {
         bed.proxies[m].hole(false);
+        bed.proxies[m].late(false);
     }
     for what in std::mem::take(&mut *bed.stopped.lock().unwrap()) {
         let args: &[&str] = if what == "registry" {

@@ -4,20 +4,32 @@
 
 use std::time::Duration;
 
+use jiff::Timestamp;
+
 use crate::check::{FleetStatus, FleetWrite, LeaseWrite, StatusWrite, WaveSeen, Write};
+use crate::proxy::Delivery;
 use crate::support::replicas::{LEASE_NAMESPACE, MEMBERS};
 use crate::support::rollout::{fleet_controller_writes, fleet_writes, written_by};
 use crate::support::{audit_events, audited_writes, fleet_dir, lease_writes, received};
 
-fn leases(cluster: &str, namespace: &str, lease: &str) -> Vec<LeaseWrite> {
-    lease_writes(cluster, namespace, lease)
+/// When a write left its writer: a late delivery brought it its lag after
+/// (`proxy::sent_at`). Terms and fences are judged by when writes left,
+/// which is all a writer's fence decides.
+fn sent(late: &[Delivery], received: Timestamp, source: &str) -> Timestamp {
+    crate::proxy::sent_at(late, source, received)
+}
+
+fn leases(late: &[Delivery], cluster: &str, namespace: &str, lease: &str) -> Vec<LeaseWrite> {
+    let mut out: Vec<LeaseWrite> = lease_writes(cluster, namespace, lease)
         .into_iter()
         .map(|l| LeaseWrite {
-            at: l.received,
+            at: sent(late, l.received, &l.source),
             writer: first_word(&l.writer),
             holder: l.holder,
         })
-        .collect()
+        .collect();
+    out.sort_by_key(|l| l.at);
+    out
 }
 
 fn first_word(s: &str) -> String {
@@ -28,6 +40,7 @@ fn first_word(s: &str) -> String {
 /// there (children and status), with the writes whose time cannot be read
 /// (unverifiable, not dropped).
 pub fn member_terms(
+    late: &[Delivery],
     member: &str,
     namespace: &str,
     lease: &str,
@@ -42,7 +55,7 @@ pub fn member_terms(
             Ok(at) => writes.push(Write {
                 cluster: member.to_string(),
                 writer: first_word(writer),
-                at,
+                at: sent(late, at, &w.source),
                 what,
             }),
             Err(e) => unreadable.push(format!(
@@ -51,7 +64,11 @@ pub fn member_terms(
             )),
         }
     }
-    (leases(member, LEASE_NAMESPACE, lease), writes, unreadable)
+    (
+        leases(late, member, LEASE_NAMESPACE, lease),
+        writes,
+        unreadable,
+    )
 }
 
 /// Every complete line of `cluster`'s audit log that is not a JSON event,
@@ -84,18 +101,32 @@ pub fn unparsed(cluster: &str) -> Vec<String> {
         .collect()
 }
 
-/// The home rollout Lease's history and every fleet-controller write.
-pub fn fleet_terms(namespace: &str, lease: &str) -> (Vec<LeaseWrite>, Vec<Write>) {
-    let writes = fleet_controller_writes(namespace)
+/// The home rollout Lease's history and every fleet-controller write, a
+/// member write at when it left (`sent`).
+pub fn fleet_terms(
+    late: &[Delivery],
+    namespace: &str,
+    lease: &str,
+) -> (Vec<LeaseWrite>, Vec<Write>) {
+    let home = fleet_controller_writes(namespace)
         .into_iter()
+        .filter(|(cluster, ..)| cluster == "home")
         .map(|(cluster, writer, at, what)| Write {
             cluster,
             writer: first_word(&writer),
             at,
             what,
+        });
+    let members = MEMBERS.iter().flat_map(|m| {
+        fleet_writes(m, namespace).into_iter().map(move |w| Write {
+            cluster: m.to_string(),
+            writer: first_word(w.user_agent.trim_start_matches("flotilla-fleet/")),
+            at: sent(late, w.received, &w.source),
+            what: format!("{} {}", w.verb, w.name),
         })
-        .collect();
-    (leases("home", namespace, lease), writes)
+    });
+    let writes = home.chain(members).collect();
+    (leases(late, "home", namespace, lease), writes)
 }
 
 /// The DNS Lease's history and the DNS writer's FleetMicroservice status
@@ -117,7 +148,7 @@ pub fn dns_terms(namespace: &str, lease: &str) -> (Vec<LeaseWrite>, Vec<Write>) 
             })
         })
         .collect();
-    (leases("home", namespace, lease), writes)
+    (leases(&[], "home", namespace, lease), writes)
 }
 
 /// The fleet controller's Microservice writes that carried an image.
@@ -279,4 +310,47 @@ fn fleet_status(e: &serde_json::Value) -> Option<FleetStatus> {
         last_good: status["lastGoodRevision"].as_str().map(String::from),
         waves,
     })
+}
+
+/// The fleet controller's creates and deletes of `name`'s Microservice in
+/// every member, with when each left its writer.
+pub fn placed_events(
+    late: &[Delivery],
+    namespace: &str,
+    name: &str,
+) -> Vec<crate::placement::Placed> {
+    MEMBERS
+        .iter()
+        .flat_map(|m| {
+            fleet_writes(m, namespace)
+                .into_iter()
+                .filter(|w| w.name == name && matches!(w.verb.as_str(), "create" | "delete"))
+                .map(move |w| crate::placement::Placed {
+                    cluster: m.to_string(),
+                    received: w.received,
+                    sent: sent(late, w.received, &w.source),
+                    create: w.verb == "create",
+                })
+        })
+        .collect()
+}
+
+/// How many operator writes and Lease writes in the members a late
+/// delivery brought: the cases `late-delivery` gave the fences.
+pub fn late_writes(late: &[Delivery], namespace: &str, lease: &str) -> usize {
+    MEMBERS
+        .iter()
+        .map(|m| {
+            let writes = audited_writes(m, namespace)
+                .into_iter()
+                .filter_map(|w| Some((w.received.parse::<Timestamp>().ok()?, w.source)));
+            let leases = lease_writes(m, LEASE_NAMESPACE, lease)
+                .into_iter()
+                .map(|l| (l.received, l.source));
+            writes
+                .chain(leases)
+                .filter(|(at, source)| sent(late, *at, source) != *at)
+                .count()
+        })
+        .sum()
 }

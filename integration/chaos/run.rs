@@ -31,6 +31,10 @@ const QUIET_LIMIT: Duration = Duration::from_secs(180);
 const LABEL_GRACE: Duration = Duration::from_secs(5);
 /// Runs this long or longer fail when an invariant judged no case.
 const EVERY_CHECKED_FROM: Duration = Duration::from_secs(300);
+/// How long a change of numberOfClusters, or a member's silence, may take
+/// the fleet controller to act on.
+const COUNT_GRACE: Duration = Duration::from_secs(5);
+
 /// The replicas' `--dns-withdraw-after` (the default), for `dns-withdrawn`.
 const DNS_WITHDRAW_AFTER: Duration = Duration::from_secs(5);
 
@@ -201,6 +205,12 @@ pub async fn chaos(seed: u64, length: Duration) {
             until,
         )));
     }
+    workers.push(tokio::spawn(workload::placed_worker(
+        target.clone(),
+        rec.clone(),
+        seed ^ 0x91ace,
+        until,
+    )));
     let samples: Arc<Mutex<Vec<crate::withdrawn::Sample>>> = Default::default();
     let sampler = tokio::spawn(registry_history::sample_revisions(
         Duration::from_millis(250),
@@ -246,8 +256,18 @@ pub async fn chaos(seed: u64, length: Duration) {
             report.unverifiable(u);
         }
     }
+    // Writes a late delivery brought are judged at when they left.
+    let late: Vec<crate::proxy::Delivery> =
+        bed.proxies.values().flat_map(|p| p.deliveries()).collect();
+    println!(
+        "late-delivery: {} connections delivered late, lags up to {:.1?}; {} member writes landed late",
+        late.len(),
+        late.iter().map(|d| d.lag).max().unwrap_or_default(),
+        records::late_writes(&late, &namespace, &member_lease)
+    );
     for m in MEMBERS {
-        let (leases, writes, unreadable) = records::member_terms(m, &namespace, &member_lease);
+        let (leases, writes, unreadable) =
+            records::member_terms(&late, m, &namespace, &member_lease);
         for u in unreadable {
             report.unverifiable(u);
         }
@@ -256,7 +276,7 @@ pub async fn chaos(seed: u64, length: Duration) {
             check::writes_inside_terms(check::ONE_WRITER, &leases, &writes, records::TERM_LIMIT),
         );
     }
-    let (leases, writes) = records::fleet_terms(&namespace, &home_lease);
+    let (leases, writes) = records::fleet_terms(&late, &namespace, &home_lease);
     report.add(
         check::FLEET_WRITER,
         check::writes_inside_terms(check::FLEET_WRITER, &leases, &writes, records::TERM_LIMIT),
@@ -286,8 +306,14 @@ pub async fn chaos(seed: u64, length: Duration) {
     for u in unreadable {
         report.unverifiable(u);
     }
+    // The counted object has no waves: its writes are judged by placement.
+    let waved: Vec<check::FleetWrite> = fleet_writes
+        .iter()
+        .filter(|w| w.name != workload::PLACED)
+        .cloned()
+        .collect();
     let (order, held) = check::wave_order(
-        &fleet_writes,
+        &waved,
         &status,
         &fleet_status,
         &canary,
@@ -321,6 +347,25 @@ pub async fn chaos(seed: u64, length: Duration) {
     report.add(
         check::WINDOW_HELD,
         check::window_held(&shut, &fleet_status, &fleet_writes),
+    );
+    let placed = records::placed_events(&late, &namespace, workload::PLACED);
+    let unreachable = bed.downs.lock().unwrap().clone();
+    report.add(
+        crate::placement::FAILOVER_COUNT,
+        crate::placement::failover_count(
+            &placed,
+            &rec.counts.lock().unwrap(),
+            &unreachable,
+            COUNT_GRACE,
+        ),
+    );
+    report.add(
+        crate::placement::NO_DELETE_UNREACHABLE,
+        crate::placement::no_delete_unreachable(
+            &placed,
+            &unreachable,
+            workload::UNREACHABLE_AFTER + COUNT_GRACE,
+        ),
     );
     report.add(
         check::NO_EXIT,
@@ -572,9 +617,14 @@ fn expected(rec: &Record) -> Expected {
         }
         fleet.insert(name.clone(), allowed);
     }
+    let placed = rec.counts.lock().unwrap().last().map_or(1, |c| c.n);
     Expected {
         microservices: rec.plain.lock().unwrap().clone(),
         fleet,
+        counted: BTreeMap::from([(
+            workload::PLACED.to_string(),
+            (placed, workload::PLACED_IMAGE.to_string()),
+        )]),
     }
 }
 

@@ -41,6 +41,10 @@ pub enum Fault {
     /// The replicas' watches of `scope` (a member, or `home`) deliver each
     /// event `lag` late, while requests still answer at once.
     WatchLag { scope: &'static str, lag: Duration },
+    /// The operator's path to the member holds every byte, and when it
+    /// heals delivers what it held, late (past the 2 s Lease): writes land
+    /// after their writer's term may have ended.
+    LateMember { member: &'static str },
 }
 
 /// Which Lease a `DeleteLease` takes away.
@@ -68,6 +72,7 @@ impl Fault {
             Fault::StopHome => "home-stop",
             Fault::DeleteLease { .. } => "lease-delete",
             Fault::WatchLag { .. } => "watch-lag",
+            Fault::LateMember { .. } => "late-delivery",
         }
     }
 
@@ -83,7 +88,9 @@ impl Fault {
             | Fault::PauseReplica { .. }
             | Fault::RollingRestart
             | Fault::PauseLeader { .. } => Some(Resource::Replica),
-            Fault::StopMember { .. } | Fault::BlackHoleMember { .. } => Some(Resource::Member),
+            Fault::StopMember { .. } | Fault::BlackHoleMember { .. } | Fault::LateMember { .. } => {
+                Some(Resource::Member)
+            }
             Fault::StopRegistry => Some(Resource::Registry),
             Fault::StopHome => Some(Resource::Home),
             Fault::WatchLag { .. } => Some(Resource::Watches),
@@ -115,7 +122,7 @@ pub struct Planned {
 }
 
 /// Every kind the nemesis knows, for the "K kinds" of the summary.
-pub const KINDS: usize = 11;
+pub const KINDS: usize = 12;
 
 /// The kind `home-stop`, held out of runs shorter than `HELD_OUT_BELOW`
 /// (`make test`'s 120 s): there the Pod tests run beside the chaos on the
@@ -165,6 +172,7 @@ pub fn plan(seed: u64, length: Duration) -> Vec<Planned> {
             Fault::StopHome => secs(&mut rng, 3, 15),
             Fault::DeleteLease { .. } => Duration::ZERO,
             Fault::WatchLag { .. } => secs(&mut rng, 5, 20),
+            Fault::LateMember { .. } => secs(&mut rng, 5, 20),
         };
         let slot = fault.takes().map(|r| r as usize);
         let free = slot.is_none_or(|s| busy_until[s] <= at);
@@ -207,10 +215,11 @@ fn pick(rng: &mut StdRng, kind: usize) -> Fault {
             },
             lag: Duration::from_millis(rng.random_range(1000..=5000)),
         },
-        _ => Fault::PauseLeader {
+        10 => Fault::PauseLeader {
             member,
             after: Duration::from_millis(rng.random_range(50..=500)),
         },
+        _ => Fault::LateMember { member },
     }
 }
 

@@ -61,7 +61,9 @@ fn class(f: &Fault) -> Class {
         | Fault::PauseReplica { .. }
         | Fault::RollingRestart
         | Fault::PauseLeader { .. } => Class::Replica,
-        Fault::StopMember { .. } | Fault::BlackHoleMember { .. } => Class::Member,
+        Fault::StopMember { .. } | Fault::BlackHoleMember { .. } | Fault::LateMember { .. } => {
+            Class::Member
+        }
         Fault::StopRegistry => Class::Registry,
         Fault::StopHome => Class::Home,
         Fault::WatchLag { .. } => Class::Watches,

@@ -33,6 +33,15 @@ pub const MANUAL_WAVE: &str = "rest";
 /// Who may approve in the chaos fleet: the write token's caller.
 pub const APPROVERS: [&str; 1] = ["write-token"];
 pub const NEVER_READY: &str = "never-ready";
+/// The FleetMicroservice placed by count (`numberOfClusters`), with
+/// failover: `placed_worker` moves its count between 1 and 2.
+pub const PLACED: &str = "placed";
+pub const PLACED_IMAGE: &str = "ghcr.io/acme/placed:1";
+/// Its `unreachableAfter`.
+pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(5);
+/// The FleetMicroservice whose fleet name answers `Failover`: the canary
+/// is its primary.
+pub const DNS_FAILOVER: usize = 1;
 
 /// What the workload did and was told, shared by its tasks.
 #[derive(Default)]
@@ -56,6 +65,8 @@ pub struct Record {
     pub gone: Mutex<Vec<Result<Deleted, String>>>,
     /// Approve calls made with the read token, which lacks the right.
     pub forbidden: Mutex<Vec<crate::check::Forbidden>>,
+    /// `PLACED`'s numberOfClusters as patched, oldest first.
+    pub counts: Mutex<Vec<crate::placement::Count>>,
 }
 
 /// A deletion seen complete, and when it began and ended.
@@ -351,20 +362,27 @@ pub async fn seed_objects(t: &Target, rec: &Record) {
                 "approval": "Manual",
             }));
         }
+        let mut spec = json!({
+            "template": {"image": image, "port": 8080, "replicas": 1},
+            "rollout": {
+                "waves": waves,
+                "bake": format!("{}s", crate::BAKE.as_secs()),
+                "progressDeadline": "30s",
+                "onFailure": "Rollback",
+                "windows": windows_of(f),
+            },
+        });
+        if f == DNS_FAILOVER {
+            spec["dns"] = json!({
+                "strategy": "Failover",
+                "primary": {"clusterSelector": {"matchLabels": {"ring": "canary"}}},
+            });
+        }
         let fms: FleetMicroservice = crate::support::from_json(json!({
             "apiVersion": "platform.example.io/v1alpha1",
             "kind": "FleetMicroservice",
             "metadata": {"name": name},
-            "spec": {
-                "template": {"image": image, "port": 8080, "replicas": 1},
-                "rollout": {
-                    "waves": waves,
-                    "bake": format!("{}s", crate::BAKE.as_secs()),
-                    "progressDeadline": "30s",
-                    "onFailure": "Rollback",
-                    "windows": windows_of(f),
-                },
-            }
+            "spec": spec,
         }));
         api.create(&Default::default(), &fms)
             .await
@@ -373,6 +391,59 @@ pub async fn seed_objects(t: &Target, rec: &Record) {
             .lock()
             .unwrap()
             .insert(name, vec![Release { image, code: None }]);
+    }
+    let placed: FleetMicroservice = crate::support::from_json(json!({
+        "apiVersion": "platform.example.io/v1alpha1",
+        "kind": "FleetMicroservice",
+        "metadata": {"name": PLACED},
+        "spec": {
+            "template": {"image": PLACED_IMAGE, "port": 8080, "replicas": 1},
+            "placement": {
+                "numberOfClusters": 1,
+                "failover": {
+                    "unreachableAfter": format!("{}s", UNREACHABLE_AFTER.as_secs()),
+                    "unavailableAfter": "60s",
+                },
+            },
+            "rollout": {"progressDeadline": "30s", "onFailure": "Rollback"},
+        }
+    }));
+    api.create(&Default::default(), &placed)
+        .await
+        .expect("create the placed FleetMicroservice");
+    rec.counts.lock().unwrap().push(crate::placement::Count {
+        at: Timestamp::now(),
+        n: 1,
+    });
+}
+
+/// Moves `PLACED`'s numberOfClusters between 1 and 2 every 15–30 s, so
+/// clusters are added and removed (and deletes judged) whatever the faults
+/// hit; failovers come from the member faults. Ends at 1.
+pub async fn placed_worker(t: Target, rec: Arc<Record>, seed: u64, until: Instant) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let api: Api<FleetMicroservice> = Api::namespaced(t.home.clone(), &t.namespace);
+    let mut n = 1;
+    loop {
+        let pause = Duration::from_millis(rng.random_range(15_000..30_000));
+        let last = Instant::now() + pause >= until;
+        if last && n == 1 {
+            break;
+        }
+        tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now()))).await;
+        n = 3 - n;
+        let body = json!({"spec": {"placement": {"numberOfClusters": n}}});
+        let (pp, patch) = (PatchParams::default(), Patch::Merge(&body));
+        retry(|| api.patch(PLACED, &pp, &patch)).await;
+        let at = Timestamp::now();
+        rec.counts
+            .lock()
+            .unwrap()
+            .push(crate::placement::Count { at, n: n as usize });
+        rec.op(format!("placement {PLACED} numberOfClusters {n}"));
+        if last {
+            break;
+        }
     }
 }
 

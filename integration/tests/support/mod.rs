@@ -456,6 +456,8 @@ pub struct AuditedWrite {
     pub verb: String,
     pub resource: String,
     pub name: String,
+    /// The address it came from (chaos's late-delivery path has its own).
+    pub source: String,
 }
 
 /// Successful writes to Deployments, Services and Microservices in
@@ -502,6 +504,7 @@ pub fn audited_writes(cluster: &str, namespace: &str) -> Vec<AuditedWrite> {
                 .as_str()
                 .unwrap_or_default()
                 .to_string(),
+            source: source_ip(&e),
         })
         .collect();
     // RFC 3339 with fixed-width microseconds in UTC sorts as text.
@@ -559,6 +562,13 @@ pub struct LeaseWrite {
     pub writer: String,
     /// Empty when the write released the Lease.
     pub holder: String,
+    /// The address it came from.
+    pub source: String,
+}
+
+/// The first address an audit event names as its source.
+pub fn source_ip(e: &serde_json::Value) -> String {
+    e["sourceIPs"][0].as_str().unwrap_or_default().to_string()
 }
 
 /// Every entry of `cluster`'s audit log.
@@ -621,6 +631,7 @@ pub fn lease_writes(cluster: &str, namespace: &str, lease: &str) -> Vec<LeaseWri
                 .as_str()
                 .unwrap_or_default()
                 .to_string(),
+            source: source_ip(&e),
         })
         .collect();
     out.sort_by_key(|w| w.received);

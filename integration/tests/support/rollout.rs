@@ -241,6 +241,8 @@ pub struct FleetWrite {
     pub revision: Option<String>,
     /// The image it wrote (none for deletes).
     pub image: Option<String>,
+    /// The address it came from.
+    pub source: String,
 }
 
 /// The fleet controller's successful Microservice writes in `namespace` of
@@ -290,6 +292,7 @@ pub fn fleet_writes(cluster: &str, namespace: &str) -> Vec<FleetWrite> {
                 image: e["requestObject"]["spec"]["image"]
                     .as_str()
                     .map(str::to_string),
+                source: super::source_ip(&e),
             })
         })
         .collect();
