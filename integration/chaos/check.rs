@@ -755,6 +755,8 @@ pub struct FleetStatus {
     /// The last revision that completed, as this status names it.
     pub last_good: Option<String>,
     pub waves: Vec<WaveSeen>,
+    /// Placement clusters it holds unreachable (`unreachableSince` set).
+    pub unreachable: Vec<String>,
 }
 
 #[derive(Debug, Clone)]

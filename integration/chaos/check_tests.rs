@@ -679,6 +679,7 @@ fn fstatus(at: Timestamp, image: &str, canary: Option<i64>, rest: Option<i64>) -
         at,
         update: format!("web-{image}"),
         last_good: None,
+        unreachable: Vec::new(),
         waves: vec![
             wave("canary", &["member-1"], canary),
             wave("rest", &["member-2", "member-3"], rest),

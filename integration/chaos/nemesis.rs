@@ -14,6 +14,7 @@ use crate::proxy::Proxy;
 use crate::schedule::{Fault, LeaseKind, MEMBERS, Planned, REPLICAS, RESOURCES};
 use crate::support::replicas::{Replicas, holder};
 use crate::workload::{self, Record, Target};
+use tokio::task::JoinHandle;
 
 pub struct Bed {
     pub replicas: Mutex<Replicas>,
@@ -228,13 +229,7 @@ async fn apply(bed: &Arc<Bed>, p: &Planned) {
             tokio::time::sleep(down).await;
             std::fs::remove_file(&bed.watch_lag).ok();
         }
-        Fault::LateMember { member } => {
-            bed.proxies[member].late(true);
-            let from = Timestamp::now();
-            tokio::time::sleep(down).await;
-            bed.went_down(member, from);
-            bed.proxies[member].late(false);
-        }
+        Fault::LateMember { member, after } => late_member(bed, member, after, down, p).await,
         Fault::MoveCanary { member } => bed.move_canary(member),
         Fault::PauseLeader { member, after } => pause_leader(bed, member, after, down, p).await,
     }
@@ -312,6 +307,18 @@ async fn pause_leader(
         bed.note(format!("no leader of {member} known: no burst"));
         return;
     };
+    let (edits, image) = burst(bed, member, p);
+    tokio::time::sleep(after).await;
+    bed.with_replicas(|r| r.signal(leader, "STOP"));
+    bed.note(format!("stopped {leader}, the leader of {member}"));
+    tokio::time::sleep(down).await;
+    bed.with_replicas(|r| r.signal(leader, "CONT"));
+    finish_burst(bed, member, edits, &image).await;
+}
+
+/// Starts a burst of edits of the burst Microservices in `member`, so its
+/// leader has writes on their way when a fault strikes `after` it.
+fn burst(bed: &Arc<Bed>, member: &'static str, p: &Planned) -> (JoinHandle<()>, String) {
     let image = format!("ghcr.io/acme/burst:{}", p.at.as_millis());
     {
         let mut plain = bed.rec.plain.lock().unwrap();
@@ -322,15 +329,36 @@ async fn pause_leader(
     bed.rec.op(format!("burst {image} in {member}"));
     let (t, img) = (bed.target.clone(), image.clone());
     let edits = tokio::spawn(async move { workload::burst_in(&t, member, &img).await });
-    tokio::time::sleep(after).await;
-    bed.with_replicas(|r| r.signal(leader, "STOP"));
-    bed.note(format!("stopped {leader}, the leader of {member}"));
-    tokio::time::sleep(down).await;
-    bed.with_replicas(|r| r.signal(leader, "CONT"));
+    (edits, image)
+}
+
+/// Waits for the burst's edits, then gives the other members the same
+/// image: every member ends with the workload's last one.
+async fn finish_burst(bed: &Arc<Bed>, member: &str, edits: JoinHandle<()>, image: &str) {
     edits.await.expect("the burst's edits");
     for m in MEMBERS.into_iter().filter(|m| *m != member) {
-        workload::burst_in(&bed.target, m, &image).await;
+        workload::burst_in(&bed.target, m, image).await;
     }
+}
+
+/// A burst of edits in `member`, then, `after` it began, its path held
+/// for `down` and what it held delivered late: the leader's writes for the
+/// burst land after its term (the 2 s Lease) has ended.
+async fn late_member(
+    bed: &Arc<Bed>,
+    member: &'static str,
+    after: Duration,
+    down: Duration,
+    p: &Planned,
+) {
+    let (edits, image) = burst(bed, member, p);
+    tokio::time::sleep(after).await;
+    bed.proxies[member].late(true);
+    let from = Timestamp::now();
+    tokio::time::sleep(down).await;
+    bed.went_down(member, from);
+    bed.proxies[member].late(false);
+    finish_burst(bed, member, edits, &image).await;
 }
 
 /// Starts again whatever the nemesis left stopped (a failed step must not

@@ -93,28 +93,48 @@ pub fn failover_count(
     Judged::of(events.len(), out)
 }
 
+/// What one status write of the counted object said: which of its
+/// placement's clusters the fleet controller held unreachable.
+#[derive(Debug, Clone)]
+pub struct Marks {
+    pub at: Timestamp,
+    pub unreachable: Vec<String>,
+}
+
 /// `failover-no-delete-unreachable`: no delete left its writer while its
-/// member had been unreachable for `after` (the object's
-/// `unreachableAfter` and a margin): by then the controller knows, and
-/// must leave the copy until the member answers. Only a late delivery
-/// can show such a delete; every delete is judged.
-pub fn no_delete_unreachable(events: &[Placed], unreachable: &[Down], after: Duration) -> Judged {
-    let after = SignedDuration::try_from(after).expect("a short wait");
+/// member was unreachable (a nemesis stretch) and the fleet controller
+/// knew it (its last status write before the delete, made in that
+/// stretch, marks the member unreachable): it must leave the copy until
+/// the member answers. Only a late delivery can show such a delete; every
+/// delete is judged.
+pub fn no_delete_unreachable(events: &[Placed], unreachable: &[Down], marks: &[Marks]) -> Judged {
     let mut out = Vec::new();
     let deletes: Vec<&Placed> = events.iter().filter(|e| !e.create).collect();
     for d in &deletes {
+        let known = marks
+            .iter()
+            .filter(|m| m.at <= d.sent)
+            .max_by_key(|m| m.at)
+            .filter(|m| m.unreachable.contains(&d.cluster));
         let gone = unreachable.iter().find(|u| {
             u.member == d.cluster
-                && u.from.checked_add(after).is_ok_and(|f| f <= d.sent)
+                && u.from <= d.sent
                 && d.sent <= u.to
+                && known.is_some_and(|m| m.at >= u.from)
         });
         if let Some(u) = gone {
             out.push(Violation {
                 invariant: NO_DELETE_UNREACHABLE,
                 at: Some(d.received),
                 detail: format!(
-                    "a delete in {} left its writer at {} (received {}), while {} was unreachable from {} to {}",
-                    d.cluster, d.sent, d.received, u.member, u.from, u.to
+                    "a delete in {} left its writer at {} (received {}), while {} was unreachable from {} to {}, as its status said at {}",
+                    d.cluster,
+                    d.sent,
+                    d.received,
+                    u.member,
+                    u.from,
+                    u.to,
+                    known.map_or("never".into(), |m| m.at.to_string())
                 ),
             });
         }
@@ -202,26 +222,48 @@ mod tests {
     }
 
     #[test]
-    fn a_delete_sent_to_a_member_long_unreachable_is_caught() {
+    fn a_delete_sent_to_a_member_known_unreachable_is_caught() {
         let down = [Down {
             member: "member-1".into(),
             from: t(10),
             to: t(40),
         }];
-        let after = Duration::from_secs(15);
-        // Sent at 30, 20 s into the stretch, delivered late at 36.
+        let marks = [
+            Marks {
+                at: t(5),
+                unreachable: vec![],
+            },
+            Marks {
+                at: t(17),
+                unreachable: vec!["member-1".into()],
+            },
+        ];
+        // Sent at 20, after the status said member-1 was unreachable,
+        // delivered late at 36.
         let mut late = ev("member-1", 36, false);
-        late.sent = t(30);
-        let j = no_delete_unreachable(&[ev("member-1", 5, true), late], &down, after);
+        late.sent = t(20);
+        let j = no_delete_unreachable(&[ev("member-1", 5, true), late], &down, &marks);
         assert_eq!(j.checked, 1);
         assert_eq!(j.violations.len(), 1, "{:?}", j.violations);
-        // Sent early in the stretch (the controller could not know yet), or
-        // after it, or to another member: no violation.
+        // Sent before the controller knew, after the stretch, or to
+        // another member: no violation.
         let mut early = ev("member-1", 18, false);
         early.sent = t(12);
         let fine = [early, ev("member-1", 45, false), ev("member-2", 30, false)];
-        let j = no_delete_unreachable(&fine, &down, after);
+        let j = no_delete_unreachable(&fine, &down, &marks);
         assert_eq!(j.checked, 3);
         assert!(j.violations.is_empty(), "{:?}", j.violations);
+        // A mark left over from an earlier stretch is not knowledge of this one.
+        let stale = [Marks {
+            at: t(8),
+            unreachable: vec!["member-1".into()],
+        }];
+        let mut mid = ev("member-1", 36, false);
+        mid.sent = t(20);
+        assert!(
+            no_delete_unreachable(&[mid], &down, &stale)
+                .violations
+                .is_empty()
+        );
     }
 }

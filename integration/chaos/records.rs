@@ -309,6 +309,13 @@ fn fleet_status(e: &serde_json::Value) -> Option<FleetStatus> {
             .to_string(),
         last_good: status["lastGoodRevision"].as_str().map(String::from),
         waves,
+        unreachable: status["placement"]["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| !c["unreachableSince"].is_null())
+            .filter_map(|c| c["name"].as_str().map(String::from))
+            .collect(),
     })
 }
 

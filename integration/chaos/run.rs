@@ -111,6 +111,8 @@ pub async fn chaos(seed: u64, length: Duration) {
         .map(|p| format!("127.0.0.1:{p}"))
         .collect();
     let urls: Arc<Mutex<BTreeMap<String, String>>> = Default::default();
+    let rec = Arc::new(Record::default());
+    let verdict = workload::verdict_server(rec.clone()).await;
     let target = Target {
         namespace: namespace.clone(),
         home: home.clone(),
@@ -119,8 +121,8 @@ pub async fn chaos(seed: u64, length: Duration) {
         read_token: read_token.display().to_string(),
         write_token: write_token.display().to_string(),
         dashboards,
+        verdict_url: format!("http://127.0.0.1:{verdict}/verdict"),
     };
-    let rec = Arc::new(Record::default());
     let bed = Arc::new(Bed {
         replicas: Mutex::new(replicas),
         urls,
@@ -205,6 +207,11 @@ pub async fn chaos(seed: u64, length: Duration) {
             until,
         )));
     }
+    workers.push(tokio::spawn(workload::verdict_flipper(
+        rec.clone(),
+        seed ^ 0x7e4d,
+        until,
+    )));
     workers.push(tokio::spawn(workload::placed_worker(
         target.clone(),
         rec.clone(),
@@ -364,7 +371,14 @@ pub async fn chaos(seed: u64, length: Duration) {
         crate::placement::no_delete_unreachable(
             &placed,
             &unreachable,
-            workload::UNREACHABLE_AFTER + COUNT_GRACE,
+            &fleet_status
+                .iter()
+                .filter(|s| s.name == workload::PLACED)
+                .map(|s| crate::placement::Marks {
+                    at: s.at,
+                    unreachable: s.unreachable.clone(),
+                })
+                .collect::<Vec<_>>(),
         ),
     );
     report.add(
@@ -418,6 +432,11 @@ pub async fn chaos(seed: u64, length: Duration) {
     let waits = answers.len();
     let ok = answers.iter().filter(|a| a.code == 0).count();
     println!("faults by kind: {by_kind}");
+    println!(
+        "analysis: the webhook was asked {} times, {} answered 503",
+        rec.asked.load(std::sync::atomic::Ordering::Relaxed),
+        rec.refused.load(std::sync::atomic::Ordering::Relaxed)
+    );
     println!(
         "answers: {waits} waits ({ok} said done), watch resumed {} times, dashboard stream {} times; settled {:.1} s after the last fault",
         rec.watch_resumes.lock().unwrap(),

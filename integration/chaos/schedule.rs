@@ -41,10 +41,14 @@ pub enum Fault {
     /// The replicas' watches of `scope` (a member, or `home`) deliver each
     /// event `lag` late, while requests still answer at once.
     WatchLag { scope: &'static str, lag: Duration },
-    /// The operator's path to the member holds every byte, and when it
-    /// heals delivers what it held, late (past the 2 s Lease): writes land
-    /// after their writer's term may have ended.
-    LateMember { member: &'static str },
+    /// A burst of edits in the member, then, `after` it began, the
+    /// operator's path to the member holds every byte, and when it heals
+    /// delivers what it held, late (past the 2 s Lease): the leader's
+    /// writes for the burst land after its term has ended.
+    LateMember {
+        member: &'static str,
+        after: Duration,
+    },
 }
 
 /// Which Lease a `DeleteLease` takes away.
@@ -219,7 +223,10 @@ fn pick(rng: &mut StdRng, kind: usize) -> Fault {
             member,
             after: Duration::from_millis(rng.random_range(50..=500)),
         },
-        _ => Fault::LateMember { member },
+        _ => Fault::LateMember {
+            member,
+            after: Duration::from_millis(rng.random_range(50..=400)),
+        },
     }
 }
 

@@ -42,6 +42,9 @@ pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(5);
 /// The FleetMicroservice whose fleet name answers `Failover`: the canary
 /// is its primary.
 pub const DNS_FAILOVER: usize = 1;
+/// The FleetMicroservice whose waves ask a webhook at the end of each bake;
+/// `verdict_flipper` turns its answer between pass and fail.
+pub const ANALYZED: usize = 0;
 
 /// What the workload did and was told, shared by its tasks.
 #[derive(Default)]
@@ -67,6 +70,11 @@ pub struct Record {
     pub forbidden: Mutex<Vec<crate::check::Forbidden>>,
     /// `PLACED`'s numberOfClusters as patched, oldest first.
     pub counts: Mutex<Vec<crate::placement::Count>>,
+    /// Whether the analysis webhook answers 503 now.
+    pub failing: std::sync::atomic::AtomicBool,
+    /// How many times the webhook was asked, and failed.
+    pub asked: std::sync::atomic::AtomicUsize,
+    pub refused: std::sync::atomic::AtomicUsize,
 }
 
 /// A deletion seen complete, and when it began and ended.
@@ -97,6 +105,8 @@ pub struct Target {
     pub write_token: String,
     /// Each replica's dashboard, host:port.
     pub dashboards: Vec<String>,
+    /// The analysis webhook (`verdict_server`).
+    pub verdict_url: String,
 }
 
 impl Target {
@@ -372,6 +382,14 @@ pub async fn seed_objects(t: &Target, rec: &Record) {
                 "windows": windows_of(f),
             },
         });
+        if f == ANALYZED {
+            spec["rollout"]["analysis"] = json!([{
+                "name": "verdict",
+                "webhook": {"url": t.verdict_url, "timeout": "2s"},
+                "interval": "1s",
+                "failureLimit": 1,
+            }]);
+        }
         if f == DNS_FAILOVER {
             spec["dns"] = json!({
                 "strategy": "Failover",
@@ -922,4 +940,109 @@ fn the_dashboard_streams_frames_make_the_view() {
     assert_eq!(view.keys().collect::<Vec<_>>(), ["b"]);
     apply_frame(&mut view, "ns", "reset", "{}");
     assert!(view.is_empty(), "a snapshot starts over");
+}
+
+/// A loopback HTTP server for `ANALYZED`'s webhook check: every request is
+/// answered 200, or 503 while the record says failing. Returns its port.
+pub async fn verdict_server(rec: Arc<Record>) -> u16 {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the verdict server");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let rec = rec.clone();
+            tokio::spawn(async move {
+                // The head and a small JSON body: read until the client has
+                // sent its request, bounded in time and size.
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                let read = async {
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                        if complete(&got) || got.len() > 1 << 20 {
+                            break;
+                        }
+                    }
+                };
+                if tokio::time::timeout(Duration::from_secs(5), read)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                rec.asked.fetch_add(1, Ordering::Relaxed);
+                let failing = rec.failing.load(Ordering::Relaxed);
+                if failing {
+                    rec.refused.fetch_add(1, Ordering::Relaxed);
+                }
+                let status = if failing {
+                    "503 Service Unavailable"
+                } else {
+                    "200 OK"
+                };
+                let answer =
+                    format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = s.write_all(answer.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    port
+}
+
+/// Whether `got` holds a whole HTTP/1.1 request: its head, and as many
+/// body bytes as its content-length says.
+fn complete(got: &[u8]) -> bool {
+    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    got.len() >= end + 4 + length
+}
+
+/// Turns the webhook's verdict between pass and fail every 10–30 s while
+/// the workload runs, and leaves it passing for the quiet period.
+pub async fn verdict_flipper(rec: Arc<Record>, seed: u64, until: Instant) {
+    use std::sync::atomic::Ordering;
+    let mut rng = StdRng::seed_from_u64(seed);
+    loop {
+        let pause = Duration::from_millis(rng.random_range(10_000..30_000));
+        if Instant::now() + pause >= until {
+            break;
+        }
+        tokio::time::sleep(pause).await;
+        let failing = !rec.failing.load(Ordering::Relaxed);
+        rec.failing.store(failing, Ordering::Relaxed);
+        rec.op(format!(
+            "analysis verdict of {}: {}",
+            fleet_name(ANALYZED),
+            if failing { "fail" } else { "pass" }
+        ));
+    }
+    rec.failing.store(false, Ordering::Relaxed);
+    rec.op(format!(
+        "analysis verdict of {}: pass",
+        fleet_name(ANALYZED)
+    ));
+}
+
+#[test]
+fn a_request_is_complete_with_its_whole_body() {
+    assert!(!complete(b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\nab"));
+    assert!(complete(
+        b"POST / HTTP/1.1\r\nContent-Length: 4\r\n\r\nabcd"
+    ));
+    assert!(complete(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"));
+    assert!(!complete(b"GET / HTTP/1.1\r\nhost: x\r\n"));
 }
