@@ -476,6 +476,21 @@ pub struct Observed {
     pub dashboard: BTreeMap<String, BTreeMap<String, String>>,
 }
 
+impl Observed {
+    /// The apiservers' view as a watch client should hold it: name ->
+    /// cluster -> image.
+    pub fn truth(&self) -> BTreeMap<String, BTreeMap<String, String>> {
+        let mut truth: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for ((cluster, name), s) in &self.microservices {
+            truth
+                .entry(name.clone())
+                .or_default()
+                .insert(cluster.clone(), s.image.clone());
+        }
+        truth
+    }
+}
+
 /// Every Microservice matches its last spec and is Available; every
 /// FleetMicroservice ends as its last release deserves; the views of the
 /// gRPC watch client and of the dashboard stream equal the apiservers'.
@@ -542,13 +557,7 @@ pub fn converged(expected: &Expected, observed: &Observed) -> Judged {
             ));
         }
     }
-    let mut truth: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    for ((cluster, name), s) in &observed.microservices {
-        truth
-            .entry(name.clone())
-            .or_default()
-            .insert(cluster.clone(), s.image.clone());
-    }
+    let truth = observed.truth();
     let names = |m: &BTreeMap<String, BTreeMap<String, String>>| {
         m.iter()
             .map(|(k, v)| format!("{k}{v:?}"))

@@ -299,18 +299,6 @@ fn expected() -> Expected {
     }
 }
 
-/// The apiservers' view as a watch client should hold it.
-fn truth_of(o: &Observed) -> BTreeMap<String, BTreeMap<String, String>> {
-    let mut truth: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    for ((cluster, name), s) in &o.microservices {
-        truth
-            .entry(name.clone())
-            .or_default()
-            .insert(cluster.clone(), s.image.clone());
-    }
-    truth
-}
-
 #[test]
 fn a_converged_fleet_passes() {
     assert_eq!(converged(&expected(), &observed()).violations, vec![]);
@@ -359,7 +347,7 @@ fn each_way_of_not_converging_is_caught() {
         assert!(v.iter().any(|v| v.detail.contains("placed")), "{v:?}");
         // The same members are right when the count asks for them.
         e.counted.insert("placed".into(), (2 * n, "p:1".into()));
-        o2.watch = truth_of(&o2);
+        o2.watch = o2.truth();
         o2.dashboard = o2.watch.clone();
         if n == 1 {
             assert_eq!(converged(&e, &o2).violations, vec![]);

@@ -41,6 +41,10 @@ pub struct Bed {
     pub watch_lag: PathBuf,
     /// When the registry's etcd was down: (stopped, started again).
     pub registry_down: Mutex<Vec<(tokio::time::Instant, tokio::time::Instant)>>,
+    /// One burst of edits at a time: two at once (a late delivery beside a
+    /// leader's pause) would race to set the burst Microservices' last
+    /// image (the 30-minute soak's converged "violations").
+    pub bursts: Arc<tokio::sync::Mutex<()>>,
     /// Members stopped, black-holed or held for late delivery: for
     /// `dns-withdrawn` and `failover-no-delete-unreachable`.
     pub downs: Mutex<Vec<crate::withdrawn::Down>>,
@@ -307,18 +311,19 @@ async fn pause_leader(
         bed.note(format!("no leader of {member} known: no burst"));
         return;
     };
-    let (edits, image) = burst(bed, member, p);
+    let b = burst(bed, member, p).await;
     tokio::time::sleep(after).await;
     bed.with_replicas(|r| r.signal(leader, "STOP"));
     bed.note(format!("stopped {leader}, the leader of {member}"));
     tokio::time::sleep(down).await;
     bed.with_replicas(|r| r.signal(leader, "CONT"));
-    finish_burst(bed, member, edits, &image).await;
+    finish_burst(bed, member, b).await;
 }
 
 /// Starts a burst of edits of the burst Microservices in `member`, so its
 /// leader has writes on their way when a fault strikes `after` it.
-fn burst(bed: &Arc<Bed>, member: &'static str, p: &Planned) -> (JoinHandle<()>, String) {
+async fn burst(bed: &Arc<Bed>, member: &'static str, p: &Planned) -> Burst {
+    let turn = bed.bursts.clone().lock_owned().await;
     let image = format!("ghcr.io/acme/burst:{}", p.at.as_millis());
     {
         let mut plain = bed.rec.plain.lock().unwrap();
@@ -329,16 +334,24 @@ fn burst(bed: &Arc<Bed>, member: &'static str, p: &Planned) -> (JoinHandle<()>, 
     bed.rec.op(format!("burst {image} in {member}"));
     let (t, img) = (bed.target.clone(), image.clone());
     let edits = tokio::spawn(async move { workload::burst_in(&t, member, &img).await });
-    (edits, image)
+    Burst { edits, image, turn }
+}
+
+/// A burst under way, holding the one turn until `finish_burst`.
+struct Burst {
+    edits: JoinHandle<()>,
+    image: String,
+    turn: tokio::sync::OwnedMutexGuard<()>,
 }
 
 /// Waits for the burst's edits, then gives the other members the same
 /// image: every member ends with the workload's last one.
-async fn finish_burst(bed: &Arc<Bed>, member: &str, edits: JoinHandle<()>, image: &str) {
-    edits.await.expect("the burst's edits");
+async fn finish_burst(bed: &Arc<Bed>, member: &str, b: Burst) {
+    b.edits.await.expect("the burst's edits");
     for m in MEMBERS.into_iter().filter(|m| *m != member) {
-        workload::burst_in(&bed.target, m, image).await;
+        workload::burst_in(&bed.target, m, &b.image).await;
     }
+    drop(b.turn);
 }
 
 /// A burst of edits in `member`, then, `after` it began, its path held
@@ -351,14 +364,14 @@ async fn late_member(
     down: Duration,
     p: &Planned,
 ) {
-    let (edits, image) = burst(bed, member, p);
+    let b = burst(bed, member, p).await;
     tokio::time::sleep(after).await;
     bed.proxies[member].late(true);
     let from = Timestamp::now();
     tokio::time::sleep(down).await;
     bed.went_down(member, from);
     bed.proxies[member].late(false);
-    finish_burst(bed, member, edits, &image).await;
+    finish_burst(bed, member, b).await;
 }
 
 /// Starts again whatever the nemesis left stopped (a failed step must not

@@ -139,6 +139,7 @@ pub async fn chaos(seed: u64, length: Duration) {
         registry_down: Default::default(),
         downs: Default::default(),
         blind: Default::default(),
+        bursts: Default::default(),
         watch_lag,
     });
     bed.move_canary("member-1");

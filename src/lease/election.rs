@@ -110,25 +110,42 @@ pub struct Observed {
     pub record: LeaseRecord,
     /// The Lease's resourceVersion: any write at all changes it.
     pub version: String,
+    /// The holder's renew time as written, compared as an opaque token
+    /// (never read as a clock): only the holder changes it.
+    pub mark: Option<String>,
     pub since: Instant,
 }
 
 /// Folds a fresh read into the observation: the clock restarts only when the
-/// Lease was written since (a new resourceVersion).
+/// holder wrote the Lease since: a new resourceVersion that also changes the
+/// holder, its epoch or its renew `mark`. Another candidate's handoff
+/// request leaves those as they were, so it proves nothing about the holder:
+/// two candidates asking in turn must not keep a dead holder alive (chaos
+/// soak, seed 3707273445: member-3 unled for 10 s). Without a mark, any
+/// write restarts it.
 pub fn observe(
     previous: Option<&Observed>,
     record: LeaseRecord,
     version: &str,
+    mark: Option<&str>,
     now: Instant,
 ) -> Observed {
+    let same_holder = |p: &Observed| {
+        mark.is_some()
+            && p.mark.as_deref() == mark
+            && p.record.holder == record.holder
+            && p.record.transitions == record.transitions
+    };
     match previous {
-        Some(p) if p.version == version => Observed {
+        Some(p) if p.version == version || same_holder(p) => Observed {
             record,
+            version: version.to_string(),
             ..p.clone()
         },
         _ => Observed {
             record,
             version: version.to_string(),
+            mark: mark.map(str::to_string),
             since: now,
         },
     }
@@ -323,7 +340,7 @@ mod tests {
     }
 
     fn seen(record: LeaseRecord, version: &str, at: u64) -> Observed {
-        observe(None, record, version, secs(at))
+        observe(None, record, version, None, secs(at))
     }
 
     #[test]
@@ -422,13 +439,54 @@ mod tests {
         let t = Timings::default();
         let first = seen(held("other", 3), "10", 0);
         // Same version seen again later: the clock keeps running from 0.
-        let again = observe(Some(&first), held("other", 3), "10", secs(10));
+        let again = observe(Some(&first), held("other", 3), "10", None, secs(10));
         assert_eq!(again.since, secs(0));
         // The holder renewed: an identical record, but a new resourceVersion.
-        let after = observe(Some(&again), held("other", 3), "11", secs(14));
+        let after = observe(Some(&again), held("other", 3), "11", None, secs(14));
         assert_eq!(after.since, secs(14));
         assert_eq!(
             decide("me", &t, &after, &U, None, secs(20)),
+            Decision::Follow
+        );
+    }
+
+    /// Seed 3707273445's soak: the holder stopped, and two candidates that
+    /// both believed themselves its owner asked for a handoff in turn, each
+    /// write a new resourceVersion. The holder's renew mark stayed, so it
+    /// expires on time; its own renewal restarts the clock.
+    #[test]
+    fn handoff_requests_do_not_keep_a_silent_holder_alive() {
+        let t = Timings::default();
+        let asked = |by: &str| LeaseRecord {
+            handoff_to: Some(by.into()),
+            ..held("other", 3)
+        };
+        let mut o = observe(None, held("other", 3), "10", Some("t1"), secs(0));
+        for (k, by) in ["r1", "r3", "r1", "r3", "r1"].into_iter().enumerate() {
+            let at = 2 * k as u64 + 2;
+            o = observe(
+                Some(&o),
+                asked(by),
+                &(11 + k).to_string(),
+                Some("t1"),
+                secs(at),
+            );
+        }
+        assert_eq!(o.since, secs(0), "requests are not the holder's writes");
+        assert_eq!(o.version, "15", "writes go on from the newest version");
+        assert!(
+            matches!(
+                decide("me", &t, &o, &U, None, secs(16)),
+                Decision::Write { acquired: true, .. }
+            ),
+            "{:?}",
+            decide("me", &t, &o, &U, None, secs(16))
+        );
+        // The holder renewed: its mark moved, and the clock restarts.
+        let renewed = observe(Some(&o), asked("r1"), "16", Some("t2"), secs(14));
+        assert_eq!(renewed.since, secs(14));
+        assert_eq!(
+            decide("me", &t, &renewed, &U, None, secs(16)),
             Decision::Follow
         );
     }

@@ -176,6 +176,7 @@ impl<S: LeaseStore> Elector<S> {
             self.observed.as_ref(),
             read.record.clone(),
             &read.resource_version,
+            read.renew_mark().as_deref(),
             seen,
         );
         self.observed = Some(observed.clone());
@@ -252,6 +253,7 @@ impl<S: LeaseStore> Elector<S> {
         self.observed = Some(Observed {
             record: written.record.clone(),
             version: written.resource_version.clone(),
+            mark: written.renew_mark(),
             since,
         });
         self.read = Some(written);

@@ -24,6 +24,15 @@ pub struct Versioned {
     pub object: Option<Lease>,
 }
 
+impl Versioned {
+    /// The holder's renew time as written: an opaque token of its last
+    /// write, which a handoff request leaves alone (`election::observe`).
+    pub fn renew_mark(&self) -> Option<String> {
+        let renewed = self.object.as_ref()?.spec.as_ref()?.renew_time.as_ref()?;
+        Some(renewed.0.to_string())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     /// Someone wrote the Lease since we read it: we lost this round.
