@@ -203,7 +203,7 @@ async fn pump_up(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, link: Link, mu
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         if *up.late.borrow() {
-            hold_then_replay(&mut from, &mut to, &mut up).await;
+            hold_then_replay(Vec::new(), &mut from, &mut to, &mut up).await;
             break;
         }
         if !link.alive().await {
@@ -219,7 +219,7 @@ async fn pump_up(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, link: Link, mu
         if *up.late.borrow() {
             // Read as the fault began: it is held with the rest.
             let first = (Instant::now(), buf[..n].to_vec());
-            hold_then_replay_from(first, &mut from, &mut to, &mut up).await;
+            hold_then_replay(vec![first], &mut from, &mut to, &mut up).await;
             break;
         }
         // Bytes read just before the hole opened are lost with it.
@@ -230,19 +230,14 @@ async fn pump_up(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, link: Link, mu
     let _ = to.shutdown().await;
 }
 
-async fn hold_then_replay(from: &mut OwnedReadHalf, to: &mut OwnedWriteHalf, up: &mut Up) {
-    let mut held = Vec::new();
-    hold(from, up, &mut held).await;
-    replay(held, to, up).await;
-}
-
-async fn hold_then_replay_from(
-    first: (Instant, Vec<u8>),
+/// Holds what the operator sends (after `held`, already taken) until the
+/// fault ends, then replays it.
+async fn hold_then_replay(
+    mut held: Vec<(Instant, Vec<u8>)>,
     from: &mut OwnedReadHalf,
     to: &mut OwnedWriteHalf,
     up: &mut Up,
 ) {
-    let mut held = vec![first];
     hold(from, up, &mut held).await;
     replay(held, to, up).await;
 }
