@@ -435,7 +435,7 @@ mod tests {
     }
 
     #[test]
-    fn any_write_to_the_lease_restarts_the_local_clock() {
+    fn without_a_renew_mark_any_write_restarts_the_local_clock() {
         let t = Timings::default();
         let first = seen(held("other", 3), "10", 0);
         // Same version seen again later: the clock keeps running from 0.
